@@ -1,0 +1,58 @@
+// buffer.h: an owning, move-only block of host or CUDA memory (RAII).
+//
+// Host buffers are 256-byte aligned; CUDA buffers come from cudaMalloc (256-byte aligned).
+// upload()/download()/fill are synchronous set-up helpers for tools and tests; nothing on
+// the verify/commit path allocates or copies through Buffer.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "core/tensor_view.h"
+
+namespace kda {
+
+class Buffer {
+ public:
+  Buffer() = default;
+  /// Allocates `bytes` on `device`; throws kOutOfMemory / kCuda / kUnsupported.
+  Buffer(Device device, int64_t bytes);
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  int64_t bytes() const { return bytes_; }
+  const Device& device() const { return device_; }
+
+  /// A contiguous view of the start of the buffer; throws if it does not fit.
+  TensorView view(DType dtype, std::initializer_list<int64_t> shape) const;
+
+  /// Synchronous copies between this buffer (at byte `offset`) and host memory.
+  void upload(const void* src, int64_t bytes, int64_t offset = 0);
+  void download(void* dst, int64_t bytes, int64_t offset = 0) const;
+
+ private:
+  void release() noexcept;
+
+  void* data_ = nullptr;
+  int64_t bytes_ = 0;
+  Device device_{};
+};
+
+/// Synchronous byte copy between any two devices (host or CUDA); for set-up and tests.
+void copy_bytes(void* dst, const Device& dst_device, const void* src, const Device& src_device,
+                int64_t bytes);
+
+/// Copies a whole (possibly strided) view's elements into a host vector, packed row-major.
+template <typename T>
+std::vector<T> to_host_vector(const TensorView& v);
+
+/// Copies a packed row-major host vector into a (possibly strided) view.
+template <typename T>
+void from_host_vector(const std::vector<T>& src, const TensorView& v);
+
+}  // namespace kda

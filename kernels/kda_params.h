@@ -1,0 +1,149 @@
+// kda_params.h: the POD parameter structs every KDA kernel family takes: CUDA kernels (by
+// value, __grid_constant__), their launchers and the host reference (kda::host).
+//
+// Letters as in contract.md §2: B requests, T draft tokens (N = B*T rows), H q/k heads,
+// HV v heads (HV % H == 0; v-head hv reads k-head hv / (HV/H)), K = head_k_dim (64 or 128),
+// V = head_v_dim, W = 4 conv taps, D = 2*H*K + HV*V, S slots, R scratch rows, L ring length.
+// All strides are in *elements* and 64-bit. Pointers are device pointers for the CUDA
+// kernels and host pointers for kda::host; the struct never owns anything.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/platform_macros.h"
+
+namespace kda {
+
+constexpr int kConvWidth = 4;                  ///< W: conv taps (tap 0 oldest, tap 3 current)
+constexpr int kConvHistory = kConvWidth - 1;   ///< W-1 raw inputs kept per channel
+constexpr float kNormEps = 1e-6f;              ///< inside the sqrt of the q/k L2 norms
+constexpr float kSoftplusThreshold = 20.0f;    ///< softplus(x) = x above this (x <= 20 uses log)
+
+/// Conv weight / bias element type (contract §3 step 1 rounds differently for each).
+enum class ConvWeightType : uint8_t { kF32, kBF16 };
+
+/// Gate formula (contract §3 step 2).
+enum class GateKind : uint8_t {
+  kStandard,  ///< g = -exp(A_log) * softplus(a + dt_bias)        (Kimi-Linear)
+  kSafe,      ///< g = lower_bound * sigmoid(exp(A_log) * (a + dt_bias))  (Kimi-K3, lb < 0)
+};
+
+/// What a verify call records for rollback.
+enum class RecordMode : uint8_t {
+  kSnapshot,  ///< fp32 state after every step into `snapshots`
+  kRing,      ///< ReplaySSM ring records (rawk, rawv, g, beta) keyed by slot
+};
+
+/// One layer's verify (or extend) call.
+///
+/// Token t of request n is row n*T + t of qkv / a / b / out. A request with slots[n] < 0 is a
+/// padding row: its T output rows are written as zeros and nothing else of it is read
+/// (inputs may be NaN, rows[n] may be garbage) or written.
+struct VerifyParams {
+  // ---- problem ----
+  int32_t B = 0, T = 0;        ///< requests, tokens per request (1 <= T <= T_alloc)
+  int32_t H = 0, HV = 0;       ///< q/k heads, v heads
+  int32_t K = 0, V = 0;        ///< head_k_dim (64|128), head_v_dim
+  int32_t T_alloc = 0;         ///< step pitch of conv_window / snapshots (>= T)
+  int32_t L = 0;               ///< ring length (ring mode; power of two); steps t >= L not written
+  int32_t num_slots = 0;       ///< S: extent of the slot dim of conv_state/ssm_state/rings
+  int32_t num_rows = 0;        ///< R: extent of the row dim of conv_window/snapshots
+  GateKind gate = GateKind::kStandard;
+  float lower_bound = 0.0f;    ///< safe gate only
+  RecordMode mode = RecordMode::kRing;
+
+  // ---- activations (per call) ----
+  const bf16_t* qkv = nullptr;   ///< [N, D] channels q|k|v, D contiguous; row stride qkv_stride >= D
+  int64_t qkv_stride = 0;
+  const bf16_t* a = nullptr;     ///< [N, HV*K] gate logits, (hv, k) at hv*K + k; row stride a_stride
+  int64_t a_stride = 0;
+  const bf16_t* b = nullptr;     ///< [N, HV] beta logits; row stride b_stride
+  int64_t b_stride = 0;
+
+  // ---- layer weights ----
+  const float* A_log = nullptr;    ///< [HV] f32
+  const float* dt_bias = nullptr;  ///< [HV*K] f32
+  const void* conv_weight = nullptr;  ///< [D, W] packed, f32 or bf16 (conv_weight_type)
+  const void* conv_bias = nullptr;    ///< [D] same type as conv_weight, or nullptr
+  ConvWeightType conv_weight_type = ConvWeightType::kF32;
+
+  // ---- committed state: read-only in verify ----
+  const bf16_t* conv_state = nullptr;  ///< [S, W-1, D], (W-1, D) packed, slot pitch below
+  int64_t conv_state_slot_stride = 0;
+  const float* ssm_state = nullptr;    ///< [S, HV, V, K] f32, (HV, V, K) packed, K contiguous
+  int64_t ssm_slot_stride = 0;
+
+  // ---- indices (device memory for CUDA) ----
+  const int32_t* slots = nullptr;  ///< [B] slot per request; -1 = padding row
+  const int32_t* rows = nullptr;   ///< [B] scratch row per request (windows, snapshots)
+
+  // ---- outputs ----
+  bf16_t* out = nullptr;            ///< [N, HV, V] packed
+  bf16_t* conv_window = nullptr;    ///< [R, T_alloc, W-1, D]: window after consuming token t
+  int64_t conv_window_row_stride = 0;
+  float* snapshots = nullptr;       ///< snapshot mode: [R, T_alloc, HV, V, K] state after token t
+  int64_t snapshot_row_stride = 0;
+  bf16_t* ring_rawv = nullptr;      ///< ring mode: [S, HV, L, V] v after conv+SiLU+bf16
+  int64_t ring_rawv_slot_stride = 0;
+  bf16_t* ring_rawk = nullptr;      ///< ring mode: [S, H, L, K] k after conv+SiLU+bf16, pre-norm
+  int64_t ring_rawk_slot_stride = 0;
+  float* ring_g = nullptr;          ///< ring mode: [S, HV, L, K] per-K log-decay gate
+  int64_t ring_g_slot_stride = 0;
+  float* ring_beta = nullptr;       ///< ring mode: [S, HV, L] sigmoid(b)
+  int64_t ring_beta_slot_stride = 0;
+
+  // ---- unfused path only: conv output handed from the conv kernel to the recurrence ----
+  bf16_t* qkv_act = nullptr;        ///< [N, D] bf16 q|k|v after conv + SiLU, packed rows
+};
+
+KDA_HD int32_t qkv_dim(const VerifyParams& p) { return 2 * p.H * p.K + p.HV * p.V; }
+
+/// Extend (prefill through the recurrence): N = B*T tokens per call are processed and
+/// committed in place. Uses VerifyParams for the inputs (mode, rows, scratch and ring
+/// fields are ignored); the final SSM state is written to ssm_state_out[slot] (may alias
+/// ssm_state) and conv_state_out[slot] gets the last W-1 raw inputs.
+struct ExtendParams {
+  VerifyParams v;
+  float* ssm_state_out = nullptr;     ///< [S, HV, V, K], same strides as v.ssm_state
+  bf16_t* conv_state_out = nullptr;   ///< [S, W-1, D], same strides as v.conv_state
+};
+
+/// Commit of all layers after sampling: make the state after the n-th accepted token the
+/// committed state (n = accepted[i] in 1..T, read on the device). Layer strides are the
+/// pool's per-layer pitches. Requests with slots[i] < 0 are skipped; an accepted length
+/// outside [1, T] skips the request and sets *error_flag (if given) to 1.
+struct CommitParams {
+  int32_t num_layers = 0;
+  int32_t B = 0, T = 0, T_alloc = 0;
+  int32_t H = 0, HV = 0, K = 0, V = 0, L = 0;
+  int32_t num_slots = 0, num_rows = 0;
+  RecordMode mode = RecordMode::kRing;
+
+  const int32_t* slots = nullptr;     ///< [B]
+  const int32_t* rows = nullptr;      ///< [B]
+  const int32_t* accepted = nullptr;  ///< [B] accepted length incl. the verified token
+
+  float* ssm_state = nullptr;  ///< [layers, S, HV, V, K]
+  int64_t ssm_layer_stride = 0, ssm_slot_stride = 0;
+  bf16_t* conv_state = nullptr;  ///< [layers, S, W-1, D]
+  int64_t conv_state_layer_stride = 0, conv_state_slot_stride = 0;
+  const bf16_t* conv_window = nullptr;  ///< [layers, R, T_alloc, W-1, D]
+  int64_t conv_window_layer_stride = 0, conv_window_row_stride = 0;
+  const float* snapshots = nullptr;  ///< snapshot mode: [layers, R, T_alloc, HV, V, K]
+  int64_t snapshot_layer_stride = 0, snapshot_row_stride = 0;
+  const bf16_t* ring_rawv = nullptr;  ///< ring mode: [layers, S, HV, L, V]
+  int64_t ring_rawv_layer_stride = 0, ring_rawv_slot_stride = 0;
+  const bf16_t* ring_rawk = nullptr;  ///< [layers, S, H, L, K]
+  int64_t ring_rawk_layer_stride = 0, ring_rawk_slot_stride = 0;
+  const float* ring_g = nullptr;  ///< [layers, S, HV, L, K]
+  int64_t ring_g_layer_stride = 0, ring_g_slot_stride = 0;
+  const float* ring_beta = nullptr;  ///< [layers, S, HV, L]
+  int64_t ring_beta_layer_stride = 0, ring_beta_slot_stride = 0;
+
+  int32_t* error_flag = nullptr;  ///< optional [1]; set to 1 on a bad accepted length
+};
+
+KDA_HD int32_t qkv_dim(const CommitParams& p) { return 2 * p.H * p.K + p.HV * p.V; }
+
+}  // namespace kda
