@@ -1,0 +1,232 @@
+#include "kernels/commit.cuh"
+
+#include "core/cuda_check.h"
+#include "kernels/launch_utils.h"
+#include "kernels/verify_tile.cuh"
+
+namespace kda::kernels {
+
+namespace {
+
+constexpr int kCopyThreads = 256;
+
+/// The accepted length of request n, or 0 after flagging an out-of-range value.
+__device__ __forceinline__ int accepted_or_flag(const CommitParams& p, int n, bool reporter) {
+  const int acc = p.accepted[n];
+  if (acc < 1 || acc > p.T) {
+    if (reporter && p.error_flag != nullptr) {
+      atomicExch(p.error_flag, 1);
+    }
+    return 0;
+  }
+  return acc;
+}
+
+template <int K>
+__global__ void __launch_bounds__(256) fold_kernel(const __grid_constant__ CommitParams p) {
+  using Cfg = TileConfig<K, kFoldBlockV>;
+  using Slice = typename Cfg::Slice;
+  constexpr int P = Cfg::P;
+  __shared__ __align__(16) TileSmem<Cfg> sm;
+
+  const int tile = blockIdx.x;
+  const int n = blockIdx.y;
+  const int layer = blockIdx.z / p.HV;
+  const int hv = blockIdx.z % p.HV;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int h = hv / (p.HV / p.H);
+  const int v0 = tile * kFoldBlockV;
+  const int col_local = tid / P;
+  const int c = tid % P;
+  const int col = v0 + col_local;
+  const bool col_ok = col < p.V;
+
+  pdl_wait();
+  pdl_launch_dependents();
+  const int slot = p.slots[n];
+  if (slot < 0) {
+    return;
+  }
+  const int steps = accepted_or_flag(p, n, tile == 0 && hv == 0 && layer == 0 && tid == 0);
+  if (steps == 0) {
+    return;
+  }
+  const int64_t L = p.L;
+  const bf16_t* rawk = p.ring_rawk + layer * p.ring_rawk_layer_stride +
+                       slot * p.ring_rawk_slot_stride + h * L * K;
+  const bf16_t* rawv = p.ring_rawv + layer * p.ring_rawv_layer_stride +
+                       slot * p.ring_rawv_slot_stride + hv * L * p.V;
+  const float* ring_g =
+      p.ring_g + layer * p.ring_g_layer_stride + slot * p.ring_g_slot_stride + hv * L * K;
+  const float* ring_beta =
+      p.ring_beta + layer * p.ring_beta_layer_stride + slot * p.ring_beta_slot_stride + hv * L;
+  float* s_col = p.ssm_state + layer * p.ssm_layer_stride + slot * p.ssm_slot_stride +
+                 (static_cast<int64_t>(hv) * p.V + col) * K;
+
+  SliceRegs<Slice> S;
+#pragma unroll
+  for (int i = 0; i < Slice::NPT; ++i) {
+    if (col_ok) {
+      load_vec<Slice::E>(S[i], s_col + Slice::k_of(c, i));
+    } else {
+#pragma unroll
+      for (int e = 0; e < Slice::E; ++e) {
+        S[i][e] = 0.0f;
+      }
+    }
+  }
+
+  for (int t0 = 0; t0 < steps; t0 += Cfg::kChunk) {
+    const int tc = min(Cfg::kChunk, steps - t0);
+    for (int idx = tid; idx < tc * K; idx += Cfg::kThreads) {
+      const int tt = idx / K;
+      const int k = idx % K;
+      const int64_t t = t0 + tt;
+      sm.qk[tt][1][k] = ld_bf16(rawk + t * K + k);
+      sm.decay[tt][k] = kda_exp(ring_g[t * K + k]);
+    }
+    for (int idx = tid; idx < tc * kFoldBlockV; idx += Cfg::kThreads) {
+      const int tt = idx / kFoldBlockV;
+      const int j = idx % kFoldBlockV;
+      if (v0 + j < p.V) {
+        sm.v[tt][j] = ld_bf16(rawv + static_cast<int64_t>(t0 + tt) * p.V + v0 + j);
+      }
+    }
+    for (int tt = tid; tt < tc; tt += Cfg::kThreads) {
+      sm.beta[tt] = ring_beta[t0 + tt];
+    }
+    __syncthreads();
+    for (int tt = warp; tt < tc; tt += Cfg::kWarps) {
+      l2_normalize_warp<K>(sm.qk[tt][1], 1.0f, false, lane);
+    }
+    __syncthreads();
+    for (int tt = 0; tt < tc; ++tt) {
+      const float v = col_ok ? sm.v[tt][col_local] : 0.0f;
+      delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], v, sm.beta[tt], c);
+    }
+    __syncthreads();
+  }
+  if (col_ok) {
+    store_slice<Slice>(s_col, S, c);
+  }
+}
+
+/// grid (chunks, B, layers): state[layer][slot] <- snapshots[layer][row][n-1].
+__global__ void __launch_bounds__(kCopyThreads)
+    commit_snapshot_kernel(const __grid_constant__ CommitParams p) {
+  const int n = blockIdx.y;
+  const int layer = blockIdx.z;
+  pdl_wait();
+  pdl_launch_dependents();
+  const int slot = p.slots[n];
+  if (slot < 0) {
+    return;
+  }
+  const int steps = accepted_or_flag(p, n, blockIdx.x == 0 && layer == 0 && threadIdx.x == 0);
+  if (steps == 0) {
+    return;
+  }
+  const int64_t per_step = static_cast<int64_t>(p.HV) * p.V * p.K;  // multiple of 4 (K % 4 == 0)
+  const float4* src = reinterpret_cast<const float4*>(
+      p.snapshots + layer * p.snapshot_layer_stride +
+      static_cast<int64_t>(p.rows[n]) * p.snapshot_row_stride + (steps - 1) * per_step);
+  float4* dst = reinterpret_cast<float4*>(p.ssm_state + layer * p.ssm_layer_stride +
+                                          slot * p.ssm_slot_stride);
+  const int64_t n4 = per_step / 4;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kCopyThreads + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * kCopyThreads) {
+    dst[i] = src[i];
+  }
+}
+
+/// grid (chunks, B, layers): conv_state[layer][slot] <- conv_window[layer][row][n-1].
+/// VEC bf16 per access (8 when every offset is 16-byte aligned, else 1).
+template <int VEC>
+__global__ void __launch_bounds__(kCopyThreads)
+    commit_conv_kernel(const __grid_constant__ CommitParams p) {
+  using Vec = std::conditional_t<VEC == 8, uint4, bf16_t>;
+  const int n = blockIdx.y;
+  const int layer = blockIdx.z;
+  pdl_wait();
+  pdl_launch_dependents();
+  const int slot = p.slots[n];
+  if (slot < 0) {
+    return;
+  }
+  const int steps = accepted_or_flag(p, n, false);
+  if (steps == 0) {
+    return;
+  }
+  const int64_t per_step = 3 * static_cast<int64_t>(qkv_dim(p));
+  const Vec* src = reinterpret_cast<const Vec*>(
+      p.conv_window + layer * p.conv_window_layer_stride +
+      static_cast<int64_t>(p.rows[n]) * p.conv_window_row_stride + (steps - 1) * per_step);
+  Vec* dst = reinterpret_cast<Vec*>(p.conv_state + layer * p.conv_state_layer_stride +
+                                    slot * p.conv_state_slot_stride);
+  const int64_t nv = per_step / VEC;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kCopyThreads + threadIdx.x; i < nv;
+       i += static_cast<int64_t>(gridDim.x) * kCopyThreads) {
+    dst[i] = src[i];
+  }
+}
+
+template <typename Kernel>
+void launch(Kernel kernel, dim3 grid, const CommitParams& p, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kCopyThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  KDA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+}
+
+/// Enough CTAs per (request, layer) to fill the GPU at small B, capped by the work.
+unsigned copy_chunks(int64_t vec_elems, int64_t requests) {
+  const int64_t per_cta = kCopyThreads * 4;
+  const int64_t want = ceil_div(vec_elems, per_cta);
+  const int64_t cap = requests >= 64 ? 4 : 64 / requests * 4;
+  return static_cast<unsigned>(want < cap ? want : cap);
+}
+
+}  // namespace
+
+template <int K>
+void launch_fold(const CommitParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.V, kFoldBlockV)), static_cast<unsigned>(p.B),
+                  static_cast<unsigned>(p.num_layers * p.HV));
+  launch(fold_kernel<K>, grid, p, stream);
+}
+template void launch_fold<64>(const CommitParams&, cudaStream_t);
+template void launch_fold<128>(const CommitParams&, cudaStream_t);
+
+void launch_commit_snapshot(const CommitParams& p, cudaStream_t stream) {
+  const int64_t n4 = static_cast<int64_t>(p.HV) * p.V * p.K / 4;
+  const dim3 grid(copy_chunks(n4, static_cast<int64_t>(p.B) * p.num_layers),
+                  static_cast<unsigned>(p.B), static_cast<unsigned>(p.num_layers));
+  launch(commit_snapshot_kernel, grid, p, stream);
+}
+
+void launch_commit_conv(const CommitParams& p, cudaStream_t stream) {
+  const int64_t per_step = 3 * static_cast<int64_t>(qkv_dim(p));
+  const bool vec8 = per_step % 8 == 0 && p.conv_window_layer_stride % 8 == 0 &&
+                    p.conv_window_row_stride % 8 == 0 && p.conv_state_layer_stride % 8 == 0 &&
+                    p.conv_state_slot_stride % 8 == 0 &&
+                    reinterpret_cast<uintptr_t>(p.conv_window) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(p.conv_state) % 16 == 0;
+  const int64_t nv = vec8 ? per_step / 8 : per_step;
+  const dim3 grid(copy_chunks(nv, static_cast<int64_t>(p.B) * p.num_layers),
+                  static_cast<unsigned>(p.B), static_cast<unsigned>(p.num_layers));
+  if (vec8) {
+    launch(commit_conv_kernel<8>, grid, p, stream);
+  } else {
+    launch(commit_conv_kernel<1>, grid, p, stream);
+  }
+}
+
+}  // namespace kda::kernels

@@ -1,0 +1,28 @@
+// commit.cuh: commit kernels, every layer in one launch each.
+//
+// fold_kernel (ring mode): grid (ceil(V/32), B, layers*HV), 256 threads; the same column
+//   slices and step function as the verify tile (delta_rule.cuh), so the folded state is
+//   bitwise the snapshot the verify kernel would have stored. Per request: S = state[slot],
+//   replay ring steps 0..n-1 (k normalised from rawk, EXP(g), beta, rawv), store S back.
+// commit_snapshot_kernel: state[layer][slot] <- snapshots[layer][row][n-1] (float4 copies).
+// commit_conv_kernel: conv_state[layer][slot] <- conv_window[layer][row][n-1] (W-1 rows of D).
+// slot < 0: skipped. n outside [1, T]: skipped, *error_flag = 1.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/kda_params.h"
+
+namespace kda::kernels {
+
+constexpr int kFoldBlockV = 32;
+
+template <int K>
+void launch_fold(const CommitParams& p, cudaStream_t stream);
+extern template void launch_fold<64>(const CommitParams&, cudaStream_t);
+extern template void launch_fold<128>(const CommitParams&, cudaStream_t);
+
+void launch_commit_snapshot(const CommitParams& p, cudaStream_t stream);
+void launch_commit_conv(const CommitParams& p, cudaStream_t stream);
+
+}  // namespace kda::kernels

@@ -1,0 +1,27 @@
+// conv_update.cuh: the unfused path's conv kernel and extend's conv-state roll.
+//
+// conv_update_kernel: grid (ceil(D/256), B), one thread per channel, all T tokens in
+//   order: conv + SiLU -> bf16 qkv_act[n*T+t][ch]; window after token t ->
+//   conv_window[rows[n]][t][0..2][ch]. Reads conv_state, never writes it.
+// conv_state_roll_kernel (extend, after the recurrence): conv_state_out[slot][j][ch] = last
+//   W-1 raw inputs of concat(conv_state[slot], x[0:T]); each thread owns one (slot, ch), so
+//   the in-place update reads everything before it writes.
+// slot < 0: nothing read or written.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/kda_params.h"
+
+namespace kda::kernels {
+
+constexpr int kConvThreads = 256;
+
+template <typename WeightT>
+void launch_conv_update(const VerifyParams& p, cudaStream_t stream);
+extern template void launch_conv_update<float>(const VerifyParams&, cudaStream_t);
+extern template void launch_conv_update<bf16_t>(const VerifyParams&, cudaStream_t);
+
+void launch_conv_state_roll(const ExtendParams& p, cudaStream_t stream);
+
+}  // namespace kda::kernels

@@ -1,0 +1,174 @@
+// device_math.cuh: the GPU instruction forms and the reduction tree of contract §3.
+//
+// Every kernel family (conv update, recurrent verify, fused verify, extend, fold) computes
+// through these functions and nothing else, which is what makes their results bitwise
+// identical. Compiled with --fmad=false: a multiply followed by an add is never contracted
+// behind our back; every FMA below is written as fmaf on purpose.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace kda::kernels {
+
+/// log2(e) as SGLang's Triton kernels multiply by it (0x3FB8AA3B).
+constexpr float kLog2e = 1.4426950216293335f;
+
+// ---- elementwise forms (contract §3 "GPU instruction forms") ----
+
+/// EXP(x) = ex2.approx.f32(x * log2e), the multiply a separate RN f32 multiply.
+__device__ __forceinline__ float kda_exp(float x) {
+  float y;
+  asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(__fmul_rn(x, kLog2e)));
+  return y;
+}
+
+/// LOG = accurate logf (libdevice), not lg2.approx.
+__device__ __forceinline__ float kda_log(float x) { return logf(x); }
+
+/// DIV = div.full.f32 (approximate full-range division, as Triton's fp32 '/').
+__device__ __forceinline__ float kda_div(float a, float b) {
+  float r;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+/// SQRT = sqrt.approx.ftz.f32.
+__device__ __forceinline__ float kda_sqrt(float x) {
+  float r;
+  asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+/// SIG(z) = DIV(1, 1 + EXP(0 - z)).
+__device__ __forceinline__ float kda_sigmoid(float z) {
+  return kda_div(1.0f, __fadd_rn(1.0f, kda_exp(__fsub_rn(0.0f, z))));
+}
+
+/// SiLU then round to bf16 (rounding point #1: q, k, v enter the recurrence as bf16 values).
+__device__ __forceinline__ float silu_bf16(float acc) {
+  const float y = kda_div(acc, __fadd_rn(1.0f, kda_exp(__fsub_rn(0.0f, acc))));
+  return __bfloat162float(__float2bfloat16_rn(y));
+}
+
+// ---- bf16 storage <-> f32 ----
+
+__device__ __forceinline__ float ld_bf16(const bf16_t* p) {
+  return __uint_as_float(static_cast<uint32_t>(p->bits) << 16);
+}
+__device__ __forceinline__ bf16_t to_bf16(float x) {
+  return bf16_t{__bfloat16_as_ushort(__float2bfloat16_rn(x))};
+}
+
+// ---- gates (contract §3 steps 2-3) ----
+
+/// Standard gate: g = fma(-exp(A_log), softplus(x), +0); softplus(x) = x above 20.
+__device__ __forceinline__ float gate_standard(float x, float exp_a_log) {
+  const float sp = (x <= 20.0f) ? kda_log(__fadd_rn(1.0f, kda_exp(x))) : x;
+  return fmaf(-exp_a_log, sp, 0.0f);
+}
+
+/// Safe gate: g = lb * SIG(exp(A_log) * x), g in (lb, 0) for lb < 0.
+__device__ __forceinline__ float gate_safe(float x, float exp_a_log, float lower_bound) {
+  return __fmul_rn(lower_bound, kda_sigmoid(__fmul_rn(exp_a_log, x)));
+}
+
+// ---- the reduction tree (contract §3) ----
+//
+// A K-length dot product is 32 partials; partial j covers k = j*E .. j*E+E-1 (E = K/32),
+// computed as p = fma(x0,y0, x1*y1); p = fma(x2,y2,p); p = fma(x3,y3,p), then combined by
+// the xor-butterfly at distances 16, 8, 4, 2, 1 (p_j = p_j + p_{j^d}).
+//
+// A thread may own several partials: with P threads per dot product, thread c owns the
+// NPT = 32/P partials j = c + P*i. Butterfly levels with d >= P then pair partials inside
+// the thread (local index i with i + d/P), levels d < P pair lanes (shfl_xor d). The
+// additions, and therefore the bits, are the same for every P: the tree, not the thread
+// layout, is the contract. Lanes of one dot product must be the P consecutive lanes
+// c = lane % P, and every lane of the warp must call the function (full-mask shuffles).
+
+/// One partial over E consecutive elements (E = 2 or 4).
+template <int E>
+__device__ __forceinline__ float tree_partial(const float (&x)[E], const float (&y)[E]) {
+  static_assert(E == 2 || E == 4, "K/32 must be 2 or 4 (K = 64 or 128)");
+  float p = fmaf(x[0], y[0], __fmul_rn(x[1], y[1]));
+  if constexpr (E == 4) {
+    p = fmaf(x[2], y[2], p);
+    p = fmaf(x[3], y[3], p);
+  }
+  return p;
+}
+
+/// Combines this thread's NPT partials and the P lanes' into the tree's root (all P lanes
+/// return the same bits). `r` is clobbered.
+template <int P, int NPT>
+__device__ __forceinline__ float tree_combine(float (&r)[NPT]) {
+  static_assert(P * NPT == 32, "32 partials per dot product");
+#pragma unroll
+  for (int dl = NPT / 2; dl >= 1; dl /= 2) {  // d = 16 .. P, inside the thread
+#pragma unroll
+    for (int i = 0; i < dl; ++i) {
+      r[i] = __fadd_rn(r[i], r[i + dl]);
+    }
+  }
+  float v = r[0];
+#pragma unroll
+  for (int d = P / 2; d >= 1; d /= 2) {  // d = P/2 .. 1, across lanes
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, d));
+  }
+  return v;
+}
+
+/// Tree dot product of this thread's slice x[NPT][E] with y[NPT][E].
+template <int P, int NPT, int E>
+__device__ __forceinline__ float tree_dot(const float (&x)[NPT][E], const float (&y)[NPT][E]) {
+  float r[NPT];
+#pragma unroll
+  for (int i = 0; i < NPT; ++i) {
+    r[i] = tree_partial<E>(x[i], y[i]);
+  }
+  return tree_combine<P, NPT>(r);
+}
+
+// ---- small vector loads of E floats (E = 2 or 4), 8/16-byte aligned ----
+
+template <int E>
+__device__ __forceinline__ void load_vec(float (&dst)[E], const float* src) {
+  if constexpr (E == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    dst[0] = v.x;
+    dst[1] = v.y;
+    dst[2] = v.z;
+    dst[3] = v.w;
+  } else {
+    const float2 v = *reinterpret_cast<const float2*>(src);
+    dst[0] = v.x;
+    dst[1] = v.y;
+  }
+}
+
+template <int E>
+__device__ __forceinline__ void store_vec(float* dst, const float (&src)[E]) {
+  if constexpr (E == 4) {
+    *reinterpret_cast<float4*>(dst) = make_float4(src[0], src[1], src[2], src[3]);
+  } else {
+    *reinterpret_cast<float2*>(dst) = make_float2(src[0], src[1]);
+  }
+}
+
+// ---- programmatic dependent launch (sm_90+; no-ops when launched without the attribute) ----
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+}  // namespace kda::kernels

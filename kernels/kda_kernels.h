@@ -1,0 +1,45 @@
+// kda_kernels.h: the CUDA entry points of every kernel family (plain C++ header).
+//
+// Each invoke_* validates the launch-relevant parameters (throws kda::Error before anything
+// is enqueued), picks a compile-time configuration and enqueues on `stream`. None of them
+// synchronises, allocates or reads device memory on the host: all are graph-capturable.
+// The numerics are contract.md §3 exactly; every family shares the device functions of
+// kernels/device_math.cuh, so results are bitwise identical across paths.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/kda_params.h"
+
+namespace kda::kernels {
+
+/// Fused-kernel V tiles the dispatcher may pick (--kda-verify-block-v).
+constexpr int kFusedBlockVs[] = {8, 16, 32, 64, 128};
+constexpr int kDefaultFusedBlockV = 32;
+bool is_supported_block_v(int bv);
+
+/// Unfused step 1: conv + SiLU of all T tokens into p.qkv_act, conv windows into
+/// p.conv_window. Reads conv_state, never writes it.
+void invoke_conv_update(const VerifyParams& p, cudaStream_t stream);
+
+/// Unfused step 2: the gated delta rule over p.qkv_act; writes out + snapshots | rings.
+void invoke_verify_recurrent(const VerifyParams& p, cudaStream_t stream);
+
+/// Both unfused steps.
+void invoke_verify_unfused(const VerifyParams& p, cudaStream_t stream);
+
+/// Fused conv + gate + recurrence, one kernel, V tile `block_v` (kFusedBlockVs).
+void invoke_verify_fused(const VerifyParams& p, int block_v, cudaStream_t stream);
+
+/// Extend: process and commit p.v.T tokens per request in place (any T >= 1).
+void invoke_extend(const ExtendParams& p, cudaStream_t stream);
+
+/// Commit of all layers: fold (ring mode) or snapshot copy, then the conv commit.
+void invoke_commit(const CommitParams& p, cudaStream_t stream);
+
+/// The pieces of invoke_commit, for tests and the benchmark.
+void invoke_fold(const CommitParams& p, cudaStream_t stream);
+void invoke_commit_snapshot(const CommitParams& p, cudaStream_t stream);
+void invoke_commit_conv(const CommitParams& p, cudaStream_t stream);
+
+}  // namespace kda::kernels

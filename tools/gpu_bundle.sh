@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# gpu_bundle.sh: build every GPU test and GPU tool, and collect them with the shared
+# libraries they need and a run_all.sh into one folder (default .gpu_bundle/) that runs on a
+# GPU host without Bazel:
+#   tools/gpu_bundle.sh [OUT_DIR]
+#   (copy OUT_DIR to the GPU host)  OUT_DIR/run_all.sh [--sanitize] [filter...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-.gpu_bundle}
+
+mapfile -t tests < <(./bazelw query --noshow_progress 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null)
+mapfile -t tools < <(./bazelw query --noshow_progress 'attr(tags, "\bgpu_tool\b", kind(cc_binary, //...))' 2>/dev/null)
+./bazelw build --noshow_progress "${tests[@]}" "${tools[@]}" >&2
+
+rm -rf "$out"
+mkdir -p "$out/tests" "$out/tools" "$out/lib"
+copy_target() {  # //pkg:name -> bazel-bin/pkg/name
+  local label=$1 dest=$2 path
+  path=${label#//}
+  path=bazel-bin/${path/://}
+  install -m 0755 "$path" "$dest/"
+  strip --strip-debug "$dest/$(basename "$path")"
+}
+for t in "${tests[@]}"; do copy_target "$t" "$out/tests"; done
+for t in "${tools[@]}"; do copy_target "$t" "$out/tools"; done
+
+# Shared libraries outside libc/libstdc++ that the binaries need (spdlog, fmt).
+shopt -s nullglob
+for bin in "$out"/tests/* "$out"/tools/*; do
+  ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'libspdlog|libfmt' || true
+done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
+
+cat >"$out/run_all.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs every GPU test binary; prints PASS/FAIL per binary; non-zero exit on any failure.
+#   run_all.sh [--sanitize] [name-filter...]
+#   --sanitize: also run each test under compute-sanitizer memcheck and racecheck
+#               (tests tagged [slow] are skipped there).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+sanitize=0
+if [[ ${1:-} == --sanitize ]]; then sanitize=1; shift; fi
+filters=("$@")
+pass=0 fail=0 failed=()
+run() {  # name, command...
+  local name=$1; shift
+  local start=$SECONDS
+  if "$@" >"$here/logs/$name.log" 2>&1; then
+    echo "PASS  $name ($((SECONDS - start)) s)"; pass=$((pass + 1))
+  else
+    echo "FAIL  $name ($((SECONDS - start)) s)"; tail -30 "$here/logs/$name.log"
+    fail=$((fail + 1)); failed+=("$name")
+  fi
+}
+mkdir -p "$here/logs"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+for bin in "$here"/tests/*; do
+  name=$(basename "$bin")
+  if ((${#filters[@]})); then
+    keep=0; for f in "${filters[@]}"; do [[ $name == *$f* ]] && keep=1; done
+    ((keep)) || continue
+  fi
+  run "$name" "$bin"
+  if ((sanitize)); then
+    cs=${COMPUTE_SANITIZER:-compute-sanitizer}
+    command -v "$cs" >/dev/null || cs=/usr/local/cuda/bin/compute-sanitizer
+    run "$name.memcheck" "$cs" --tool memcheck --error-exitcode 1 "$bin" '~[slow]'
+    run "$name.racecheck" "$cs" --tool racecheck --error-exitcode 1 "$bin" '~[slow]'
+  fi
+done
+echo "${pass} passed, ${fail} failed"
+((fail == 0))
+RUN
+chmod +x "$out/run_all.sh"
+du -sh "$out" >&2
+echo "$out"
