@@ -1,5 +1,6 @@
 // invoke.cu: the public CUDA entry points (kernels/kda_kernels.h). Each validates what the
 // launch relies on, maps runtime knobs to compile-time configurations and enqueues.
+#include <cmath>
 #include <cstdint>
 
 #include "core/error.h"
@@ -67,8 +68,9 @@ void check_problem(const VerifyParams& p, const char* who) {
   KDA_CHECK(p.B >= 1 && p.B <= 65535, "{}: B must be in [1, 65535], got {}", who, p.B);
   KDA_CHECK(p.HV <= 65535, "{}: HV must be <= 65535, got {}", who, p.HV);
   KDA_CHECK(p.T >= 1, "{}: T must be >= 1, got {}", who, p.T);
-  KDA_CHECK(p.gate == GateKind::kStandard || p.gate == GateKind::kSafe, "{}: unknown gate kind",
-            who);
+  KDA_CHECK(p.gate == GateKind::kStandard ||
+                (p.gate == GateKind::kSafe && std::isfinite(p.lower_bound) && p.lower_bound != 0.0f),
+            "{}: safe gate lower_bound={} must be finite and non-zero", who, p.lower_bound);
   const int64_t D = qkv_dim(p);
   KDA_CHECK(p.qkv != nullptr && p.a != nullptr && p.b != nullptr, "{}: qkv, a and b are required",
             who);

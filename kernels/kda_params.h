@@ -100,7 +100,8 @@ struct VerifyParams {
 KDA_HD int32_t qkv_dim(const VerifyParams& p) { return 2 * p.H * p.K + p.HV * p.V; }
 
 /// Extend (prefill through the recurrence): N = B*T tokens per call are processed and
-/// committed in place. Uses VerifyParams for the inputs (mode, rows, scratch and ring
+/// committed in place (T may exceed T_alloc: extend uses no scratch). Uses VerifyParams for
+/// the inputs (mode, rows, T_alloc, scratch and ring
 /// fields are ignored); the final SSM state is written to ssm_state_out[slot] (may alias
 /// ssm_state) and conv_state_out[slot] gets the last W-1 raw inputs.
 struct ExtendParams {

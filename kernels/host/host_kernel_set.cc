@@ -1,0 +1,47 @@
+// host_kernel_set.cc: the KernelSet of the host reference (backend/kernel_set.h), so the
+// backend runs its whole lifecycle without a GPU. Streams are ignored: every call runs
+// synchronously on the calling thread.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <iterator>
+#include <memory>
+
+#include "backend/kernel_set.h"
+#include "core/error.h"
+#include "kernels/host/kda_host.h"
+#include "kernels/kda_kernels.h"
+
+namespace kda {
+namespace {
+
+class HostKernelSet final : public KernelSet {
+ public:
+  const char* name() const override { return "host"; }
+  Device device() const override { return Device::host(); }
+
+  void verify_unfused(const VerifyParams& p, cudaStream_t /*stream*/) override {
+    host::verify_unfused(p);
+  }
+
+  void verify_fused(const VerifyParams& p, int block_v, cudaStream_t /*stream*/) override {
+    // The host has no V tiles, but it accepts exactly the tiles the CUDA set accepts, so a
+    // bad --kda-verify-block-v fails the same way on both.
+    const auto* begin = std::begin(kernels::kFusedBlockVs);
+    const auto* end = std::end(kernels::kFusedBlockVs);
+    KDA_CHECK(std::find(begin, end, block_v) != end,
+              "HostKernelSet::verify_fused: block_v={} unsupported, expected one of {}", block_v,
+              fmt::join(begin, end, ", "));
+    host::verify_fused(p);
+  }
+
+  void extend(const ExtendParams& p, cudaStream_t /*stream*/) override { host::extend(p); }
+
+  void commit(const CommitParams& p, cudaStream_t /*stream*/) override { host::commit(p); }
+};
+
+}  // namespace
+
+std::unique_ptr<KernelSet> make_host_kernel_set() { return std::make_unique<HostKernelSet>(); }
+
+}  // namespace kda
