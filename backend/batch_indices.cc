@@ -1,0 +1,63 @@
+#include "backend/batch_indices.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/cuda_check.h"
+
+namespace kda {
+
+BatchIndices::BatchIndices(const Device& device, int capacity)
+    : capacity_(capacity), device_(device, 2 * static_cast<int64_t>(capacity) * 4) {
+  KDA_CHECK(capacity >= 1, "BatchIndices: capacity must be >= 1, got {}", capacity);
+  if (!device.is_cuda()) {
+    std::fill_n(static_cast<int32_t*>(device_.data()), 2 * capacity, -1);
+    return;
+  }
+  KDA_CUDA_CHECK(cudaSetDevice(device.index));
+  void* pinned = nullptr;
+  KDA_CUDA_CHECK(cudaMallocHost(&pinned, 2 * static_cast<size_t>(capacity) * 4));
+  staging_ = static_cast<int32_t*>(pinned);
+  std::fill_n(staging_, 2 * capacity, -1);
+  device_.upload(staging_, device_.bytes());
+  const cudaError_t st = cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming);
+  if (st != cudaSuccess) {
+    cudaFreeHost(staging_);
+    KDA_CUDA_CHECK(st);
+  }
+}
+
+BatchIndices::~BatchIndices() {
+  // Destructor: errors cannot be reported. Wait for an in-flight copy before freeing its source.
+  if (copied_ != nullptr) {
+    if (copy_pending_) {
+      cudaEventSynchronize(copied_);
+    }
+    cudaEventDestroy(copied_);
+  }
+  if (staging_ != nullptr) {
+    cudaFreeHost(staging_);
+  }
+}
+
+void BatchIndices::upload(const int32_t* slots, const int32_t* rows, int B, cudaStream_t stream) {
+  KDA_CHECK(B >= 0 && B <= capacity_, "BatchIndices::upload: B = {} outside [0, {}]", B, capacity_);
+  int32_t* dst = staging_ != nullptr ? staging_ : static_cast<int32_t*>(device_.data());
+  if (copy_pending_) {
+    // The previous cudaMemcpyAsync may not have read the staging yet; normally long done.
+    KDA_CUDA_CHECK(cudaEventSynchronize(copied_));
+    copy_pending_ = false;
+  }
+  std::fill_n(dst, 2 * capacity_, -1);
+  std::copy_n(slots, B, dst);
+  std::copy_n(rows, B, dst + capacity_);
+  if (staging_ == nullptr) {
+    return;
+  }
+  KDA_CUDA_CHECK(cudaMemcpyAsync(device_.data(), staging_, static_cast<size_t>(device_.bytes()),
+                                 cudaMemcpyHostToDevice, stream));
+  KDA_CUDA_CHECK(cudaEventRecord(copied_, stream));
+  copy_pending_ = true;
+}
+
+}  // namespace kda

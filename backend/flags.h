@@ -1,0 +1,66 @@
+// flags.h: the engine flags of the KDA backend (contract §5; names follow SGLang).
+//
+//   --speculative-num-draft-tokens N   T, draft tokens per verify: 1..16 (default 4)
+//   --enable-linear-replayssm-spec     switch: ReplaySSM ring mode (off: snapshot mode)
+//   --linear-replayssm-cache-len N     L, ring length: power of two in 2..256 (default 16);
+//                                      ring mode also needs L >= 2*T
+//   --max-running-requests N           1..4096 (default 64): state slots and scratch rows
+//   --kda-fused-verify on|off          fused verify kernel allowed (default on)
+//   --kda-fused-ring-max-batch N       0..4096 (default 1): largest B fused in ring mode
+//   --kda-verify-block-v auto|N        fused V tile: auto (= 0, the benchmark default
+//                                      kernels::kDefaultFusedBlockV) or 8|16|32|64|128
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dispatch/verify_dispatch.h"
+#include "kernels/kda_params.h"
+
+namespace kda {
+
+/// Parsed engine flags (defaults = the flags' defaults). A plain value.
+struct EngineFlags {
+  int num_draft_tokens = 4;       ///< --speculative-num-draft-tokens (T)
+  bool replayssm_spec = false;    ///< --enable-linear-replayssm-spec (ring mode)
+  int replayssm_cache_len = 16;   ///< --linear-replayssm-cache-len (L)
+  int max_running_requests = 64;  ///< --max-running-requests
+  bool fused_verify = true;       ///< --kda-fused-verify
+  int fused_ring_max_batch = 1;   ///< --kda-fused-ring-max-batch
+  int verify_block_v = 0;         ///< --kda-verify-block-v; 0 = auto
+
+  RecordMode record_mode() const {
+    return replayssm_spec ? RecordMode::kRing : RecordMode::kSnapshot;
+  }
+  /// The fused tile actually used (auto resolved to kernels::kDefaultFusedBlockV).
+  int resolved_block_v() const { return resolve_block_v(verify_block_v); }
+  DispatchFlags dispatch_flags() const {
+    return DispatchFlags{fused_verify, fused_ring_max_batch, verify_block_v};
+  }
+
+  /// Checks every field against its flag's range and the cross-flag rule (ring mode:
+  /// L >= 2*T). Throws kda::Error(kInvalidArgument) naming the flag, the value and the
+  /// allowed range, exactly as the parser does.
+  void validate() const;
+};
+
+/// Parses the module's flags out of `args` (the engine's arguments; every entry is looked
+/// at, so pass them without the program name) and removes them; the remaining arguments stay
+/// in their original order. Accepts `--flag value` and `--flag=value`; the switch
+/// --enable-linear-replayssm-spec takes no separate value but accepts `=on|off|true|false|1|0`.
+/// A repeated flag: the last one wins. Scanning stops at a bare `--` (it and everything
+/// after it are left alone). Starts from `defaults`, then validates the result (validate()).
+/// Throws kda::Error(kInvalidArgument) naming the flag, the value and the allowed range;
+/// on a throw `args` is unchanged.
+EngineFlags parse_engine_flags(std::vector<std::string>& args, const EngineFlags& defaults = {});
+
+/// The same over a main()-style argv: argv[0] (the program) is kept, consumed flags are
+/// removed by compacting argv in place, argc is updated and (if anything was removed)
+/// argv[argc] set to nullptr.
+/// On a throw argc/argv are unchanged.
+EngineFlags parse_engine_flags(int& argc, char** argv, const EngineFlags& defaults = {});
+
+/// A help text listing every flag with its argument, range and default, one per line.
+std::string engine_flags_help();
+
+}  // namespace kda

@@ -1,0 +1,491 @@
+#include "backend/kda_backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "core/logging.h"
+
+namespace kda {
+
+namespace {
+
+PoolConfig make_pool_config(const ModelConfig& m, const EngineFlags& f, const Device& device,
+                            const BackendOptions& o) {
+  KDA_CHECK(o.extra_slots >= 0 &&
+                o.extra_slots <= std::numeric_limits<int>::max() - f.max_running_requests,
+            "BackendOptions.extra_slots: expected in [0, {}], got {}",
+            std::numeric_limits<int>::max() - f.max_running_requests, o.extra_slots);
+  PoolConfig c;
+  c.layers = m.num_layers;
+  c.H = m.H;
+  c.HV = m.HV;
+  c.K = m.K;
+  c.V = m.V;
+  c.max_slots = f.max_running_requests + o.extra_slots;
+  c.scratch_rows = f.max_running_requests;
+  c.T_max = f.num_draft_tokens;
+  c.ring_mode = f.replayssm_spec;
+  c.ring_len = f.replayssm_cache_len;
+  c.device = device;
+  c.memory_budget_bytes = o.memory_budget_bytes;
+  return c;
+}
+
+// Construction-order helpers: members are built from validated arguments only.
+const ModelConfig& validated(const ModelConfig& m) {
+  m.validate();
+  return m;
+}
+const EngineFlags& validated(const EngineFlags& f) {
+  f.validate();
+  return f;
+}
+std::unique_ptr<KernelSet> non_null(std::unique_ptr<KernelSet> k) {
+  KDA_CHECK(k != nullptr, "KdaAttentionBackend: no kernel set given");
+  return k;
+}
+
+Platform platform_for(const Device& device, const BackendOptions& o) {
+  if (o.platform_override) {
+    return *o.platform_override;
+  }
+  if (device.is_cuda()) {
+    return detect_platform(device.index);
+  }
+  Platform p;
+  p.reason = "the host kernel set runs on the CPU";
+  return p;
+}
+
+Buffer zeroed_flag(const Device& device) {
+  Buffer flag(device, sizeof(int32_t));
+  const int32_t zero = 0;
+  flag.upload(&zero, sizeof(zero));
+  return flag;
+}
+
+// Row pitch as the kernels read it: a single row's pitch is never used, so a packed one is
+// passed (views of one row may carry any stride).
+int64_t row_pitch(const TensorView& t) { return t.size(0) > 1 ? t.stride(0) : t.size(1); }
+
+// A 2-D activation [rows, cols] of bf16 on `device`: inner dim contiguous, row pitch >= cols.
+void expect_activation(const TensorView& t, const char* name, const Device& device, int64_t rows,
+                       int64_t cols) {
+  expect_tensor(t, name, DType::kBF16, device, {rows, cols});
+  expect_inner_contiguous(t, name);
+  expect_aligned(t, name, dtype_size(DType::kBF16));
+  KDA_CHECK(row_pitch(t) >= cols,
+            "{}: row stride {} is smaller than the row width {} (rows would overlap)", name,
+            t.stride(0), cols);
+}
+
+}  // namespace
+
+KdaAttentionBackend::KdaAttentionBackend(const ModelConfig& model, const EngineFlags& flags,
+                                         std::unique_ptr<KernelSet> kernels,
+                                         const BackendOptions& options)
+    : model_(validated(model)),
+      flags_(validated(flags)),
+      kernels_(non_null(std::move(kernels))),
+      device_(kernels_->device()),
+      platform_(platform_for(device_, options)),
+      pool_(make_pool_config(model_, flags_, device_, options)),
+      weights_(static_cast<size_t>(model.num_layers)),
+      indices_(device_, flags.max_running_requests),
+      error_flag_(zeroed_flag(device_)),
+      round_(model.num_layers),
+      last_decision_(static_cast<size_t>(model.num_layers)) {
+  batch_slots_.reserve(static_cast<size_t>(flags.max_running_requests));
+  upload_rows_.reserve(static_cast<size_t>(flags.max_running_requests));
+  logger().info(
+      "KDA backend: {} layers, H={} HV={} K={} V={}, {} mode (L={}), T_max={}, kernels {} on {}, "
+      "dispatch platform {}",
+      model_.num_layers, model_.H, model_.HV, model_.K, model_.V,
+      flags_.replayssm_spec ? "ring" : "snapshot", flags_.replayssm_cache_len,
+      flags_.num_draft_tokens, kernels_->name(), device_name(device_), platform_.describe());
+}
+
+KdaAttentionBackend::~KdaAttentionBackend() = default;
+
+void KdaAttentionBackend::set_layer_weights(int layer, const LayerWeights& weights) {
+  KDA_CHECK(layer >= 0 && layer < model_.num_layers,
+            "set_layer_weights: layer {} out of range [0, {})", layer, model_.num_layers);
+  try {
+    validate_layer_weights(weights, model_, device_);
+  } catch (const Error& e) {
+    KDA_THROW(e.code(), "set_layer_weights(layer {}): {}", layer, e.message());
+  }
+  weights_[static_cast<size_t>(layer)] = weights;
+}
+
+int KdaAttentionBackend::allocate_slot(cudaStream_t stream) { return pool_.allocate_slot(stream); }
+
+void KdaAttentionBackend::release_slot(int slot) {
+  if (slot >= 0 && round_.kind() != RoundKind::kNone) {
+    const auto it = std::find(batch_slots_.begin(), batch_slots_.end(), slot);
+    KDA_CHECK_CODE(it == batch_slots_.end(), ErrorCode::kLifecycle,
+                   "release_slot: slot {} belongs to request {} of the {}; commit() or "
+                   "abort_round() first",
+                   slot, it - batch_slots_.begin(), round_.describe());
+  }
+  pool_.release_slot(slot);
+}
+
+// ---- lifecycle ----
+
+void KdaAttentionBackend::validate_batch(RoundKind kind, const BatchSpec& batch) const {
+  const char* call = kind == RoundKind::kVerify ? "prepare" : "prepare_extend";
+  const int R = pool_.num_rows(), S = pool_.num_slots();
+  const int64_t B = static_cast<int64_t>(batch.slots.size());
+  KDA_CHECK(B >= 1, "{}: empty batch (BatchSpec.slots has no entries)", call);
+  KDA_CHECK(B <= R, "{}: batch of {} requests exceeds --max-running-requests = {}", call, B, R);
+  if (kind == RoundKind::kVerify) {
+    KDA_CHECK(batch.T >= 1 && batch.T <= pool_.T_max(),
+              "{}: BatchSpec.T = {} outside [1, {}] (--speculative-num-draft-tokens)", call,
+              batch.T, pool_.T_max());
+    KDA_CHECK(batch.rows.empty() || static_cast<int64_t>(batch.rows.size()) == B,
+              "{}: BatchSpec.rows has {} entries for {} requests (empty = batch position)", call,
+              batch.rows.size(), B);
+  } else {
+    // N = B*T rows are addressed with int32 row counts by the kernels' params.
+    KDA_CHECK(batch.T >= 1 && B * batch.T <= std::numeric_limits<int32_t>::max(),
+              "{}: BatchSpec.T = {} outside [1, {}] for {} requests", call, batch.T,
+              std::numeric_limits<int32_t>::max() / B, B);
+    KDA_CHECK(batch.rows.empty(),
+              "{}: BatchSpec.rows has {} entries, expected none (extend uses no scratch rows)",
+              call, batch.rows.size());
+  }
+  for (int64_t n = 0; n < B; ++n) {
+    const int32_t s = batch.slots[static_cast<size_t>(n)];
+    KDA_CHECK(s >= -1 && s < S, "{}: slots[{}] = {} out of range [-1, {}) (-1 = padding row)", call,
+              n, s, S);
+    if (s < 0) {
+      continue;
+    }
+    KDA_CHECK(pool_.is_slot_allocated(s),
+              "{}: slots[{}] = {} is not allocated (allocate_slot() first)", call, n, s);
+    const int32_t r =
+        batch.rows.empty() ? static_cast<int32_t>(n) : batch.rows[static_cast<size_t>(n)];
+    KDA_CHECK(r >= 0 && r < R, "{}: rows[{}] = {} out of range [0, {}) (--max-running-requests)",
+              call, n, r, R);
+    for (int64_t m = 0; m < n; ++m) {
+      const int32_t other = batch.slots[static_cast<size_t>(m)];
+      if (other < 0) {
+        continue;
+      }
+      KDA_CHECK(other != s, "{}: slots[{}] and slots[{}] are both {} (one slot per request)", call,
+                m, n, s);
+      KDA_CHECK(batch.rows.empty() || batch.rows[static_cast<size_t>(m)] != r,
+                "{}: rows[{}] and rows[{}] are both {} (one scratch row per request)", call, m, n,
+                r);
+    }
+  }
+}
+
+void KdaAttentionBackend::prepare_round(RoundKind kind, const BatchSpec& batch,
+                                        cudaStream_t stream) {
+  round_.check_can_prepare(kind == RoundKind::kVerify ? "prepare" : "prepare_extend");
+  validate_batch(kind, batch);
+  const int B = static_cast<int>(batch.slots.size());
+  // Scratch rows default to the batch position (a padding row's entry is never read).
+  upload_rows_.clear();
+  for (int n = 0; n < B; ++n) {
+    upload_rows_.push_back(batch.rows.empty() ? n : batch.rows[static_cast<size_t>(n)]);
+  }
+  indices_.upload(batch.slots.data(), upload_rows_.data(), B, stream);
+  batch_slots_.assign(batch.slots.begin(), batch.slots.end());
+  batch_B_ = B;
+  batch_T_ = batch.T;
+  round_.on_prepared(kind);
+}
+
+void KdaAttentionBackend::prepare(const BatchSpec& batch, cudaStream_t stream) {
+  prepare_round(RoundKind::kVerify, batch, stream);
+}
+
+void KdaAttentionBackend::prepare_extend(const BatchSpec& batch, cudaStream_t stream) {
+  prepare_round(RoundKind::kExtend, batch, stream);
+}
+
+void KdaAttentionBackend::check_layer_ready(RoundKind kind, int layer) const {
+  const char* call = round_kind_name(kind);
+  KDA_CHECK(layer >= 0 && layer < model_.num_layers, "{}: layer {} out of range [0, {})", call,
+            layer, model_.num_layers);
+  round_.check_can_run(kind, layer);
+  KDA_CHECK_CODE(weights_[static_cast<size_t>(layer)].A_log.defined(), ErrorCode::kLifecycle,
+                 "{}(layer {}): no weights set (call set_layer_weights({}, ...) first)", call,
+                 layer, layer);
+}
+
+void KdaAttentionBackend::validate_activations(const char* call, int layer, const VerifyInputs& in,
+                                               const TensorView& out) const {
+  const int64_t N = static_cast<int64_t>(batch_B_) * batch_T_;
+  const int64_t HV = model_.HV;
+  try {
+    expect_activation(in.mixed_qkv, "mixed_qkv", device_, N, model_.qkv_dim());
+    expect_activation(in.a, "a", device_, N, HV * model_.K);
+    expect_activation(in.b, "b", device_, N, HV);
+    expect_tensor(out, "out", DType::kBF16, device_, {N, HV, model_.V});
+    expect_contiguous(out, "out");
+    expect_aligned(out, "out", dtype_size(DType::kBF16));
+  } catch (const Error& e) {
+    KDA_THROW(e.code(), "{}(layer {}): {}", call, layer, e.message());
+  }
+}
+
+VerifyParams KdaAttentionBackend::make_verify_params(int layer, const VerifyInputs& in,
+                                                     const TensorView& out) const {
+  const LayerWeights& w = weights_[static_cast<size_t>(layer)];
+  VerifyParams p;
+  p.B = batch_B_;
+  p.T = batch_T_;
+  p.H = model_.H;
+  p.HV = model_.HV;
+  p.K = model_.K;
+  p.V = model_.V;
+  p.T_alloc = pool_.T_max();
+  p.L = pool_.ring_len();
+  p.num_slots = pool_.num_slots();
+  p.num_rows = pool_.num_rows();
+  p.gate = model_.gate;
+  p.lower_bound = model_.lower_bound;
+  p.mode = flags_.record_mode();
+
+  p.qkv = static_cast<const bf16_t*>(in.mixed_qkv.data());
+  p.qkv_stride = row_pitch(in.mixed_qkv);
+  p.a = static_cast<const bf16_t*>(in.a.data());
+  p.a_stride = row_pitch(in.a);
+  p.b = static_cast<const bf16_t*>(in.b.data());
+  p.b_stride = row_pitch(in.b);
+
+  p.A_log = static_cast<const float*>(w.A_log.data());
+  p.dt_bias = static_cast<const float*>(w.dt_bias.data());
+  p.conv_weight = w.conv_weight.data();
+  p.conv_bias = w.conv_bias.defined() ? w.conv_bias.data() : nullptr;
+  p.conv_weight_type = model_.conv_weight_type;
+
+  const TensorView conv_state = pool_.conv_state(layer);
+  const TensorView ssm_state = pool_.ssm_state(layer);
+  p.conv_state = static_cast<const bf16_t*>(conv_state.data());
+  p.conv_state_slot_stride = conv_state.stride(0);
+  p.ssm_state = static_cast<const float*>(ssm_state.data());
+  p.ssm_slot_stride = ssm_state.stride(0);
+
+  p.slots = indices_.slots_data();
+  p.rows = indices_.rows_data();
+
+  p.out = static_cast<bf16_t*>(out.data());
+  const TensorView window = pool_.conv_window(layer);
+  p.conv_window = static_cast<bf16_t*>(window.data());
+  p.conv_window_row_stride = window.stride(0);
+  if (pool_.ring_mode()) {
+    const TensorView rawv = pool_.ring_rawv(layer), rawk = pool_.ring_rawk(layer);
+    const TensorView g = pool_.ring_g(layer), beta = pool_.ring_beta(layer);
+    p.ring_rawv = static_cast<bf16_t*>(rawv.data());
+    p.ring_rawv_slot_stride = rawv.stride(0);
+    p.ring_rawk = static_cast<bf16_t*>(rawk.data());
+    p.ring_rawk_slot_stride = rawk.stride(0);
+    p.ring_g = static_cast<float*>(g.data());
+    p.ring_g_slot_stride = g.stride(0);
+    p.ring_beta = static_cast<float*>(beta.data());
+    p.ring_beta_slot_stride = beta.stride(0);
+  } else {
+    const TensorView snapshots = pool_.snapshots(layer);
+    p.snapshots = static_cast<float*>(snapshots.data());
+    p.snapshot_row_stride = snapshots.stride(0);
+  }
+  p.qkv_act = static_cast<bf16_t*>(pool_.qkv_act().data());
+  return p;
+}
+
+DispatchProblem KdaAttentionBackend::make_dispatch_problem(int layer,
+                                                           const VerifyInputs& in) const {
+  const LayerWeights& w = weights_[static_cast<size_t>(layer)];
+  DispatchProblem d;
+  d.B = batch_B_;
+  d.T = batch_T_;
+  d.H = model_.H;
+  d.HV = model_.HV;
+  d.K = model_.K;
+  d.V = model_.V;
+  d.conv_width = kConvWidth;
+  d.mode = flags_.record_mode();
+  d.plain_chain = true;  // this API verifies chains only (no tree / ragged layouts)
+  d.qkv = in.mixed_qkv;
+  d.a = in.a;
+  d.b = in.b;
+  d.conv_weight = w.conv_weight;
+  d.conv_bias = w.conv_bias;
+  d.slots = indices_.slots(batch_B_);
+  d.rows = indices_.rows(batch_B_);
+  if (pool_.ring_mode()) {
+    d.rings = RingViews{pool_.ring_rawv(layer), pool_.ring_rawk(layer), pool_.ring_g(layer),
+                        pool_.ring_beta(layer)};
+  }
+  d.num_slots = pool_.num_slots();
+  return d;
+}
+
+void KdaAttentionBackend::record_decision(int layer, const DispatchDecision& d) {
+  std::optional<DispatchDecision>& last = last_decision_[static_cast<size_t>(layer)];
+  if ((!last || !last->same_choice(d)) && logger().should_log(spdlog::level::debug)) {
+    logger().debug("verify layer {} (B={}, T={}): {}", layer, batch_B_, batch_T_, d.describe());
+  }
+  last = d;
+  ++(d.fused() ? fused_calls_ : unfused_calls_);
+}
+
+DispatchDecision KdaAttentionBackend::verify(int layer, const VerifyInputs& in,
+                                             const TensorView& out, cudaStream_t stream) {
+  check_layer_ready(RoundKind::kVerify, layer);
+  validate_activations("verify", layer, in, out);
+  const DispatchDecision decision =
+      choose_verify_path(make_dispatch_problem(layer, in), platform_, flags_.dispatch_flags());
+  const VerifyParams params = make_verify_params(layer, in, out);
+  if (decision.fused()) {
+    kernels_->verify_fused(params, decision.block_v, stream);
+  } else {
+    kernels_->verify_unfused(params, stream);
+  }
+  record_decision(layer, decision);
+  round_.on_layer_done(layer);
+  return decision;
+}
+
+void KdaAttentionBackend::extend(int layer, const VerifyInputs& in, const TensorView& out,
+                                 cudaStream_t stream) {
+  check_layer_ready(RoundKind::kExtend, layer);
+  validate_activations("extend", layer, in, out);
+  ExtendParams e;
+  e.v = make_verify_params(layer, in, out);
+  // Extend commits in place and needs no scratch: T may exceed T_max (T_alloc = T keeps the
+  // params' T <= T_alloc invariant), and no scratch, record or ring pointer is handed over.
+  e.v.T_alloc = batch_T_;
+  e.v.conv_window = nullptr;
+  e.v.conv_window_row_stride = 0;
+  e.v.snapshots = nullptr;
+  e.v.snapshot_row_stride = 0;
+  e.v.ring_rawv = nullptr;
+  e.v.ring_rawk = nullptr;
+  e.v.ring_g = nullptr;
+  e.v.ring_beta = nullptr;
+  e.v.qkv_act = nullptr;
+  e.ssm_state_out = static_cast<float*>(pool_.ssm_state(layer).data());
+  e.conv_state_out = static_cast<bf16_t*>(pool_.conv_state(layer).data());
+  kernels_->extend(e, stream);
+  round_.on_layer_done(layer);
+}
+
+void KdaAttentionBackend::commit(const TensorView& accepted_lengths, cudaStream_t stream) {
+  round_.check_can_commit();
+  try {
+    expect_tensor(accepted_lengths, "accepted_lengths", DType::kI32, device_, {batch_B_});
+    expect_contiguous(accepted_lengths, "accepted_lengths");
+    expect_aligned(accepted_lengths, "accepted_lengths", dtype_size(DType::kI32));
+  } catch (const Error& e) {
+    KDA_THROW(e.code(), "commit: {}", e.message());
+  }
+  CommitParams c;
+  c.num_layers = model_.num_layers;
+  c.B = batch_B_;
+  c.T = batch_T_;
+  c.T_alloc = pool_.T_max();
+  c.H = model_.H;
+  c.HV = model_.HV;
+  c.K = model_.K;
+  c.V = model_.V;
+  c.L = pool_.ring_len();
+  c.num_slots = pool_.num_slots();
+  c.num_rows = pool_.num_rows();
+  c.mode = flags_.record_mode();
+  c.slots = indices_.slots_data();
+  c.rows = indices_.rows_data();
+  c.accepted = static_cast<const int32_t*>(accepted_lengths.data());
+
+  const TensorView ssm = pool_.ssm_state_all(), conv = pool_.conv_state_all();
+  const TensorView window = pool_.conv_window_all();
+  c.ssm_state = static_cast<float*>(ssm.data());
+  c.ssm_layer_stride = ssm.stride(0);
+  c.ssm_slot_stride = ssm.stride(1);
+  c.conv_state = static_cast<bf16_t*>(conv.data());
+  c.conv_state_layer_stride = conv.stride(0);
+  c.conv_state_slot_stride = conv.stride(1);
+  c.conv_window = static_cast<const bf16_t*>(window.data());
+  c.conv_window_layer_stride = window.stride(0);
+  c.conv_window_row_stride = window.stride(1);
+  if (pool_.ring_mode()) {
+    const TensorView rawv = pool_.ring_rawv_all(), rawk = pool_.ring_rawk_all();
+    const TensorView g = pool_.ring_g_all(), beta = pool_.ring_beta_all();
+    c.ring_rawv = static_cast<const bf16_t*>(rawv.data());
+    c.ring_rawv_layer_stride = rawv.stride(0);
+    c.ring_rawv_slot_stride = rawv.stride(1);
+    c.ring_rawk = static_cast<const bf16_t*>(rawk.data());
+    c.ring_rawk_layer_stride = rawk.stride(0);
+    c.ring_rawk_slot_stride = rawk.stride(1);
+    c.ring_g = static_cast<const float*>(g.data());
+    c.ring_g_layer_stride = g.stride(0);
+    c.ring_g_slot_stride = g.stride(1);
+    c.ring_beta = static_cast<const float*>(beta.data());
+    c.ring_beta_layer_stride = beta.stride(0);
+    c.ring_beta_slot_stride = beta.stride(1);
+  } else {
+    const TensorView snapshots = pool_.snapshots_all();
+    c.snapshots = static_cast<const float*>(snapshots.data());
+    c.snapshot_layer_stride = snapshots.stride(0);
+    c.snapshot_row_stride = snapshots.stride(1);
+  }
+  c.error_flag = static_cast<int32_t*>(error_flag_.data());
+  kernels_->commit(c, stream);
+  round_.on_committed();
+}
+
+void KdaAttentionBackend::record_graph_verify_round() {
+  round_.check_can_mark_graph_round();
+  round_.on_graph_round();
+}
+
+void KdaAttentionBackend::abort_round() { round_.abort(); }
+
+DispatchStats KdaAttentionBackend::stats() const {
+  DispatchStats s;
+  s.fused_calls = fused_calls_;
+  s.unfused_calls = unfused_calls_;
+  s.last_decision = last_decision_;
+  return s;
+}
+
+void KdaAttentionBackend::reset_stats() {
+  fused_calls_ = 0;
+  unfused_calls_ = 0;
+  std::fill(last_decision_.begin(), last_decision_.end(), std::nullopt);
+}
+
+void KdaAttentionBackend::check_device_errors(cudaStream_t stream) {
+  int32_t flag = 0;
+  if (device_.is_cuda()) {
+    KDA_CUDA_CHECK(cudaStreamSynchronize(stream));  // every commit enqueued so far has run
+    KDA_CUDA_CHECK(cudaMemcpy(&flag, error_flag_.data(), sizeof(flag), cudaMemcpyDeviceToHost));
+  } else {
+    error_flag_.download(&flag, sizeof(flag));
+  }
+  if (flag == 0) {
+    return;
+  }
+  // Cleared on `stream`, so it is ordered before the next commit enqueued there.
+  if (device_.is_cuda()) {
+    KDA_CUDA_CHECK(cudaMemsetAsync(error_flag_.data(), 0, sizeof(int32_t), stream));
+  } else {
+    const int32_t zero = 0;
+    error_flag_.upload(&zero, sizeof(zero));
+  }
+  KDA_THROW(ErrorCode::kInvalidArgument,
+            "commit: an accepted length outside [1, T] was passed; the affected requests were "
+            "skipped and keep their previous committed state");
+}
+
+}  // namespace kda

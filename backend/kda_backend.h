@@ -1,0 +1,206 @@
+// kda_backend.h: the KDA attention backend: per-request recurrent state, the ReplaySSM ring
+// pool and the verify -> commit -> verify lifecycle of speculative decoding (contract §1).
+//
+// Typical step (B requests, T = --speculative-num-draft-tokens):
+//   backend.prepare({T, slots}, stream);                    // host: validate + upload indices
+//   for (int l = 0; l < layers; ++l) backend.verify(l, inputs[l], out[l], stream);
+//   ... sample, compute accepted lengths on the device ...
+//   backend.commit(accepted_lengths, stream);               // all layers at once
+// Prefill: prepare_extend({prompt_len, slots}, stream) then extend(l, ...) for every layer.
+//
+// Ownership: the backend owns the state pool (KdaStatePool: conv/SSM state, rings, scratch),
+// the device index buffers and the kernel set. Weights (set_layer_weights), inputs, outputs
+// and accepted lengths are views the caller owns and keeps alive until the work that uses them
+// has run on the stream (for captured graphs: for as long as the graph may be replayed).
+//
+// Streams: every device operation is enqueued on the `stream` argument (host kernel set:
+// runs synchronously, the stream is ignored). Use one stream for prepare, verify and commit of
+// a round, or order them yourself. verify, extend and commit enqueue only: no allocation, no
+// host synchronisation, no device-to-host reads; verify and commit are CUDA-graph capturable
+// (their index buffers and pool views have fixed addresses; B and T are baked into a capture,
+// so capture one graph per (B, T) bucket and prepare() the matching batch before each replay,
+// then call record_graph_verify_round()). prepare/prepare_extend are not capturable (host
+// validation + an async upload from pinned memory), like SGLang's init_forward_metadata.
+// allocate_slot enqueues a memset; check_device_errors synchronises the stream.
+//
+// Errors: every call validates all of its arguments and the lifecycle state before doing any
+// work; on any kda::Error nothing has changed (no state, no lifecycle, no counter).
+// kInvalidArgument: a shape/dtype/stride/device/index/value problem, the message names the
+// argument, what was expected and what came. kLifecycle: a call out of order (names the
+// call, the layer and the round state). kCuda: a CUDA call failed.
+//
+// Thread safety: none. One thread drives a backend; distinct backends are independent.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/batch_indices.h"
+#include "backend/flags.h"
+#include "backend/kernel_set.h"
+#include "backend/model_config.h"
+#include "backend/round_tracker.h"
+#include "core/buffer.h"
+#include "core/platform.h"
+#include "core/tensor_view.h"
+#include "dispatch/verify_dispatch.h"
+#include "memory_pool/kda_state_pool.h"
+
+namespace kda {
+
+struct BackendOptions {
+  /// Pretend a platform for the dispatcher (tests, tools); default: detect_platform(device)
+  /// for CUDA, "no device" (family other) for the host kernel set.
+  std::optional<Platform> platform_override;
+  /// Pool memory budget in bytes (0 = none); construction throws kOutOfMemory above it.
+  int64_t memory_budget_bytes = 0;
+  /// State slots beyond --max-running-requests (S = max_running_requests + extra_slots), for
+  /// engines that admit (prefill) a request before a finished one's slot is released.
+  int extra_slots = 0;
+};
+
+/// One round's batch, described on the host.
+struct BatchSpec {
+  int T = 0;                   ///< tokens per request (verify: 1..T_max; extend: >= 1)
+  std::vector<int32_t> slots;  ///< B entries: the request's state slot, or -1 = padding row
+  /// Verify only: scratch row per request, distinct in [0, R) over the real requests; empty
+  /// = the batch position (row n for request n). Extend uses no scratch: must be empty.
+  std::vector<int32_t> rows;
+};
+
+/// One layer's activations for verify/extend; N = B*T rows, token t of request n at n*T + t.
+struct VerifyInputs {
+  TensorView mixed_qkv;  ///< [N, D] bf16, channels q|k|v, inner dim contiguous, row stride >= D
+  TensorView a;          ///< [N, HV*K] bf16 gate logits, inner contiguous, row stride >= HV*K
+  TensorView b;          ///< [N, HV] bf16 beta logits, inner contiguous, row stride >= HV
+};
+
+/// Dispatch counters since construction (or reset_stats).
+struct DispatchStats {
+  int64_t fused_calls = 0;
+  int64_t unfused_calls = 0;
+  /// Per layer: the last verify's decision (nullopt: not verified yet).
+  std::vector<std::optional<DispatchDecision>> last_decision;
+};
+
+class KdaAttentionBackend {
+ public:
+  /// Validates `model` and `flags` (kInvalidArgument), builds the pool on kernels->device()
+  /// with S = max_running_requests + options.extra_slots slots (padding rows use slot -1, so
+  /// no sink slot is reserved), R = max_running_requests scratch rows (one per batch
+  /// position), T_max = num_draft_tokens, and the mode and L from the flags.
+  KdaAttentionBackend(const ModelConfig& model, const EngineFlags& flags,
+                      std::unique_ptr<KernelSet> kernels, const BackendOptions& options = {});
+  ~KdaAttentionBackend();
+  KdaAttentionBackend(const KdaAttentionBackend&) = delete;
+  KdaAttentionBackend& operator=(const KdaAttentionBackend&) = delete;
+  KdaAttentionBackend(KdaAttentionBackend&&) = delete;  // graphs capture its addresses
+  KdaAttentionBackend& operator=(KdaAttentionBackend&&) = delete;
+
+  // ---- configuration ----
+  const ModelConfig& model() const { return model_; }
+  const EngineFlags& flags() const { return flags_; }
+  const Device& device() const { return device_; }
+  /// The platform the dispatcher sees (detected or overridden).
+  const Platform& platform() const { return platform_; }
+  const KernelSet& kernels() const { return *kernels_; }
+  /// The state pool (views for inspection, tests and engine-side state copies).
+  const KdaStatePool& pool() const { return pool_; }
+  const PoolMemoryReport& memory_report() const { return pool_.memory_report(); }
+
+  /// Sets layer `layer`'s weights (views; see LayerWeights). Validated against the model and
+  /// the device; must be set before the layer is verified or extended.
+  void set_layer_weights(int layer, const LayerWeights& weights);
+
+  // ---- slots (one per running request; not on the hot path) ----
+  /// A zeroed slot (see KdaStatePool::allocate_slot); kOutOfMemory when none is free.
+  int allocate_slot(cudaStream_t stream = nullptr);
+  /// Frees `slot`. kInvalidArgument: foreign or not allocated; kLifecycle: the slot is in the
+  /// batch of a round in progress (commit or abort_round first).
+  void release_slot(int slot);
+
+  // ---- lifecycle ----
+  /// Starts a verify round for `batch` (B = batch.slots.size() <= R, 1 <= T <= T_max, slots
+  /// in [-1, S) allocated and distinct, rows distinct in [0, R)) and uploads the indices on
+  /// `stream`. Replaces a prepared round in which no layer has run yet. Not capturable.
+  void prepare(const BatchSpec& batch, cudaStream_t stream);
+  /// Starts an extend (prefill) round: B <= R requests of batch.T >= 1 tokens each (T may
+  /// exceed T_max: extend needs no scratch); rows must be empty.
+  void prepare_extend(const BatchSpec& batch, cudaStream_t stream);
+
+  /// Verifies layer `layer` of the prepared batch: writes out [N, HV, V] bf16 (packed; padding
+  /// rows zeroed), the conv windows and the snapshots or rings; never writes the committed
+  /// conv/SSM state. Each layer exactly once per round. Returns the dispatch decision.
+  /// Enqueues on `stream`; graph-capturable.
+  DispatchDecision verify(int layer, const VerifyInputs& in, const TensorView& out,
+                          cudaStream_t stream);
+
+  /// Commits all layers after every layer was verified: state <- the state after the n-th
+  /// token, n = accepted_lengths[i] in 1..T ([B] int32 on the backend's device, contiguous,
+  /// read on the device). A length outside [1, T] skips that request and raises the device
+  /// error flag (check_device_errors). Enqueues on `stream`; graph-capturable.
+  void commit(const TensorView& accepted_lengths, cudaStream_t stream);
+
+  /// Runs the prepared extend round on layer `layer`: out [N, HV, V] bf16 for N = B*T prompt
+  /// tokens, and the state after the last token is committed in place. Each layer once;
+  /// the round ends with the last layer. Enqueues on `stream`.
+  void extend(int layer, const VerifyInputs& in, const TensorView& out, cudaStream_t stream);
+
+  /// Records that a CUDA-graph replay verified every layer of the freshly prepared batch
+  /// (replays do not repeat the host-side verify calls the lifecycle tracks).
+  void record_graph_verify_round();
+  /// Drops the current round (e.g. the engine abandons a batch). Safe for verify rounds, whose
+  /// verifies never touch the committed state; layers an unfinished extend round already
+  /// ran keep their advanced state.
+  void abort_round();
+
+  RoundKind round_kind() const { return round_.kind(); }
+  /// e.g. "verify round, 1 of 2 layers verified (0)".
+  std::string round_state() const { return round_.describe(); }
+  /// B and T of the prepared batch (0 when idle).
+  int batch_size() const { return round_.kind() == RoundKind::kNone ? 0 : batch_B_; }
+  int tokens_per_request() const { return round_.kind() == RoundKind::kNone ? 0 : batch_T_; }
+
+  // ---- dispatch statistics ----
+  DispatchStats stats() const;
+  void reset_stats();
+
+  /// Reads the commit error flag (synchronises `stream`; not for the hot path). Throws
+  /// kInvalidArgument if a commit since the last check saw an accepted length outside
+  /// [1, T], and clears the flag.
+  void check_device_errors(cudaStream_t stream);
+
+ private:
+  void prepare_round(RoundKind kind, const BatchSpec& batch, cudaStream_t stream);
+  void validate_batch(RoundKind kind, const BatchSpec& batch) const;
+  void check_layer_ready(RoundKind kind, int layer) const;
+  void validate_activations(const char* call, int layer, const VerifyInputs& in,
+                            const TensorView& out) const;
+  VerifyParams make_verify_params(int layer, const VerifyInputs& in, const TensorView& out) const;
+  DispatchProblem make_dispatch_problem(int layer, const VerifyInputs& in) const;
+  void record_decision(int layer, const DispatchDecision& d);
+
+  ModelConfig model_;
+  EngineFlags flags_;
+  std::unique_ptr<KernelSet> kernels_;
+  Device device_;
+  Platform platform_;
+  KdaStatePool pool_;
+  std::vector<LayerWeights> weights_;  // per layer; A_log undefined until set
+  BatchIndices indices_;
+  Buffer error_flag_;  // [1] int32 on the device; CommitParams::error_flag
+  RoundTracker round_;
+  int batch_B_ = 0, batch_T_ = 0;
+  std::vector<int32_t> batch_slots_;  // host copy of the prepared slots (capacity R)
+  std::vector<int32_t> upload_rows_;  // prepare's scratch for the resolved rows (capacity R)
+
+  int64_t fused_calls_ = 0, unfused_calls_ = 0;
+  std::vector<std::optional<DispatchDecision>> last_decision_;
+};
+
+}  // namespace kda

@@ -1,0 +1,17 @@
+// kernel_set_factory.h: picks the kernel set for a device, so engines can build a backend
+// from a Device alone:
+//   KdaAttentionBackend backend(model, flags, make_kernel_set(Device::cuda(0)));
+#pragma once
+
+#include <memory>
+
+#include "backend/kernel_set.h"
+#include "core/tensor_view.h"
+
+namespace kda {
+
+/// The host reference for Device::host(), the CUDA kernels for Device::cuda(i) (throws
+/// kUnsupported when that device is not usable).
+std::unique_ptr<KernelSet> make_kernel_set(const Device& device);
+
+}  // namespace kda

@@ -1,0 +1,310 @@
+#include "dispatch/verify_dispatch.h"
+
+#include <fmt/format.h>
+
+#include "kernels/kda_kernels.h"
+
+namespace kda {
+
+namespace {
+
+// Rule 3 bookkeeping: records the first unmet requirement into the decision.
+class FusedSupportCheck {
+ public:
+  explicit FusedSupportCheck(DispatchDecision& d) : d_(d) {}
+
+  /// Records a failure (if none yet) and returns false when `ok` is false.
+  bool require(bool ok, DispatchReason reason, const char* subject, const char* expectation,
+               int64_t got) {
+    if (ok || failed_) {
+      return ok;
+    }
+    failed_ = true;
+    d_.reason = reason;
+    d_.subject = subject;
+    d_.expectation = expectation;
+    d_.got = got;
+    return false;
+  }
+  bool require_dtype(bool ok, DispatchReason reason, const char* subject, const char* expectation,
+                     DType got) {
+    const bool first_failure = !ok && !failed_;
+    require(ok, reason, subject, expectation, static_cast<int64_t>(got));
+    if (first_failure) {
+      d_.got_kind = DispatchDecision::GotKind::kDType;
+    }
+    return ok;
+  }
+  bool require_device(bool ok, const char* subject, const Device& got, const Device& expected) {
+    const bool first_failure = !ok && !failed_;
+    require(ok, DispatchReason::kUnsupportedDevice, subject, "mixed_qkv's device", 0);
+    if (first_failure) {
+      d_.got_kind = DispatchDecision::GotKind::kDevice;
+      d_.got_device = got;
+      d_.expected_device = expected;
+    }
+    return ok;
+  }
+  bool failed() const { return failed_; }
+
+ private:
+  DispatchDecision& d_;
+  bool failed_ = false;
+};
+
+// A 2-D activation [rows, cols]: extents, unit inner stride, a row pitch that fits a row.
+void check_matrix(FusedSupportCheck& c, const TensorView& t, int64_t rows, int64_t cols,
+                  const char* ndim_subject, const char* rows_subject, const char* cols_subject,
+                  const char* cols_expectation, const char* stride_subject) {
+  if (!c.require(t.ndim() == 2, DispatchReason::kUnsupportedShape, ndim_subject, "2", t.ndim())) {
+    return;
+  }
+  c.require(t.size(0) == rows, DispatchReason::kUnsupportedShape, rows_subject, "B*T", t.size(0));
+  c.require(t.size(1) == cols, DispatchReason::kUnsupportedShape, cols_subject, cols_expectation,
+            t.size(1));
+  c.require(t.size(1) <= 1 || t.stride(1) == 1, DispatchReason::kUnsupportedStrides, stride_subject,
+            "1 (inner dim contiguous)", t.stride(1));
+  c.require(t.size(0) <= 1 || t.stride(0) >= t.size(1), DispatchReason::kUnsupportedStrides,
+            stride_subject, ">= the row width (row pitch)", t.stride(0));
+}
+
+void check_index(FusedSupportCheck& c, const TensorView& t, int B, const char* shape_subject,
+                 const char* dtype_subject, const char* stride_subject) {
+  using R = DispatchReason;
+  const bool shape_ok = t.defined() && t.ndim() == 1 && t.size(0) == B;
+  if (!c.require(t.defined() && t.ndim() == 1, R::kUnsupportedIndices, shape_subject, "1-d [B]",
+                 t.ndim())) {
+    return;
+  }
+  c.require(shape_ok, R::kUnsupportedIndices, shape_subject, "B", t.size(0));
+  c.require_dtype(t.dtype() == DType::kI32, R::kUnsupportedIndices, dtype_subject, "int32",
+                  t.dtype());
+  c.require(B <= 1 || t.stride(0) == 1, R::kUnsupportedIndices, stride_subject, "1", t.stride(0));
+}
+
+}  // namespace
+
+const char* verify_path_name(VerifyPath path) noexcept {
+  switch (path) {
+    case VerifyPath::kUnfused:
+      return "unfused";
+    case VerifyPath::kFused:
+      return "fused";
+  }
+  return "?";
+}
+
+const char* dispatch_reason_name(DispatchReason reason) noexcept {
+  switch (reason) {
+    case DispatchReason::kSnapshotFused:
+      return "snapshot_fused";
+    case DispatchReason::kRingFused:
+      return "ring_fused";
+    case DispatchReason::kFusedDisabled:
+      return "fused_disabled";
+    case DispatchReason::kNotPlainChain:
+      return "not_plain_chain";
+    case DispatchReason::kUnsupportedShape:
+      return "unsupported_shape";
+    case DispatchReason::kUnsupportedDtype:
+      return "unsupported_dtype";
+    case DispatchReason::kUnsupportedStrides:
+      return "unsupported_strides";
+    case DispatchReason::kUnsupportedDevice:
+      return "unsupported_device";
+    case DispatchReason::kUnsupportedIndices:
+      return "unsupported_indices";
+    case DispatchReason::kUnsupportedBlockV:
+      return "unsupported_block_v";
+    case DispatchReason::kRingBatchAboveLimit:
+      return "ring_batch_above_limit";
+    case DispatchReason::kRingPlatformUnmeasured:
+      return "ring_platform_unmeasured";
+    case DispatchReason::kRingLayoutRejected:
+      return "ring_layout_rejected";
+  }
+  return "?";
+}
+
+int resolve_block_v(int block_v) noexcept {
+  return block_v == 0 ? kernels::kDefaultFusedBlockV : block_v;
+}
+
+bool is_fused_block_v(int block_v) noexcept {
+  for (int bv : kernels::kFusedBlockVs) {
+    if (bv == block_v) {
+      return true;
+    }
+  }
+  return false;
+}
+
+DispatchDecision choose_verify_path(const DispatchProblem& p, const Platform& platform,
+                                    const DispatchFlags& flags) noexcept {
+  DispatchDecision d;
+  d.B = p.B;
+  d.arch = platform.family();
+  d.limit = flags.fused_ring_max_batch;
+  if (!flags.fused_verify) {
+    d.reason = DispatchReason::kFusedDisabled;
+    return d;
+  }
+  if (!p.plain_chain) {
+    d.reason = DispatchReason::kNotPlainChain;
+    return d;
+  }
+
+  FusedSupportCheck c(d);
+  using R = DispatchReason;
+  c.require(p.B >= 1, R::kUnsupportedShape, "B", ">= 1", p.B);
+  c.require(p.T >= 1 && p.T <= kFusedMaxTokens, R::kUnsupportedShape, "T", "1..16", p.T);
+  c.require(p.H >= 1, R::kUnsupportedShape, "H", ">= 1", p.H);
+  c.require(p.HV >= 1 && p.HV % (p.H >= 1 ? p.H : 1) == 0, R::kUnsupportedShape, "HV",
+            "a positive multiple of H", p.HV);
+  c.require(p.K == 64 || p.K == 128, R::kUnsupportedShape, "K (head_k_dim)", "64 or 128", p.K);
+  c.require(p.V >= 1, R::kUnsupportedShape, "V (head_v_dim)", ">= 1", p.V);
+  c.require(p.conv_width == kConvWidth, R::kUnsupportedShape, "conv width W", "4", p.conv_width);
+  if (c.failed()) {
+    return d;
+  }
+  const int64_t N = static_cast<int64_t>(p.B) * p.T;
+  const int64_t D = 2 * static_cast<int64_t>(p.H) * p.K + static_cast<int64_t>(p.HV) * p.V;
+  check_matrix(c, p.qkv, N, D, "mixed_qkv ndim", "mixed_qkv rows", "mixed_qkv columns",
+               "D = 2*H*K + HV*V", "mixed_qkv strides");
+  check_matrix(c, p.a, N, static_cast<int64_t>(p.HV) * p.K, "a ndim", "a rows", "a columns", "HV*K",
+               "a strides");
+  check_matrix(c, p.b, N, p.HV, "b ndim", "b rows", "b columns", "HV", "b strides");
+  const bool weight_2d = p.conv_weight.ndim() == 2;
+  c.require(weight_2d && p.conv_weight.size(0) == D && p.conv_weight.size(1) == kConvWidth,
+            R::kUnsupportedShape, "conv_weight shape", "[D, 4]", p.conv_weight.ndim());
+  c.require(!p.conv_bias.defined() || (p.conv_bias.ndim() == 1 && p.conv_bias.size(0) == D),
+            R::kUnsupportedShape, "conv_bias shape", "[D]", p.conv_bias.ndim());
+
+  c.require_dtype(p.qkv.dtype() == DType::kBF16, R::kUnsupportedDtype, "mixed_qkv dtype", "bf16",
+                  p.qkv.dtype());
+  c.require_dtype(p.a.dtype() == DType::kBF16, R::kUnsupportedDtype, "a dtype", "bf16",
+                  p.a.dtype());
+  c.require_dtype(p.b.dtype() == DType::kBF16, R::kUnsupportedDtype, "b dtype", "bf16",
+                  p.b.dtype());
+  const DType wt = p.conv_weight.dtype();
+  c.require_dtype(wt == DType::kF32 || wt == DType::kBF16, R::kUnsupportedDtype,
+                  "conv_weight dtype", "f32 or bf16", wt);
+  c.require_dtype(!p.conv_bias.defined() || p.conv_bias.dtype() == wt, R::kUnsupportedDtype,
+                  "conv_bias dtype", "conv_weight's dtype", p.conv_bias.dtype());
+
+  c.require(p.conv_weight.is_contiguous(), R::kUnsupportedStrides, "conv_weight strides",
+            "packed (4, 1)", weight_2d ? p.conv_weight.stride(0) : 0);
+  c.require(!p.conv_bias.defined() || p.conv_bias.is_contiguous(), R::kUnsupportedStrides,
+            "conv_bias strides", "1", p.conv_bias.ndim() == 1 ? p.conv_bias.stride(0) : 0);
+
+  const Device& dev = p.qkv.device();
+  const struct {
+    const TensorView* view;
+    const char* subject;
+  } placed[] = {{&p.a, "a device"},
+                {&p.b, "b device"},
+                {&p.conv_weight, "conv_weight device"},
+                {&p.conv_bias, "conv_bias device"},
+                {&p.slots, "slots device"},
+                {&p.rows, "rows device"}};
+  for (const auto& t : placed) {
+    c.require_device(!t.view->defined() || t.view->device() == dev, t.subject, t.view->device(),
+                     dev);
+  }
+
+  check_index(c, p.slots, p.B, "slots shape", "slots dtype", "slots stride");
+  check_index(c, p.rows, p.B, "rows shape", "rows dtype", "rows stride");
+
+  const int block_v = resolve_block_v(flags.block_v);
+  c.require(is_fused_block_v(block_v), R::kUnsupportedBlockV, "block_v", "8, 16, 32, 64 or 128",
+            block_v);
+  if (c.failed()) {
+    return d;
+  }
+
+  if (p.mode == RecordMode::kSnapshot) {
+    d.path = VerifyPath::kFused;
+    d.reason = R::kSnapshotFused;
+    d.block_v = block_v;
+    return d;
+  }
+  // Ring mode: fused+ring is only a measured win for small batches on SM90/SM100
+  // (upstream §8.1: at B >= 4 it regressed 1.9-5.6x on H20), hence the explicit gates.
+  if (p.B > flags.fused_ring_max_batch) {
+    d.reason = R::kRingBatchAboveLimit;
+    return d;
+  }
+  if (d.arch != ArchFamily::kSM90 && d.arch != ArchFamily::kSM100) {
+    d.reason = R::kRingPlatformUnmeasured;
+    return d;
+  }
+  RingLayoutExpectation want;
+  want.H = p.H;
+  want.HV = p.HV;
+  want.K = p.K;
+  want.V = p.V;
+  want.T = p.T;
+  want.num_slots = p.num_slots;
+  want.activation_dtype = p.qkv.dtype();
+  want.device = dev;
+  d.ring = check_ring_layout(p.rings, want);
+  if (!d.ring.ok()) {
+    d.reason = R::kRingLayoutRejected;
+    return d;
+  }
+  d.path = VerifyPath::kFused;
+  d.reason = R::kRingFused;
+  d.block_v = block_v;
+  return d;
+}
+
+std::string DispatchDecision::describe() const {
+  const char* path_text = verify_path_name(path);
+  switch (reason) {
+    case DispatchReason::kSnapshotFused:
+      return fmt::format("fused (block_v = {}): snapshot mode (no batch or platform gate)",
+                         block_v);
+    case DispatchReason::kRingFused:
+      return fmt::format(
+          "fused (block_v = {}): ring mode with B = {} <= --kda-fused-ring-max-batch = {} on "
+          "{}, ring layout ok",
+          block_v, B, limit, arch_family_name(arch));
+    case DispatchReason::kFusedDisabled:
+      return fmt::format("{}: fused verify switched off (--kda-fused-verify)", path_text);
+    case DispatchReason::kNotPlainChain:
+      return fmt::format("{}: not a plain chain verify (tree or ragged drafts)", path_text);
+    case DispatchReason::kUnsupportedShape:
+    case DispatchReason::kUnsupportedDtype:
+    case DispatchReason::kUnsupportedStrides:
+    case DispatchReason::kUnsupportedDevice:
+    case DispatchReason::kUnsupportedIndices:
+    case DispatchReason::kUnsupportedBlockV: {
+      std::string value = std::to_string(got);
+      switch (got_kind) {
+        case GotKind::kNumber:
+          break;
+        case GotKind::kDType:
+          value = std::string(dtype_name(static_cast<DType>(got)));
+          break;
+        case GotKind::kDevice:
+          value = fmt::format("{} (mixed_qkv on {})", device_name(got_device),
+                              device_name(expected_device));
+          break;
+      }
+      return fmt::format("{}: outside the fused kernel ({}): {} is {}, fused needs {}", path_text,
+                         dispatch_reason_name(reason), subject, value, expectation);
+    }
+    case DispatchReason::kRingBatchAboveLimit:
+      return fmt::format("{}: ring mode with B = {} > --kda-fused-ring-max-batch = {}", path_text,
+                         B, limit);
+    case DispatchReason::kRingPlatformUnmeasured:
+      return fmt::format("{}: ring mode on {} (fused+ring is enabled on SM90 and SM100 only)",
+                         path_text, arch_family_name(arch));
+    case DispatchReason::kRingLayoutRejected:
+      return fmt::format("{}: ring layout rejected ({}): {}", path_text,
+                         ring_layout_issue_name(ring.issue), ring.describe());
+  }
+  return "?";
+}
+
+}  // namespace kda

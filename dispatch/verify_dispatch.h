@@ -1,0 +1,118 @@
+// verify_dispatch.h: the gated choice between the fused and the unfused verify kernels
+// (contract §4). choose_verify_path is a pure host function: it reads view metadata only
+// (shapes, dtypes, strides, devices; never tensor memory), never throws and never
+// allocates, so the backend can call it per layer inside a CUDA-graph capture.
+//
+// Rules, in order (the first that applies decides):
+//   1. unfused if the fused path is switched off (--kda-fused-verify off);
+//   2. unfused if the verify is not a plain chain (tree / ragged drafts);
+//   3. unfused if shapes, dtypes, strides, devices or index tensors are outside what the
+//      fused kernel supports (see kFusedMaxTokens below), or block_v is not a fused tile;
+//   4. snapshot mode: fused (no batch or platform gate);
+//   5. ring mode: fused only if B <= fused_ring_max_batch (default 1) AND the platform is
+//      SM90 or SM100-family AND the ring views pass check_ring_layout; else unfused.
+// Both paths produce bitwise-identical results (contract §3), so the choice is a speed
+// decision only; the reason records why, for logs and tests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/platform.h"
+#include "core/tensor_view.h"
+#include "dispatch/ring_layout.h"
+#include "kernels/kda_params.h"
+
+namespace kda {
+
+/// Rule 3, what the fused kernel supports beyond a valid verify: K in {64, 128} (32 lanes x
+/// K/32 elements, the contract §3 reduction tree), W == kConvWidth (a 3-deep window),
+/// T <= kFusedMaxTokens (its T buckets), bf16 activations, f32 or bf16 conv weights,
+/// unit inner strides, packed conv weights, [B] int32 contiguous index tensors, one device.
+constexpr int kFusedMaxTokens = 16;
+
+enum class VerifyPath : uint8_t { kUnfused, kFused };
+/// "fused" or "unfused".
+const char* verify_path_name(VerifyPath path) noexcept;
+
+/// Why a path was chosen; one value per rule outcome.
+enum class DispatchReason : uint8_t {
+  kSnapshotFused,           ///< rule 4
+  kRingFused,               ///< rule 5, every gate passed
+  kFusedDisabled,           ///< rule 1
+  kNotPlainChain,           ///< rule 2
+  kUnsupportedShape,        ///< rule 3: a problem size or tensor extent
+  kUnsupportedDtype,        ///< rule 3: an activation or weight dtype
+  kUnsupportedStrides,      ///< rule 3: a non-unit inner stride, short row pitch, unpacked weight
+  kUnsupportedDevice,       ///< rule 3: tensors on different devices
+  kUnsupportedIndices,      ///< rule 3: slot/row tensors not [B] int32 contiguous
+  kUnsupportedBlockV,       ///< rule 3: block_v not in kernels::kFusedBlockVs
+  kRingBatchAboveLimit,     ///< rule 5: B > fused_ring_max_batch
+  kRingPlatformUnmeasured,  ///< rule 5: neither SM90 nor SM100-family
+  kRingLayoutRejected,      ///< rule 5: check_ring_layout failed (see DispatchDecision::ring)
+};
+/// Short stable name ("snapshot_fused", "ring_batch_above_limit", ...).
+const char* dispatch_reason_name(DispatchReason reason) noexcept;
+
+/// The dispatcher's knobs (from EngineFlags).
+struct DispatchFlags {
+  bool fused_verify = true;      ///< --kda-fused-verify
+  int fused_ring_max_batch = 1;  ///< --kda-fused-ring-max-batch (0: ring mode never fused)
+  int block_v = 0;               ///< --kda-verify-block-v; 0 = kernels::kDefaultFusedBlockV
+};
+
+/// One verify call as the dispatcher sees it: sizes plus the views the kernel would get.
+struct DispatchProblem {
+  int B = 0, T = 0;  ///< requests, tokens per request
+  int H = 0, HV = 0, K = 0, V = 0;
+  int conv_width = kConvWidth;  ///< W of the model's conv
+  RecordMode mode = RecordMode::kSnapshot;
+  bool plain_chain = true;  ///< false: tree or ragged verify (never fused)
+  TensorView qkv;           ///< [B*T, D]
+  TensorView a;             ///< [B*T, HV*K]
+  TensorView b;             ///< [B*T, HV]
+  TensorView conv_weight;   ///< [D, W]
+  TensorView conv_bias;     ///< [D] or undefined
+  TensorView slots, rows;   ///< [B] int32 index tensors
+  RingViews rings;          ///< ring mode: this layer's rings
+  int64_t num_slots = 0;    ///< S of the state (ring slot-count check)
+};
+
+/// The outcome: path, reason and what the reason refers to. A value; describe() builds the
+/// human string on demand (so choosing allocates nothing).
+struct DispatchDecision {
+  VerifyPath path = VerifyPath::kUnfused;
+  DispatchReason reason = DispatchReason::kFusedDisabled;
+  int block_v = 0;               ///< V tile for the fused kernel; 0 when unfused
+  const char* subject = "";      ///< rule 3: the offending quantity, e.g. "K", "a dtype"
+  const char* expectation = "";  ///< rule 3: what the fused kernel needs, e.g. "64 or 128"
+  /// How `got` reads: a number, a DType value, or see got_device.
+  enum class GotKind : uint8_t { kNumber, kDType, kDevice };
+  GotKind got_kind = GotKind::kNumber;
+  int64_t got = 0;                         ///< rule 3: the value found
+  Device got_device{}, expected_device{};  ///< GotKind::kDevice
+  int64_t limit = 0;                       ///< kRingBatchAboveLimit: fused_ring_max_batch
+  int B = 0;                               ///< the batch the decision was made for
+  ArchFamily arch = ArchFamily::kOther;    ///< the platform family seen
+  RingLayoutCheck ring;                    ///< kRingLayoutRejected: the failed layout rule
+
+  bool fused() const { return path == VerifyPath::kFused; }
+  /// e.g. "unfused: ring mode with B = 4 > --kda-fused-ring-max-batch = 1".
+  std::string describe() const;
+  /// Same path, reason and tile (what "the decision changed" means for logging).
+  bool same_choice(const DispatchDecision& o) const {
+    return path == o.path && reason == o.reason && block_v == o.block_v;
+  }
+};
+
+/// The fused tile `flags.block_v` resolves to (0 -> kernels::kDefaultFusedBlockV).
+int resolve_block_v(int block_v) noexcept;
+/// True if `block_v` is one of kernels::kFusedBlockVs.
+bool is_fused_block_v(int block_v) noexcept;
+
+/// Applies the rules above. `platform` is the device's (detect_platform) or a test's
+/// fake_platform. Never throws.
+DispatchDecision choose_verify_path(const DispatchProblem& problem, const Platform& platform,
+                                    const DispatchFlags& flags) noexcept;
+
+}  // namespace kda

@@ -1,0 +1,168 @@
+#include "memory_pool/kda_state_pool.h"
+
+#include <cstring>
+#include <initializer_list>
+#include <utility>
+
+#include "core/cuda_check.h"
+#include "core/logging.h"
+
+namespace kda {
+
+namespace {
+
+// Makes `device` current for CUDA runtime calls and restores the caller's device after.
+class ScopedCudaDevice {
+ public:
+  explicit ScopedCudaDevice(const Device& device) {
+    if (!device.is_cuda()) {
+      return;
+    }
+    KDA_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device.index) {
+      KDA_CUDA_CHECK(cudaSetDevice(device.index));
+      restore_ = true;
+    }
+  }
+  ~ScopedCudaDevice() {
+    if (restore_) {
+      cudaSetDevice(previous_);  // destructor: nothing sensible to do on failure
+    }
+  }
+  ScopedCudaDevice(const ScopedCudaDevice&) = delete;
+  ScopedCudaDevice& operator=(const ScopedCudaDevice&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
+
+void zero_bytes(void* ptr, int64_t bytes, const Device& device) {
+  if (bytes == 0) {
+    return;
+  }
+  if (device.is_cuda()) {
+    KDA_CUDA_CHECK(cudaMemset(ptr, 0, static_cast<size_t>(bytes)));
+  } else {
+    std::memset(ptr, 0, static_cast<size_t>(bytes));
+  }
+}
+
+// Zeroes slot `slot` of a [layers, S, ...] packed view in every layer: `layers` runs of
+// one slot pitch, one layer pitch apart (one 2-D memset on CUDA).
+void zero_slot_in_all_layers(const TensorView& all, int slot, cudaStream_t stream) {
+  const int64_t esize = dtype_size(all.dtype());
+  const int64_t layer_pitch = all.stride(0) * esize;
+  const int64_t slot_bytes = all.stride(1) * esize;
+  char* first = static_cast<char*>(all.data()) + slot * slot_bytes;
+  if (all.device().is_cuda()) {
+    KDA_CUDA_CHECK(cudaMemset2DAsync(first, static_cast<size_t>(layer_pitch), 0,
+                                     static_cast<size_t>(slot_bytes),
+                                     static_cast<size_t>(all.size(0)), stream));
+    return;
+  }
+  for (int64_t layer = 0; layer < all.size(0); ++layer) {
+    std::memset(first + layer * layer_pitch, 0, static_cast<size_t>(slot_bytes));
+  }
+}
+
+}  // namespace
+
+KdaStatePool::KdaStatePool(const PoolConfig& config)
+    : config_(config), report_(compute_memory_report(config)), slots_(config.max_slots) {
+  if (config.memory_budget_bytes > 0) {
+    KDA_CHECK_CODE(
+        report_.total_bytes <= config.memory_budget_bytes, ErrorCode::kOutOfMemory,
+        "KDA state pool: {} mode needs {} bytes, over the memory budget of {} bytes ({} mode "
+        "would need {} bytes)",
+        config.ring_mode ? "ring" : "snapshot", report_.total_bytes, config.memory_budget_bytes,
+        config.ring_mode ? "snapshot" : "ring",
+        config.ring_mode ? report_.snapshot_mode_total_bytes : report_.ring_mode_total_bytes);
+  }
+  const ScopedCudaDevice on_device(config.device);
+  const int64_t layers = config.layers, S = config.max_slots, R = config.scratch_rows;
+  const int64_t H = config.H, HV = config.HV, K = config.K, V = config.V;
+  const int64_t T = config.T_max, L = config.ring_len, D = config.qkv_dim();
+
+  buffers_.reserve(8);
+  auto allocate = [&](DType dtype, std::initializer_list<int64_t> shape) {
+    int64_t numel = 1;
+    for (int64_t e : shape) {
+      numel *= e;  // cannot overflow: compute_memory_report checked every product
+    }
+    buffers_.emplace_back(config.device, numel * dtype_size(dtype));
+    zero_bytes(buffers_.back().data(), buffers_.back().bytes(), config.device);
+    return buffers_.back().view(dtype, shape);
+  };
+  conv_state_ = allocate(DType::kBF16, {layers, S, kPoolConvHistory, D});
+  ssm_state_ = allocate(DType::kF32, {layers, S, HV, V, K});
+  conv_window_ = allocate(DType::kBF16, {layers, R, T, kPoolConvHistory, D});
+  qkv_act_ = allocate(DType::kBF16, {R * T, D});
+  if (config.ring_mode) {
+    ring_rawv_ = allocate(DType::kBF16, {layers, S, HV, L, V});
+    ring_rawk_ = allocate(DType::kBF16, {layers, S, H, L, K});
+    ring_g_ = allocate(DType::kF32, {layers, S, HV, L, K});
+    ring_beta_ = allocate(DType::kF32, {layers, S, HV, L});
+  } else {
+    snapshots_ = allocate(DType::kF32, {layers, R, T, HV, V, K});
+  }
+  if (config.device.is_cuda()) {
+    // The legacy-stream memsets above must land before any engine stream touches the pool.
+    KDA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  }
+  logger().info("{}", report_.to_string());
+}
+
+int KdaStatePool::allocate_slot(cudaStream_t stream) {
+  const int slot = slots_.allocate();
+  try {
+    zero_slot(slot, stream);
+  } catch (...) {
+    slots_.release(slot);  // leave the free list as it was
+    throw;
+  }
+  return slot;
+}
+
+void KdaStatePool::release_slot(int slot) { slots_.release(slot); }
+
+void KdaStatePool::zero_slot(int slot, cudaStream_t stream) {
+  const ScopedCudaDevice on_device(config_.device);
+  for (const TensorView* all :
+       {&conv_state_, &ssm_state_, &ring_rawv_, &ring_rawk_, &ring_g_, &ring_beta_}) {
+    if (all->defined()) {
+      zero_slot_in_all_layers(*all, slot, stream);
+    }
+  }
+}
+
+TensorView KdaStatePool::layer_view(const TensorView& all, int layer, const char* what) const {
+  KDA_CHECK(layer >= 0 && layer < config_.layers, "KdaStatePool::{}: layer {} out of range [0, {})",
+            what, layer, config_.layers);
+  return all.defined() ? all.select(0, layer) : TensorView();
+}
+
+TensorView KdaStatePool::conv_state(int layer) const {
+  return layer_view(conv_state_, layer, "conv_state");
+}
+TensorView KdaStatePool::ssm_state(int layer) const {
+  return layer_view(ssm_state_, layer, "ssm_state");
+}
+TensorView KdaStatePool::conv_window(int layer) const {
+  return layer_view(conv_window_, layer, "conv_window");
+}
+TensorView KdaStatePool::snapshots(int layer) const {
+  return layer_view(snapshots_, layer, "snapshots");
+}
+TensorView KdaStatePool::ring_rawv(int layer) const {
+  return layer_view(ring_rawv_, layer, "ring_rawv");
+}
+TensorView KdaStatePool::ring_rawk(int layer) const {
+  return layer_view(ring_rawk_, layer, "ring_rawk");
+}
+TensorView KdaStatePool::ring_g(int layer) const { return layer_view(ring_g_, layer, "ring_g"); }
+TensorView KdaStatePool::ring_beta(int layer) const {
+  return layer_view(ring_beta_, layer, "ring_beta");
+}
+
+}  // namespace kda

@@ -1,0 +1,409 @@
+// dispatch_test.cc: the contract §4 dispatch table and the ring-layout checks.
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "core/buffer.h"
+#include "core/platform.h"
+#include "dispatch/ring_layout.h"
+#include "dispatch/verify_dispatch.h"
+#include "kernels/kda_kernels.h"
+#include "memory_pool/kda_state_pool.h"
+
+using namespace kda;
+
+namespace {
+
+constexpr int kH = 2, kHV = 4, kK = 64, kV = 64, kT = 4, kL = 16, kMaxB = 64;
+constexpr int64_t kD = 2 * kH * kK + kHV * kV;
+
+// Real (host) memory for every view of a verify call up to B = kMaxB. The dispatcher never
+// reads it, but real views keep the test honest about shapes and strides.
+class DispatchFixture {
+ public:
+  DispatchFixture()
+      : pool_(pool_config()),
+        qkv_(Device::host(), kMaxB * kT * kD * 2),
+        a_(Device::host(), kMaxB * kT * kHV * kK * 2),
+        b_(Device::host(), kMaxB * kT * kHV * 2),
+        weight_(Device::host(), kD * 4 * 4),
+        bias_(Device::host(), kD * 4),
+        indices_(Device::host(), 2 * kMaxB * 4) {}
+
+  DispatchProblem problem(int B, RecordMode mode) const {
+    DispatchProblem p;
+    p.B = B;
+    p.T = kT;
+    p.H = kH;
+    p.HV = kHV;
+    p.K = kK;
+    p.V = kV;
+    p.mode = mode;
+    const int64_t N = static_cast<int64_t>(B) * kT;
+    p.qkv = qkv_.view(DType::kBF16, {N, kD});
+    p.a = a_.view(DType::kBF16, {N, kHV * kK});
+    p.b = b_.view(DType::kBF16, {N, kHV});
+    p.conv_weight = weight_.view(DType::kF32, {kD, 4});
+    p.conv_bias = bias_.view(DType::kF32, {kD});
+    const TensorView idx = indices_.view(DType::kI32, {2, kMaxB});
+    p.slots = idx.select(0, 0).narrow(0, 0, B);
+    p.rows = idx.select(0, 1).narrow(0, 0, B);
+    p.num_slots = pool_.num_slots();
+    if (mode == RecordMode::kRing) {
+      p.rings = rings();
+    }
+    return p;
+  }
+
+  RingViews rings() const {
+    return RingViews{pool_.ring_rawv(0), pool_.ring_rawk(0), pool_.ring_g(0), pool_.ring_beta(0)};
+  }
+  const KdaStatePool& pool() const { return pool_; }
+
+ private:
+  static PoolConfig pool_config() {
+    PoolConfig c;
+    c.layers = 1;
+    c.H = kH;
+    c.HV = kHV;
+    c.K = kK;
+    c.V = kV;
+    c.max_slots = kMaxB;
+    c.scratch_rows = 1;
+    c.T_max = kT;
+    c.ring_mode = true;
+    c.ring_len = kL;
+    return c;
+  }
+
+  KdaStatePool pool_;
+  Buffer qkv_, a_, b_, weight_, bias_, indices_;
+};
+
+const DispatchFixture& fixture() {
+  static const DispatchFixture f;
+  return f;
+}
+
+struct PlatformCase {
+  const char* name;
+  Platform platform;
+};
+
+std::vector<PlatformCase> platforms() {
+  return {{"SM90", fake_platform(9, 0)},           {"SM100", fake_platform(10, 0)},
+          {"SM103", fake_platform(10, 3)},         {"other (SM89)", fake_platform(8, 9)},
+          {"other (SM120)", fake_platform(12, 0)}, {"no device", Platform{}}};
+}
+
+bool ring_platform(const Platform& p) {
+  return p.family() == ArchFamily::kSM90 || p.family() == ArchFamily::kSM100;
+}
+
+}  // namespace
+
+static_assert(noexcept(choose_verify_path(DispatchProblem{}, Platform{}, DispatchFlags{})),
+              "the dispatcher must never throw (contract §4)");
+static_assert(noexcept(check_ring_layout(RingViews{}, RingLayoutExpectation{})),
+              "the ring-layout checks must never throw");
+
+TEST_CASE("dispatch: contract §4 table, platform x batch x mode", "[dispatch]") {
+  const int B = GENERATE(1, 2, 4, 16, 64);
+  const bool ring = GENERATE(false, true);
+  const RecordMode mode = ring ? RecordMode::kRing : RecordMode::kSnapshot;
+  const DispatchProblem problem = fixture().problem(B, mode);
+  for (const PlatformCase& pc : platforms()) {
+    CAPTURE(B, ring, pc.name);
+    SECTION("default flags") {
+      const DispatchDecision d = choose_verify_path(problem, pc.platform, DispatchFlags{});
+      if (!ring) {
+        CHECK(d.path == VerifyPath::kFused);
+        CHECK(d.reason == DispatchReason::kSnapshotFused);
+        CHECK(d.block_v == kernels::kDefaultFusedBlockV);
+      } else if (B > 1) {
+        CHECK(d.path == VerifyPath::kUnfused);
+        CHECK(d.reason == DispatchReason::kRingBatchAboveLimit);
+        CHECK(d.describe() ==
+              fmt::format("unfused: ring mode with B = {} > --kda-fused-ring-max-batch = 1", B));
+      } else if (ring_platform(pc.platform)) {
+        CHECK(d.path == VerifyPath::kFused);
+        CHECK(d.reason == DispatchReason::kRingFused);
+        CHECK(d.block_v == kernels::kDefaultFusedBlockV);
+      } else {
+        CHECK(d.path == VerifyPath::kUnfused);
+        CHECK(d.reason == DispatchReason::kRingPlatformUnmeasured);
+        CHECK(d.describe() ==
+              "unfused: ring mode on other (fused+ring is enabled on SM90 and SM100 only)");
+      }
+      CHECK(d.block_v == (d.fused() ? kernels::kDefaultFusedBlockV : 0));
+    }
+    SECTION("fused verify switched off") {
+      DispatchFlags flags;
+      flags.fused_verify = false;
+      const DispatchDecision d = choose_verify_path(problem, pc.platform, flags);
+      CHECK(d.path == VerifyPath::kUnfused);
+      CHECK(d.reason == DispatchReason::kFusedDisabled);
+      CHECK(d.describe() == "unfused: fused verify switched off (--kda-fused-verify)");
+    }
+    SECTION("fused ring max batch widened to 64") {
+      DispatchFlags flags;
+      flags.fused_ring_max_batch = 64;
+      flags.block_v = 16;
+      const DispatchDecision d = choose_verify_path(problem, pc.platform, flags);
+      const bool fused = !ring || ring_platform(pc.platform);
+      CHECK(d.fused() == fused);
+      CHECK(d.reason == (!ring   ? DispatchReason::kSnapshotFused
+                         : fused ? DispatchReason::kRingFused
+                                 : DispatchReason::kRingPlatformUnmeasured));
+      CHECK(d.block_v == (fused ? 16 : 0));
+    }
+    SECTION("fused ring max batch 0: ring mode never fused") {
+      DispatchFlags flags;
+      flags.fused_ring_max_batch = 0;
+      const DispatchDecision d = choose_verify_path(problem, pc.platform, flags);
+      CHECK(d.fused() == !ring);
+    }
+  }
+}
+
+TEST_CASE("dispatch: the fused ring decision says why", "[dispatch]") {
+  const DispatchDecision d = choose_verify_path(fixture().problem(1, RecordMode::kRing),
+                                                fake_platform(10, 0), DispatchFlags{});
+  CHECK(d.describe() ==
+        "fused (block_v = 32): ring mode with B = 1 <= --kda-fused-ring-max-batch = 1 on SM100, "
+        "ring layout ok");
+  const DispatchDecision s =
+      choose_verify_path(fixture().problem(4, RecordMode::kSnapshot), Platform{}, DispatchFlags{});
+  CHECK(s.describe() == "fused (block_v = 32): snapshot mode (no batch or platform gate)");
+}
+
+TEST_CASE("dispatch: inputs outside the fused kernel fall back with a reason", "[dispatch]") {
+  const RecordMode mode = GENERATE(RecordMode::kSnapshot, RecordMode::kRing);
+  CAPTURE(mode == RecordMode::kRing);
+  const Platform sm90 = fake_platform(9, 0);
+  DispatchProblem p = fixture().problem(1, mode);
+  DispatchFlags flags;
+  DispatchReason want = DispatchReason::kSnapshotFused;  // kept: the fused path is expected
+  std::string text;
+
+  SECTION("not a plain chain") {
+    p.plain_chain = false;
+    want = DispatchReason::kNotPlainChain;
+    text = "unfused: not a plain chain verify (tree or ragged drafts)";
+  }
+  SECTION("K") {
+    p.K = 96;
+    want = DispatchReason::kUnsupportedShape;
+    text =
+        "unfused: outside the fused kernel (unsupported_shape): K (head_k_dim) is 96, fused "
+        "needs 64 or 128";
+  }
+  SECTION("conv width") {
+    p.conv_width = 3;
+    want = DispatchReason::kUnsupportedShape;
+    text =
+        "unfused: outside the fused kernel (unsupported_shape): conv width W is 3, fused needs 4";
+  }
+  SECTION("T above the fused buckets") {
+    p.T = 17;
+    want = DispatchReason::kUnsupportedShape;
+    text = "unfused: outside the fused kernel (unsupported_shape): T is 17, fused needs 1..16";
+  }
+  SECTION("a columns") {
+    p.a = p.a.narrow(1, 0, kHV * kK - 1);
+    want = DispatchReason::kUnsupportedShape;
+    text =
+        "unfused: outside the fused kernel (unsupported_shape): a columns is 255, fused needs "
+        "HV*K";
+  }
+  SECTION("a dtype") {
+    p.a = TensorView::contiguous(p.a.data(), DType::kF16, Device::host(), {kT, kHV * kK});
+    want = DispatchReason::kUnsupportedDtype;
+    text =
+        "unfused: outside the fused kernel (unsupported_dtype): a dtype is f16, fused needs bf16";
+  }
+  SECTION("conv bias dtype differs from the weight") {
+    p.conv_bias = TensorView::contiguous(p.conv_bias.data(), DType::kBF16, Device::host(), {kD});
+    want = DispatchReason::kUnsupportedDtype;
+    text =
+        "unfused: outside the fused kernel (unsupported_dtype): conv_bias dtype is bf16, fused "
+        "needs conv_weight's dtype";
+  }
+  SECTION("qkv inner stride") {
+    p.qkv = TensorView(p.qkv.data(), DType::kBF16, Device::host(), {kT, kD}, {1, kT});
+    want = DispatchReason::kUnsupportedStrides;
+    text =
+        "unfused: outside the fused kernel (unsupported_strides): mixed_qkv strides is "
+        "4, fused needs 1 (inner dim contiguous)";
+  }
+  SECTION("unpacked conv weight") {
+    p.conv_weight = TensorView(p.conv_weight.data(), DType::kF32, Device::host(), {kD, 4}, {8, 1});
+    want = DispatchReason::kUnsupportedStrides;
+    text =
+        "unfused: outside the fused kernel (unsupported_strides): conv_weight strides is 8, "
+        "fused needs packed (4, 1)";
+  }
+  SECTION("slots dtype") {
+    p.slots = TensorView::contiguous(p.slots.data(), DType::kF32, Device::host(), {1});
+    want = DispatchReason::kUnsupportedIndices;
+    text =
+        "unfused: outside the fused kernel (unsupported_indices): slots dtype is f32, fused "
+        "needs int32";
+  }
+  SECTION("rows extent") {
+    p.rows = fixture().problem(2, mode).rows;
+    want = DispatchReason::kUnsupportedIndices;
+    text =
+        "unfused: outside the fused kernel (unsupported_indices): rows shape is 2, fused "
+        "needs B";
+  }
+  SECTION("b on another device") {
+    p.b = TensorView::contiguous(p.b.data(), DType::kBF16, Device::cuda(1), {kT, kHV});
+    want = DispatchReason::kUnsupportedDevice;
+    text =
+        "unfused: outside the fused kernel (unsupported_device): b device is cuda:1 "
+        "(mixed_qkv on host), fused needs mixed_qkv's device";
+  }
+  SECTION("block_v") {
+    flags.block_v = 12;
+    want = DispatchReason::kUnsupportedBlockV;
+    text =
+        "unfused: outside the fused kernel (unsupported_block_v): block_v is 12, fused needs "
+        "8, 16, 32, 64 or 128";
+  }
+  SECTION("a padded row pitch is fine") {
+    p.qkv = TensorView(p.qkv.data(), DType::kBF16, Device::host(), {kT, kD}, {kD + 64, 1});
+  }
+  const DispatchDecision d = choose_verify_path(p, sm90, flags);
+  if (want == DispatchReason::kSnapshotFused) {
+    CHECK(d.fused());
+    CHECK(d.reason == (mode == RecordMode::kRing ? DispatchReason::kRingFused
+                                                 : DispatchReason::kSnapshotFused));
+  } else {
+    CHECK(d.path == VerifyPath::kUnfused);
+    CHECK(d.reason == want);
+    CHECK(d.describe() == text);
+  }
+}
+
+TEST_CASE("dispatch: an empty problem is rejected without throwing", "[dispatch]") {
+  const DispatchDecision d = choose_verify_path(DispatchProblem{}, Platform{}, DispatchFlags{});
+  CHECK(d.path == VerifyPath::kUnfused);
+  CHECK(d.reason == DispatchReason::kUnsupportedShape);
+  CHECK(d.describe() ==
+        "unfused: outside the fused kernel (unsupported_shape): B is 0, fused "
+        "needs >= 1");
+}
+
+TEST_CASE("dispatch: each ring-layout failure has its own reason", "[dispatch]") {
+  const DispatchFixture& f = fixture();
+  const RingViews good = f.rings();
+  const int64_t S = f.pool().num_slots();
+  struct RingCase {
+    const char* name;
+    RingViews rings;
+    RingLayoutIssue issue;
+    const char* text;
+  };
+  RingViews missing = good;
+  missing.rawk = TensorView();
+  RingViews device = good;
+  device.g = TensorView::contiguous(good.g.data(), DType::kF32, Device::cuda(0), {S, kHV, kL, kK});
+  RingViews ndim = good;
+  ndim.beta = TensorView::contiguous(good.beta.data(), DType::kF32, Device::host(),
+                                     {1, S, kHV, kL});  // layer dim still attached
+  RingViews gdn_g = good;
+  gdn_g.g = TensorView::contiguous(good.g.data(), DType::kF32, Device::host(), {S, kHV, kL});
+  RingViews dtype = good;
+  dtype.rawv =
+      TensorView::contiguous(good.rawv.data(), DType::kF16, Device::host(), {S, kHV, kL, kV});
+  RingViews f32_beta = good;
+  f32_beta.beta =
+      TensorView::contiguous(good.beta.data(), DType::kBF16, Device::host(), {S, kHV, kL});
+  RingViews slots = good;
+  slots.rawv = good.rawv.narrow(0, 0, S - 1);
+  RingViews heads = good;
+  heads.rawk =
+      TensorView::contiguous(good.rawk.data(), DType::kBF16, Device::host(), {S / 2, kHV, kL, kK});
+  heads.rawk = TensorView::contiguous(good.g.data(), DType::kBF16, Device::host(),
+                                      {S, kHV, kL, kK});  // per v-head instead of per k-head
+  RingViews length = good;
+  length.g =
+      TensorView::contiguous(good.g.data(), DType::kF32, Device::host(), {S, kHV, kL / 2, kK});
+  RingViews dim = good;
+  dim.rawv =
+      TensorView::contiguous(good.rawv.data(), DType::kBF16, Device::host(), {S, kHV, kL, kV / 2});
+  RingViews unpacked = good;
+  unpacked.rawk = TensorView(good.rawk.data(), DType::kBF16, Device::host(), {S / 2, kH, kL, kK},
+                             {2 * kH * kL * kK, 2 * kL * kK, kK, 1});
+  RingViews overlap = good;
+  overlap.beta =
+      TensorView(good.beta.data(), DType::kF32, Device::host(), {S, kHV, kL}, {kL, kL, 1});
+  RingViews padded_pitch = good;  // a padded slot pitch is allowed
+  padded_pitch.beta = TensorView(good.beta.data(), DType::kF32, Device::host(), {S / 2, kHV, kL},
+                                 {2 * kHV * kL, kL, 1});
+  RingViews short_ring;
+  short_ring.rawv =
+      TensorView::contiguous(good.rawv.data(), DType::kBF16, Device::host(), {S, kHV, 2, kV});
+  short_ring.rawk =
+      TensorView::contiguous(good.rawk.data(), DType::kBF16, Device::host(), {S, kH, 2, kK});
+  short_ring.g =
+      TensorView::contiguous(good.g.data(), DType::kF32, Device::host(), {S, kHV, 2, kK});
+  short_ring.beta =
+      TensorView::contiguous(good.beta.data(), DType::kF32, Device::host(), {S, kHV, 2});
+
+  const std::vector<RingCase> cases = {
+      {"missing", missing, RingLayoutIssue::kMissing, "ring_rawk: missing (no ring view)"},
+      {"device", device, RingLayoutIssue::kWrongDevice,
+       "ring_g: on cuda:0, expected host (the activations' device)"},
+      {"ndim", ndim, RingLayoutIssue::kWrongNdim, "ring_beta: 4-d, expected 3-d (per-layer view)"},
+      {"gdn g", gdn_g, RingLayoutIssue::kWrongNdim, "ring_g: 3-d, expected 4-d (per-layer view)"},
+      {"rawv dtype", dtype, RingLayoutIssue::kWrongDtype, "ring_rawv: dtype f16, expected bf16"},
+      {"beta dtype", f32_beta, RingLayoutIssue::kWrongDtype, "ring_beta: dtype bf16, expected f32"},
+      {"slots", slots, RingLayoutIssue::kTooFewSlots,
+       "ring_rawv: dim 0 (slots) is 63, expected >= S = 64"},
+      {"heads", heads, RingLayoutIssue::kWrongHeads,
+       "ring_rawk: dim 1 (heads) is 4, expected H = 2"},
+      {"length", length, RingLayoutIssue::kWrongLength,
+       "ring_g: dim 2 (ring length) is 8, expected L = 16 (ring_rawv's)"},
+      {"dim", dim, RingLayoutIssue::kWrongDim, "ring_rawv: dim 3 is 32, expected V = 64"},
+      {"unpacked", unpacked, RingLayoutIssue::kTooFewSlots,
+       "ring_rawk: dim 0 (slots) is 32, expected >= S = 64"},
+      {"overlap", overlap, RingLayoutIssue::kNotPacked,
+       "ring_beta: slot pitch stride(0) = 16 overlaps slots (expected >= 64)"},
+      {"padded pitch, too few slots", padded_pitch, RingLayoutIssue::kTooFewSlots,
+       "ring_beta: dim 0 (slots) is 32, expected >= S = 64"},
+      {"short", short_ring, RingLayoutIssue::kTooShort,
+       "ring length L = 2 < T = 4: steps t >= L would be dropped"},
+  };
+  const DispatchProblem base = f.problem(1, RecordMode::kRing);
+  for (const RingCase& c : cases) {
+    CAPTURE(c.name);
+    DispatchProblem p = base;
+    p.rings = c.rings;
+    const DispatchDecision d = choose_verify_path(p, fake_platform(9, 0), DispatchFlags{});
+    CHECK(d.path == VerifyPath::kUnfused);
+    CHECK(d.reason == DispatchReason::kRingLayoutRejected);
+    CHECK(d.ring.issue == c.issue);
+    CHECK(d.ring.describe() == c.text);
+    CHECK(d.describe() == fmt::format("unfused: ring layout rejected ({}): {}",
+                                      ring_layout_issue_name(c.issue), c.text));
+  }
+
+  SECTION("inner-stride and slot-pitch rules with S = 32 slots") {
+    DispatchProblem p = base;
+    p.num_slots = S / 2;
+    RingViews r = good;
+    r.rawk = unpacked.rawk;  // stride(2) = K but stride(1) = 2*L*K
+    p.rings = r;
+    DispatchDecision d = choose_verify_path(p, fake_platform(9, 0), DispatchFlags{});
+    CHECK(d.ring.issue == RingLayoutIssue::kNotPacked);
+    CHECK(d.ring.describe() == "ring_rawk: stride(1) = 2048, expected 1024 (packed inner dims)");
+    r = good;
+    r.beta = padded_pitch.beta;
+    p.rings = r;
+    d = choose_verify_path(p, fake_platform(9, 0), DispatchFlags{});
+    CHECK(d.ring.ok());
+    CHECK(d.reason == DispatchReason::kRingFused);
+  }
+}

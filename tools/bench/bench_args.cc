@@ -1,0 +1,468 @@
+#include "tools/bench/bench_args.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <iterator>
+#include <string_view>
+
+#include "core/error.h"
+#include "kernels/kda_kernels.h"
+
+namespace kda::bench {
+
+const char* variant_name(Variant v) {
+  switch (v) {
+    case Variant::kUnfused:
+      return "unfused";
+    case Variant::kUnfusedRing:
+      return "unfused+ring";
+    case Variant::kFused:
+      return "fused";
+    case Variant::kFusedRing:
+      return "fused+ring";
+  }
+  return "?";
+}
+
+const char* preset_name(Preset p) {
+  switch (p) {
+    case Preset::kNone:
+      return "none";
+    case Preset::kKimiLinear:
+      return "kimi-linear";
+    case Preset::kK3Tp8:
+      return "k3-tp8";
+  }
+  return "?";
+}
+
+Shape preset_shape(Preset p) {
+  Shape s;  // the defaults are Kimi-Linear's
+  switch (p) {
+    case Preset::kNone:
+    case Preset::kKimiLinear:
+      break;
+    case Preset::kK3Tp8:
+      s.H = 12;
+      s.HV = 12;
+      s.gate = GateKind::kSafe;
+      s.lower_bound = -5.0f;
+      break;
+  }
+  return s;
+}
+
+std::string Shape::describe() const {
+  std::string gate_str =
+      gate == GateKind::kStandard ? std::string("std") : fmt::format("safe({:g})", lower_bound);
+  return fmt::format("H={} HV={} K={} V={} D={} gate={} conv_w={} bias={}", H, HV, K, V, D(),
+                     gate_str, conv_weight_type == ConvWeightType::kF32 ? "f32" : "bf16",
+                     conv_bias ? "yes" : "no");
+}
+
+int next_pow2(int x) {
+  int p = 1;
+  while (p < x) {
+    p *= 2;
+  }
+  return p;
+}
+
+int BenchArgs::max_T() const { return *std::max_element(draft_tokens.begin(), draft_tokens.end()); }
+
+int BenchArgs::effective_ring_len() const {
+  return ring_len > 0 ? ring_len : std::max(16, next_pow2(2 * max_T()));
+}
+
+bool BenchArgs::has_variant(Variant v) const {
+  return std::find(variants.begin(), variants.end(), v) != variants.end();
+}
+
+bool BenchArgs::any_mode(RecordMode m) const {
+  return std::any_of(variants.begin(), variants.end(),
+                     [m](Variant v) { return variant_mode(v) == m; });
+}
+
+std::vector<int> BenchArgs::fused_block_vs() const {
+  if (sweep_bv) {
+    return std::vector<int>(std::begin(kernels::kFusedBlockVs), std::end(kernels::kFusedBlockVs));
+  }
+  return {block_v};
+}
+
+std::string bench_usage() {
+  return fmt::format(
+      R"(kda_bench: times the KDA verify / commit kernels of one model shape on the current GPU.
+
+Usage: kda_bench [--preset kimi-linear|k3-tp8] [flags]     (flags: --name VALUE or --name=VALUE)
+
+Shape (a preset sets these; later flags override; default shape = kimi-linear):
+  --preset NAME          kimi-linear: H=HV=32, K=V=128, standard gate, f32 conv weights, no bias
+                         k3-tp8:      H=HV=12, K=V=128, safe gate lb=-5, f32 conv weights, no bias
+  --heads H              q/k heads
+  --hv-heads HV          v heads (multiple of H; default H)
+  --head-k-dim K         64 or 128
+  --head-v-dim V
+  --lower-bound LB       safe gate g = LB*sigmoid(...) (LB < 0); 'none' = standard gate
+  --conv-weight f32|bf16 conv weight / bias dtype
+  --conv-bias            with a conv bias (default none)
+
+Sweep:
+  --batch-sizes LIST     comma list of B (default 1,2,4,8,16,32,64)
+  --draft-tokens LIST    comma list of T (default 4,8)
+  --variants LIST        unfused,unfused+ring,fused,fused+ring or all (default all)
+  --block-v BV           fused V tile (default {}; one of {})
+  --sweep-bv             time every fused BV and report the best
+  --phases LIST          verify,commit,round or all (default verify)
+                         commit: fold (ring), snapshot commit and conv commit of all layers;
+                         round: every layer's verify + the commit in one graph
+  --layers N             layers of the commit / round pools (default 20, Kimi-Linear)
+  --accepted N           commit: accepted length of every request (default T: all accepted)
+
+Timing (contract §6 methodology):
+  --calls N              calls captured in one CUDA graph (default 10)
+  --warmup N             untimed graph replays (default 5)
+  --iters N              timed graph replays per repetition (default 200)
+  --reps N               repetitions; report median / min / max (default 5)
+  --commit-iters N       timed replays of a commit graph (default 20; each call = all layers)
+  --round-iters N        timed replays of the one-round graph (default 20)
+  --l2-cold              verify: rotate through independent layer copies so the bytes touched
+                         between two uses of one copy exceed 2x the L2 size
+  --max-copies N         cap on --l2-cold copies (default 256)
+  --hbm-gbps X           HBM floor bandwidth in GB/s (default 4150 = contract's 4.15 TB/s)
+  --copy-mib N           size of the D2D copy-bandwidth probe (default 256)
+
+Other:
+  --ring-len L           ring length (power of two >= 2*T_max; default max(16, pow2(2*T_max)))
+  --seed N               input RNG seed (default 0)
+  --skip-guard           skip the fused-vs-unfused bitwise guard run before timing
+  --brief                table: fused rows only for the best BV (files always get every row)
+  --dry-run              print the plan: device memory per B, timings, a device-time lower
+                         bound (assumes an H200: 50 MiB L2); needs no GPU
+  --no-pdl               launch without programmatic dependent launch (default: with PDL)
+  --device N             CUDA device ordinal (default 0)
+  --out FILE             also write every row to FILE (.csv or .json)
+  -h, --help             this text
+
+Exit status: 0 ok, 1 error (no CUDA device, CUDA or kernel error), 2 bad arguments,
+3 bitwise guard mismatch (fused vs unfused differ).
+)",
+      kernels::kDefaultFusedBlockV, fmt::join(kernels::kFusedBlockVs, ","));
+}
+
+namespace {
+
+[[noreturn]] void arg_fail(std::string_view flag, std::string_view value, std::string_view want) {
+  throw ArgError(fmt::format("{}: bad value '{}' ({})", flag, value, want));
+}
+
+int parse_int(std::string_view flag, std::string_view s, int lo, int hi) {
+  int v = 0;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || ptr != s.data() + s.size() || v < lo || v > hi) {
+    arg_fail(flag, s, fmt::format("an integer in [{}, {}]", lo, hi));
+  }
+  return v;
+}
+
+double parse_double(std::string_view flag, std::string_view s) {
+  const std::string str(s);
+  char* end = nullptr;
+  const double v = std::strtod(str.c_str(), &end);
+  if (str.empty() || end != str.c_str() + str.size() || !std::isfinite(v)) {
+    arg_fail(flag, s, "a finite number");
+  }
+  return v;
+}
+
+std::vector<std::string_view> split_commas(std::string_view s) {
+  std::vector<std::string_view> parts;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = s.find(',', start);
+    parts.push_back(s.substr(start, comma == std::string_view::npos ? s.npos : comma - start));
+    if (comma == std::string_view::npos) {
+      return parts;
+    }
+    start = comma + 1;
+  }
+}
+
+/// Sorted, duplicate-free list of ints in [lo, hi].
+std::vector<int> parse_int_list(std::string_view flag, std::string_view s, int lo, int hi) {
+  std::vector<int> out;
+  for (std::string_view part : split_commas(s)) {
+    if (part.empty()) {
+      arg_fail(flag, s, "a comma list of integers, e.g. 1,2,4");
+    }
+    out.push_back(parse_int(flag, part, lo, hi));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::vector<Variant> parse_variants(std::string_view flag, std::string_view s) {
+  std::vector<Variant> out;
+  for (std::string_view part : split_commas(s)) {
+    if (part == "all") {
+      out.assign(std::begin(kAllVariants), std::end(kAllVariants));
+      continue;
+    }
+    bool found = false;
+    for (Variant v : kAllVariants) {
+      if (part == variant_name(v)) {
+        if (std::find(out.begin(), out.end(), v) == out.end()) {
+          out.push_back(v);
+        }
+        found = true;
+      }
+    }
+    if (!found) {
+      arg_fail(flag, part, "unfused, unfused+ring, fused, fused+ring or all");
+    }
+  }
+  // Report order follows kAllVariants whatever the command line order.
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+void validate(const BenchArgs& a) {
+  const Shape& s = a.shape;
+  if (s.HV % s.H != 0) {
+    throw ArgError(fmt::format("--hv-heads: HV={} must be a multiple of --heads H={}", s.HV, s.H));
+  }
+  if (a.accepted > 0) {
+    for (int T : a.draft_tokens) {
+      if (a.accepted > T) {
+        throw ArgError(fmt::format("--accepted: {} exceeds T={} of --draft-tokens (allowed 1..T)",
+                                   a.accepted, T));
+      }
+    }
+  }
+  if (a.ring_len > 0 && (a.ring_len & (a.ring_len - 1)) != 0) {
+    throw ArgError(fmt::format("--ring-len: {} is not a power of two", a.ring_len));
+  }
+  if (a.ring_len > 0 && a.ring_len < 2 * a.max_T()) {
+    throw ArgError(fmt::format("--ring-len: L={} must be >= 2*T_max={} (contract §2)", a.ring_len,
+                               2 * a.max_T()));
+  }
+  if ((a.phase_commit || a.phase_round) && int64_t{a.layers} * s.HV > 65535) {
+    throw ArgError(fmt::format("--layers: layers*HV = {}*{} exceeds the commit grid limit 65535",
+                               a.layers, s.HV));
+  }
+  if (a.variants.empty()) {
+    throw ArgError("--variants: nothing to time");
+  }
+}
+
+struct FlagSpec {
+  const char* name;
+  bool takes_value;
+};
+// Every flag bench_usage() documents (the handlers below must cover the same set).
+constexpr FlagSpec kFlags[] = {
+    {"--preset", true},       {"--heads", true},       {"--hv-heads", true},
+    {"--head-k-dim", true},   {"--head-v-dim", true},  {"--lower-bound", true},
+    {"--conv-weight", true},  {"--conv-bias", false},  {"--batch-sizes", true},
+    {"--draft-tokens", true}, {"--variants", true},    {"--block-v", true},
+    {"--sweep-bv", false},    {"--phases", true},      {"--layers", true},
+    {"--accepted", true},     {"--calls", true},       {"--warmup", true},
+    {"--iters", true},        {"--reps", true},        {"--round-iters", true},
+    {"--commit-iters", true}, {"--l2-cold", false},    {"--max-copies", true},
+    {"--hbm-gbps", true},     {"--copy-mib", true},    {"--ring-len", true},
+    {"--seed", true},         {"--skip-guard", false}, {"--brief", false},
+    {"--dry-run", false},     {"--no-pdl", false},     {"--device", true},
+    {"--out", true},          {"--help", false},       {"-h", false},
+};
+
+}  // namespace
+
+std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
+  for (int i = 1; i < argc; ++i) {  // --help wins over everything else on the line
+    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
+      fmt::print("{}", bench_usage());
+      return std::nullopt;
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> flags;  // (name, value) in order
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg.substr(0, 1) != "-") {
+      throw ArgError(
+          fmt::format("unexpected argument '{}' (flags start with --; see --help)", arg));
+    }
+    std::string name(arg), value;
+    const size_t eq = arg.find('=');
+    if (eq != std::string_view::npos) {
+      name = std::string(arg.substr(0, eq));
+    }
+    const auto known = std::find_if(std::begin(kFlags), std::end(kFlags),
+                                    [&](const FlagSpec& f) { return name == f.name; });
+    if (known == std::end(kFlags)) {
+      throw ArgError(fmt::format("unknown flag '{}' (see --help)", name));
+    }
+    if (eq != std::string_view::npos) {
+      value = std::string(arg.substr(eq + 1));
+      if (!known->takes_value) {
+        throw ArgError(fmt::format("{}: takes no value (got '{}')", name, value));
+      }
+    } else if (known->takes_value) {
+      if (i + 1 >= argc) {
+        throw ArgError(fmt::format("{}: missing value", name));
+      }
+      value = argv[++i];
+    }
+    flags.emplace_back(std::move(name), std::move(value));
+  }
+
+  BenchArgs a;
+  a.block_v = kernels::kDefaultFusedBlockV;
+  // The preset first, so that every other flag overrides it whatever the order.
+  for (const auto& [name, value] : flags) {
+    if (name == "--preset") {
+      if (value == "kimi-linear") {
+        a.preset = Preset::kKimiLinear;
+      } else if (value == "k3-tp8") {
+        a.preset = Preset::kK3Tp8;
+      } else {
+        arg_fail(name, value, "kimi-linear or k3-tp8");
+      }
+      a.shape = preset_shape(a.preset);
+    }
+  }
+
+  bool heads_given = false, hv_given = false;
+  using Handler = std::function<void(const std::string&, const std::string&)>;
+  const std::pair<const char*, Handler> handlers[] = {
+      {"--preset", [](const std::string&, const std::string&) {}},
+      {"--heads",
+       [&](auto& n, auto& v) {
+         a.shape.H = parse_int(n, v, 1, 1024);
+         heads_given = true;
+       }},
+      {"--hv-heads",
+       [&](auto& n, auto& v) {
+         a.shape.HV = parse_int(n, v, 1, 4096);
+         hv_given = true;
+       }},
+      {"--head-k-dim",
+       [&](auto& n, auto& v) {
+         a.shape.K = parse_int(n, v, 1, 1 << 20);
+         if (a.shape.K != 64 && a.shape.K != 128) {
+           arg_fail(n, v, "64 or 128 (contract §2)");
+         }
+       }},
+      {"--head-v-dim", [&](auto& n, auto& v) { a.shape.V = parse_int(n, v, 1, 1024); }},
+      {"--lower-bound",
+       [&](auto& n, auto& v) {
+         if (v == "none") {
+           a.shape.gate = GateKind::kStandard;
+           a.shape.lower_bound = 0.0f;
+           return;
+         }
+         const double lb = parse_double(n, v);
+         if (!(lb < 0.0)) {
+           arg_fail(n, v, "a negative number (safe gate) or 'none'");
+         }
+         a.shape.gate = GateKind::kSafe;
+         a.shape.lower_bound = static_cast<float>(lb);
+       }},
+      {"--conv-weight",
+       [&](auto& n, auto& v) {
+         if (v == "f32") {
+           a.shape.conv_weight_type = ConvWeightType::kF32;
+         } else if (v == "bf16") {
+           a.shape.conv_weight_type = ConvWeightType::kBF16;
+         } else {
+           arg_fail(n, v, "f32 or bf16");
+         }
+       }},
+      {"--conv-bias", [&](auto&, auto&) { a.shape.conv_bias = true; }},
+      {"--batch-sizes", [&](auto& n, auto& v) { a.batch_sizes = parse_int_list(n, v, 1, 65535); }},
+      {"--draft-tokens", [&](auto& n, auto& v) { a.draft_tokens = parse_int_list(n, v, 1, 64); }},
+      {"--variants", [&](auto& n, auto& v) { a.variants = parse_variants(n, v); }},
+      {"--block-v",
+       [&](auto& n, auto& v) {
+         a.block_v = parse_int(n, v, 1, 1 << 20);
+         if (std::find(std::begin(kernels::kFusedBlockVs), std::end(kernels::kFusedBlockVs),
+                       a.block_v) == std::end(kernels::kFusedBlockVs)) {
+           arg_fail(n, v, fmt::format("one of {}", fmt::join(kernels::kFusedBlockVs, ", ")));
+         }
+       }},
+      {"--sweep-bv", [&](auto&, auto&) { a.sweep_bv = true; }},
+      {"--phases",
+       [&](auto& n, auto& v) {
+         a.phase_verify = a.phase_commit = a.phase_round = false;
+         for (std::string_view p : split_commas(v)) {
+           if (p == "verify") {
+             a.phase_verify = true;
+           } else if (p == "commit") {
+             a.phase_commit = true;
+           } else if (p == "round") {
+             a.phase_round = true;
+           } else if (p == "all") {
+             a.phase_verify = a.phase_commit = a.phase_round = true;
+           } else {
+             arg_fail(n, p, "verify, commit, round or all");
+           }
+         }
+       }},
+      {"--layers", [&](auto& n, auto& v) { a.layers = parse_int(n, v, 1, 4096); }},
+      {"--accepted", [&](auto& n, auto& v) { a.accepted = parse_int(n, v, 1, 64); }},
+      {"--calls", [&](auto& n, auto& v) { a.calls = parse_int(n, v, 1, 1000); }},
+      {"--warmup", [&](auto& n, auto& v) { a.warmup = parse_int(n, v, 0, 100000); }},
+      {"--iters", [&](auto& n, auto& v) { a.iters = parse_int(n, v, 1, 1000000); }},
+      {"--reps", [&](auto& n, auto& v) { a.reps = parse_int(n, v, 1, 1000); }},
+      {"--commit-iters", [&](auto& n, auto& v) { a.commit_iters = parse_int(n, v, 1, 1000000); }},
+      {"--round-iters", [&](auto& n, auto& v) { a.round_iters = parse_int(n, v, 1, 1000000); }},
+      {"--l2-cold", [&](auto&, auto&) { a.l2_cold = true; }},
+      {"--max-copies", [&](auto& n, auto& v) { a.max_copies = parse_int(n, v, 1, 4096); }},
+      {"--hbm-gbps",
+       [&](auto& n, auto& v) {
+         a.hbm_gbps = parse_double(n, v);
+         if (!(a.hbm_gbps > 0.0)) {
+           arg_fail(n, v, "a positive bandwidth in GB/s");
+         }
+       }},
+      {"--copy-mib", [&](auto& n, auto& v) { a.copy_mib = parse_int(n, v, 1, 65536); }},
+      {"--ring-len", [&](auto& n, auto& v) { a.ring_len = parse_int(n, v, 2, 1 << 16); }},
+      {"--seed",
+       [&](auto& n, auto& v) { a.seed = static_cast<uint64_t>(parse_int(n, v, 0, 1 << 30)); }},
+      {"--skip-guard", [&](auto&, auto&) { a.guard = false; }},
+      {"--brief", [&](auto&, auto&) { a.brief = true; }},
+      {"--dry-run", [&](auto&, auto&) { a.dry_run = true; }},
+      {"--no-pdl", [&](auto&, auto&) { a.pdl = false; }},
+      {"--device", [&](auto& n, auto& v) { a.device = parse_int(n, v, 0, 1023); }},
+      {"--out",
+       [&](auto& n, auto& v) {
+         if (!ends_with(v, ".csv") && !ends_with(v, ".json")) {
+           arg_fail(n, v, "a file name ending in .csv or .json");
+         }
+         a.out_path = v;
+       }},
+  };
+  for (const auto& [name, value] : flags) {
+    const auto it = std::find_if(std::begin(handlers), std::end(handlers),
+                                 [&](const auto& h) { return name == h.first; });
+    KDA_CHECK_CODE(it != std::end(handlers), ErrorCode::kInternal,
+                   "kda_bench: flag {} has no handler", name);
+    it->second(name, value);
+  }
+  if (heads_given && !hv_given) {
+    a.shape.HV = a.shape.H;  // --hv-heads defaults to --heads
+  }
+  validate(a);
+  return a;
+}
+
+}  // namespace kda::bench

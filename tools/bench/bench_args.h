@@ -1,0 +1,107 @@
+// bench_args.h: command line of kda_bench (plain C++; no CUDA). parse_bench_args never
+// touches the device, so --help and argument errors work on a machine without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/kda_params.h"
+
+namespace kda::bench {
+
+/// One layer's KDA shape (letters: contract.md §2).
+struct Shape {
+  int H = 32, HV = 32, K = 128, V = 128;
+  GateKind gate = GateKind::kStandard;
+  float lower_bound = 0.0f;  ///< safe gate only
+  ConvWeightType conv_weight_type = ConvWeightType::kF32;
+  bool conv_bias = false;
+
+  /// D = 2*H*K + HV*V (mixed_qkv channels).
+  int64_t D() const { return 2 * int64_t{H} * K + int64_t{HV} * V; }
+  int64_t conv_weight_elem_bytes() const {
+    return conv_weight_type == ConvWeightType::kF32 ? 4 : 2;
+  }
+  /// "H=32 HV=32 K=128 V=128 gate=std conv_w=f32 bias=no"
+  std::string describe() const;
+};
+
+/// The four dispatchable verify variants (contract §6 naming).
+enum class Variant : uint8_t { kUnfused, kUnfusedRing, kFused, kFusedRing };
+constexpr Variant kAllVariants[] = {Variant::kUnfused, Variant::kUnfusedRing, Variant::kFused,
+                                    Variant::kFusedRing};
+const char* variant_name(Variant v);  ///< "unfused", "unfused+ring", "fused", "fused+ring"
+inline bool variant_is_fused(Variant v) { return v == Variant::kFused || v == Variant::kFusedRing; }
+inline RecordMode variant_mode(Variant v) {
+  return v == Variant::kUnfusedRing || v == Variant::kFusedRing ? RecordMode::kRing
+                                                                : RecordMode::kSnapshot;
+}
+
+/// A named shape preset; its targets (contract §6) apply only while the shape is unchanged.
+enum class Preset : uint8_t { kNone, kKimiLinear, kK3Tp8 };
+const char* preset_name(Preset p);
+Shape preset_shape(Preset p);
+
+struct BenchArgs {
+  Preset preset = Preset::kNone;
+  Shape shape;
+  std::vector<int> batch_sizes{1, 2, 4, 8, 16, 32, 64};
+  std::vector<int> draft_tokens{4, 8};  ///< T list
+  std::vector<Variant> variants{std::begin(kAllVariants), std::end(kAllVariants)};
+  int block_v = 0;  ///< fused V tile; set from kDefaultFusedBlockV
+  bool sweep_bv = false;
+
+  bool phase_verify = true;
+  bool phase_commit = false;
+  bool phase_round = false;
+  int layers = 20;   ///< Kimi-Linear KDA layer count
+  int accepted = 0;  ///< commit: accepted length per request; 0 = T (all accepted)
+
+  int calls = 10;         ///< calls captured per graph
+  int warmup = 5;         ///< untimed graph replays
+  int iters = 200;        ///< timed graph replays per repetition
+  int reps = 5;           ///< repetitions (median / min / max)
+  int commit_iters = 20;  ///< timed replays of a commit graph (all layers per call)
+  int round_iters = 20;   ///< timed replays of the one-round graph
+  bool l2_cold = false;
+  int max_copies = 256;  ///< l2-cold: cap on independent layer copies
+
+  double hbm_gbps = 4150.0;  ///< floor bandwidth (contract §6: 4.15 TB/s)
+  int copy_mib = 256;        ///< D2D copy-bandwidth probe size
+  int ring_len = 0;          ///< 0: max(16, next pow2 of 2*T_max)
+  uint64_t seed = 0;
+  bool guard = true;
+  bool brief = false;    ///< table: fused rows only for the best BV
+  bool dry_run = false;  ///< print the plan (memory, timings, time bound); no device needed
+  bool pdl = true;       ///< programmatic dependent launch in the kernels' launchers
+  int device = 0;
+  std::string out_path;  ///< .csv or .json; empty: none
+
+  int max_T() const;
+  int effective_ring_len() const;
+  bool has_variant(Variant v) const;
+  bool any_mode(RecordMode m) const;
+  /// The fused BV values to time: every kFusedBlockVs with --sweep-bv, else {block_v}.
+  std::vector<int> fused_block_vs() const;
+};
+
+/// Thrown on a bad command line; what() names the flag, the value and what is allowed.
+class ArgError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Parses argv. Returns std::nullopt when --help was given (usage already printed to
+/// stdout). Throws ArgError on a bad flag or value.
+std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv);
+
+/// The --help text.
+std::string bench_usage();
+
+/// 1 -> 1, 3 -> 4, 16 -> 16.
+int next_pow2(int x);
+
+}  // namespace kda::bench

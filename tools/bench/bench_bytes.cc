@@ -1,0 +1,90 @@
+#include "tools/bench/bench_bytes.h"
+
+#include <fmt/format.h>
+
+namespace kda::bench {
+
+int64_t VerifyBytes::model() const {
+  return state + qkv + a + b + weights + conv_state + windows + out + records;
+}
+
+int64_t ring_step_bytes(const Shape& s) {
+  const int64_t HV = s.HV, H = s.H, K = s.K, V = s.V;
+  return HV * V * 2 + H * K * 2 + HV * K * 4 + HV * 4;
+}
+
+namespace {
+int64_t state_bytes(const Shape& s) { return int64_t{s.HV} * s.V * s.K * 4; }
+
+int64_t weight_bytes(const Shape& s) {
+  const int64_t D = s.D(), w = s.conv_weight_elem_bytes();
+  return int64_t{s.HV} * 4 + int64_t{s.HV} * s.K * 4 + D * kConvWidth * w +
+         (s.conv_bias ? D * w : 0);
+}
+}  // namespace
+
+VerifyBytes verify_bytes(const Shape& s, int B, int T, RecordMode mode) {
+  const int64_t N = int64_t{B} * T, D = s.D();
+  VerifyBytes v;
+  v.state = B * state_bytes(s);
+  v.qkv = N * D * 2;
+  v.a = N * s.HV * s.K * 2;
+  v.b = N * s.HV * 2;
+  v.weights = weight_bytes(s);
+  v.conv_state = B * kConvHistory * D * 2;
+  v.windows = N * kConvHistory * D * 2;
+  v.out = N * s.HV * s.V * 2;
+  v.records = mode == RecordMode::kRing ? N * ring_step_bytes(s) : N * state_bytes(s);
+  v.qkv_act_trip = 2 * N * D * 2;
+  return v;
+}
+
+CommitBytes commit_bytes(const Shape& s, int layers, int B, int accepted) {
+  const int64_t per = int64_t{layers} * B;
+  CommitBytes c;
+  c.fold = per * (2 * state_bytes(s) + accepted * ring_step_bytes(s));
+  c.snapshot = per * 2 * state_bytes(s);
+  c.conv = per * kConvHistory * s.D() * 2 * 2;
+  return c;
+}
+
+std::vector<std::string> describe_byte_model(const Shape& s, double hbm_gbps) {
+  const VerifyBytes one = verify_bytes(s, 1, 1, RecordMode::kRing);
+  const VerifyBytes snap = verify_bytes(s, 1, 1, RecordMode::kSnapshot);
+  std::vector<std::string> l;
+  l.push_back("byte model, one layer's verify (every byte once; N = B*T; W-1 = 3):");
+  const auto line = [&](const char* what, const char* formula, const std::string& value) {
+    l.push_back(fmt::format("  {:<22} {:<36} = {}", what, formula, value));
+  };
+  line("ssm state read", "B*HV*V*K*4", fmt::format("B * {}", one.state));
+  line("mixed_qkv", "N*D*2", fmt::format("N * {}", one.qkv));
+  line("a (gate logits)", "N*HV*K*2", fmt::format("N * {}", one.a));
+  line("b (beta logits)", "N*HV*2", fmt::format("N * {}", one.b));
+  line("A_log, dt_bias, conv w",
+       s.conv_bias ? "HV*4 + HV*K*4 + D*W*w + D*w" : "HV*4 + HV*K*4 + D*W*w",
+       fmt::format("{}", one.weights));
+  line("conv state read", "B*3*D*2", fmt::format("B * {}", one.conv_state));
+  line("conv windows written", "N*3*D*2", fmt::format("N * {}", one.windows));
+  line("output", "N*HV*V*2", fmt::format("N * {}", one.out));
+  line("ring records (ring)", "N*(HV*V*2 + H*K*2 + HV*K*4 + HV*4)",
+       fmt::format("N * {}", one.records));
+  line("snapshots (snapshot)", "N*HV*V*K*4", fmt::format("N * {}", snap.records));
+  line("unfused extra (moved)", "qkv_act write + read: 2*N*D*2",
+       fmt::format("N * {} (not in the floor)", one.qkv_act_trip));
+  l.push_back(fmt::format(
+      "  floor = model bytes / {:.0f} GB/s; GB/s column = bytes the variant moves / time;",
+      hbm_gbps));
+  l.push_back("  %floor = floor / time (100% = at the floor; unfused rows use the fused model).");
+  const VerifyBytes b1 = verify_bytes(s, 1, 4, RecordMode::kRing);
+  const int64_t conv_w = s.D() * kConvWidth * s.conv_weight_elem_bytes();
+  l.push_back(fmt::format(
+      "  (contract §6's floor table matches this model without the conv weights, {} B/call: "
+      "T=4 B=1 ring {:.3f} us here, {:.3f} us without)",
+      conv_w, floor_us(b1.model(), hbm_gbps), floor_us(b1.model() - conv_w, hbm_gbps)));
+  l.push_back(
+      "commit, all layers (n = accepted): fold = layers*B*(2*HV*V*K*4 + n*ring step); snapshot = "
+      "layers*B*2*HV*V*K*4; conv = layers*B*3*D*2*2; % = of the measured D2D copy rate.");
+  return l;
+}
+
+}  // namespace kda::bench

@@ -1,0 +1,59 @@
+// bench_bytes.h: the byte model of kda_bench (contract §6): every byte a call must move,
+// counted once. The HBM floor of a call is its model bytes / the floor bandwidth.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tools/bench/bench_args.h"
+
+namespace kda::bench {
+
+/// One layer's verify call, per tensor (bytes).
+struct VerifyBytes {
+  int64_t state = 0;         ///< ssm state read: B*HV*V*K*4
+  int64_t qkv = 0;           ///< mixed_qkv: N*D*2
+  int64_t a = 0;             ///< gate logits: N*HV*K*2
+  int64_t b = 0;             ///< beta logits: N*HV*2
+  int64_t weights = 0;       ///< A_log HV*4 + dt_bias HV*K*4 + conv weight D*W*w (+ bias D*w)
+  int64_t conv_state = 0;    ///< conv state read: B*3*D*2
+  int64_t windows = 0;       ///< conv windows written: B*T*3*D*2
+  int64_t out = 0;           ///< output: N*HV*V*2
+  int64_t records = 0;       ///< ring: N*(HV*V*2 + H*K*2 + HV*K*4 + HV*4); snapshot: N*HV*V*K*4
+  int64_t qkv_act_trip = 0;  ///< unfused only: qkv_act written and read back, 2*N*D*2
+
+  /// The fused byte model: the floor of every variant.
+  int64_t model() const;
+  /// What a variant moves: the model, plus the qkv_act round trip when unfused.
+  int64_t moved(bool unfused) const { return model() + (unfused ? qkv_act_trip : 0); }
+};
+
+VerifyBytes verify_bytes(const Shape& s, int B, int T, RecordMode mode);
+
+/// Ring record bytes of one request and one step: HV*V*2 + H*K*2 + HV*K*4 + HV*4.
+int64_t ring_step_bytes(const Shape& s);
+
+/// Commit of all layers (bytes).
+struct CommitBytes {
+  int64_t fold = 0;      ///< layers*B*(state read + write + n ring steps read)
+  int64_t snapshot = 0;  ///< layers*B*(snapshot read + state write)
+  int64_t conv = 0;      ///< layers*B*3*D*2*2 (window read + conv state write)
+};
+
+/// `accepted`: steps folded / the snapshot index copied (1..T).
+CommitBytes commit_bytes(const Shape& s, int layers, int B, int accepted);
+
+/// Microseconds needed to move `bytes` at `gbps` GB/s (1 GB = 1e9 B).
+inline double floor_us(int64_t bytes, double gbps) {
+  return static_cast<double>(bytes) / (gbps * 1e3);
+}
+/// GB/s achieved when moving `bytes` in `us` microseconds.
+inline double achieved_gbps(int64_t bytes, double us) {
+  return us > 0.0 ? static_cast<double>(bytes) / (us * 1e3) : 0.0;
+}
+
+/// The byte model as text lines (formulas and this shape's coefficients), printed once.
+std::vector<std::string> describe_byte_model(const Shape& s, double hbm_gbps);
+
+}  // namespace kda::bench

@@ -1,0 +1,163 @@
+// bench_host_test.cc: kda_bench's host-only parts: flags, byte model, targets, dispatch advice.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/kda_kernels.h"
+#include "tools/bench/bench_args.h"
+#include "tools/bench/bench_bytes.h"
+#include "tools/bench/bench_report.h"
+
+namespace kda::bench {
+namespace {
+
+BenchArgs parse(std::vector<const char*> argv) {
+  argv.insert(argv.begin(), "kda_bench");
+  auto a = parse_bench_args(static_cast<int>(argv.size()), argv.data());
+  REQUIRE(a.has_value());
+  return *a;
+}
+
+void require_arg_error(std::vector<const char*> argv, const std::string& needle) {
+  argv.insert(argv.begin(), "kda_bench");
+  try {
+    parse_bench_args(static_cast<int>(argv.size()), argv.data());
+    FAIL("no ArgError for " << needle);
+  } catch (const ArgError& e) {
+    INFO(e.what());
+    REQUIRE(std::string(e.what()).find(needle) != std::string::npos);
+  }
+}
+
+/// The full model's floor is within 0.05 us + 0.5% of contract §6's floor table (whose
+/// numbers match this model without the conv weights, 0.05 us per call at the Kimi shape).
+bool near_contract(const Shape& s, int B, int T, double contract_us) {
+  const double us = floor_us(verify_bytes(s, B, T, RecordMode::kRing).model(), 4150.0);
+  INFO("B=" << B << " T=" << T << " model " << us << " us, contract " << contract_us);
+  return std::fabs(us - contract_us) <= 0.05 + 0.005 * contract_us;
+}
+
+}  // namespace
+
+TEST_CASE("kda_bench args: defaults and presets", "[tools][bench]") {
+  const BenchArgs d = parse({});
+  CHECK(d.batch_sizes == std::vector<int>{1, 2, 4, 8, 16, 32, 64});
+  CHECK(d.draft_tokens == std::vector<int>{4, 8});
+  CHECK(d.block_v == kernels::kDefaultFusedBlockV);
+  CHECK(d.variants.size() == 4);
+  CHECK(d.effective_ring_len() == 16);
+  CHECK(d.shape.D() == 2 * 32 * 128 + 32 * 128);
+
+  const BenchArgs k3 = parse({"--preset", "k3-tp8"});
+  CHECK(k3.shape.H == 12);
+  CHECK(k3.shape.HV == 12);
+  CHECK(k3.shape.gate == GateKind::kSafe);
+  CHECK(k3.shape.lower_bound == -5.0f);
+
+  // Flags override the preset whatever their order; --hv-heads follows --heads.
+  const BenchArgs o = parse({"--heads=16", "--preset", "k3-tp8", "--lower-bound", "none"});
+  CHECK(o.shape.H == 16);
+  CHECK(o.shape.HV == 16);
+  CHECK(o.shape.gate == GateKind::kStandard);
+
+  const BenchArgs l = parse({"--draft-tokens", "16,4,4", "--variants", "fused+ring,unfused"});
+  CHECK(l.draft_tokens == std::vector<int>{4, 16});
+  CHECK(l.effective_ring_len() == 32);
+  CHECK(l.variants == std::vector<Variant>{Variant::kUnfused, Variant::kFusedRing});
+  CHECK(parse({"--sweep-bv"}).fused_block_vs().size() == std::size(kernels::kFusedBlockVs));
+}
+
+TEST_CASE("kda_bench args: bad values name the flag", "[tools][bench]") {
+  require_arg_error({"--frobnicate"}, "unknown flag '--frobnicate'");
+  require_arg_error({"--heads", "x"}, "--heads: bad value 'x'");
+  require_arg_error({"--heads"}, "--heads: missing value");
+  require_arg_error({"--heads", "3", "--hv-heads", "8"}, "multiple of --heads");
+  require_arg_error({"--head-k-dim", "96"}, "64 or 128");
+  require_arg_error({"--block-v", "4"}, "--block-v: bad value '4'");
+  require_arg_error({"--batch-sizes", "1,,2"}, "--batch-sizes");
+  require_arg_error({"--batch-sizes", "0"}, "[1, 65535]");
+  require_arg_error({"--lower-bound", "5"}, "negative");
+  require_arg_error({"--conv-weight", "f16"}, "f32 or bf16");
+  require_arg_error({"--out", "x.txt"}, ".csv or .json");
+  require_arg_error({"--accepted", "5"}, "exceeds T=4");
+  require_arg_error({"--ring-len", "8"}, "2*T_max=16");
+  require_arg_error({"--ring-len", "24"}, "power of two");
+  require_arg_error({"--variants", "fast"}, "--variants: bad value 'fast'");
+  require_arg_error({"--phases", "verify,all,x"}, "--phases: bad value 'x'");
+  require_arg_error({"--sweep-bv=1"}, "takes no value");
+  require_arg_error({"extra"}, "unexpected argument");
+}
+
+TEST_CASE("kda_bench bytes: floors match contract §6", "[tools][bench]") {
+  const Shape kimi = preset_shape(Preset::kKimiLinear);
+  CHECK(near_contract(kimi, 1, 4, 0.67));
+  CHECK(near_contract(kimi, 4, 4, 2.7));
+  CHECK(near_contract(kimi, 16, 4, 10.7));
+  CHECK(near_contract(kimi, 64, 4, 42.6));
+  CHECK(near_contract(kimi, 1, 8, 0.81));
+  CHECK(near_contract(kimi, 64, 8, 51.7));
+  CHECK(near_contract(preset_shape(Preset::kK3Tp8), 64, 4, 16.0));
+  // Without the conv weights the model reproduces the table to its printed digits.
+  const VerifyBytes one = verify_bytes(kimi, 1, 4, RecordMode::kRing);
+  CHECK(std::round(floor_us(one.model() - kimi.D() * 4 * 4, 4150.0) * 100) == 67);
+
+  const VerifyBytes v = verify_bytes(kimi, 2, 4, RecordMode::kSnapshot);
+  CHECK(v.state == 2 * 32 * 128 * 128 * 4);
+  CHECK(v.records == 8LL * 32 * 128 * 128 * 4);
+  CHECK(v.weights == 32 * 4 + 32 * 128 * 4 + kimi.D() * 4 * 4);
+  CHECK(v.moved(true) - v.moved(false) == 2 * 8 * kimi.D() * 2);
+
+  const CommitBytes c = commit_bytes(kimi, 20, 16, 3);
+  CHECK(c.fold == 20LL * 16 * (2LL * 32 * 128 * 128 * 4 + 3 * ring_step_bytes(kimi)));
+  CHECK(c.conv == 20LL * 16 * 3 * kimi.D() * 4);
+}
+
+TEST_CASE("kda_bench report: targets and dispatch advice", "[tools][bench]") {
+  const Shape kimi = preset_shape(Preset::kKimiLinear);
+  CHECK(target_us(Preset::kKimiLinear, kimi, RecordMode::kRing, 4, 16) == 13.0);
+  CHECK(target_us(Preset::kKimiLinear, kimi, RecordMode::kRing, 8, 64) == 62.0);
+  CHECK(!target_us(Preset::kKimiLinear, kimi, RecordMode::kSnapshot, 4, 1));
+  CHECK(!target_us(Preset::kKimiLinear, kimi, RecordMode::kRing, 4, 2));
+  Shape other = kimi;
+  other.conv_bias = true;
+  CHECK(!target_us(Preset::kKimiLinear, other, RecordMode::kRing, 4, 1));
+  CHECK(target_us(Preset::kK3Tp8, preset_shape(Preset::kK3Tp8), RecordMode::kRing, 4, 64) == 20.0);
+
+  BenchArgs args = parse({"--batch-sizes", "1,4,16", "--draft-tokens", "4", "--sweep-bv"});
+  std::vector<Row> rows;
+  const auto add = [&](Variant v, int B, int bv, double us) {
+    Row r;
+    r.what = variant_name(v);
+    r.mode = variant_mode(v);
+    r.fused = variant_is_fused(v);
+    r.T = 4;
+    r.B = B;
+    r.bv = bv;
+    r.timing.median_us = us;
+    rows.push_back(r);
+  };
+  // Ring: fused wins at B=1 and 4 (BV 16 best at B=1, 32 at B=4), loses at 16.
+  for (int B : {1, 4, 16}) {
+    add(Variant::kUnfusedRing, B, 0, 10.0 * B);
+    add(Variant::kFusedRing, B, 16, B == 1 ? 3.0 : 40.0 * B);
+    add(Variant::kFusedRing, B, 32, B == 1 ? 3.3 : 8.0 * B + (B == 16 ? 100.0 : 0.0));
+    add(Variant::kUnfused, B, 0, 20.0 * B);
+    add(Variant::kFused, B, 64, 15.0 * B);
+  }
+  mark_best_bv(rows);
+  CHECK(rows[1].best_bv);  // B=1 BV=16
+  CHECK(!rows[2].best_bv);
+  const Recommendation rec = recommend(rows, args);
+  REQUIRE(rec.fused_ring_max_batch);
+  CHECK(*rec.fused_ring_max_batch == 4);
+  REQUIRE(rec.default_bv);
+  CHECK(*rec.default_bv == 32);  // 3.3/3.0 at B=1 beats 160/32 at B=4
+  REQUIRE(rec.entries.size() == 3);
+  CHECK(rec.entries[2].ring_path == "unfused");
+  CHECK(rec.entries[0].ring_path == "fused");
+  CHECK(rec.entries[0].ring_bv == 16);
+  CHECK(rec.entries[0].snap_path == "fused");
+}
+
+}  // namespace kda::bench

@@ -1,0 +1,330 @@
+#include "tools/bench/bench_phases.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "kernels/kda_kernels.h"
+#include "tools/bench/bench_bytes.h"
+#include "tools/bench/bench_guard.h"
+#include "tools/bench/bench_plan.h"
+#include "tools/bench/bench_problem.h"
+
+namespace kda::bench {
+
+namespace {
+
+/// --l2-cold copies, fewer if they would not fit in device memory.
+int fit_cold_copies(const BenchContext& ctx, ProblemConfig cfg) {
+  const int want = l2_cold_copies(ctx.args, cfg.B, ctx.l2_bytes);
+  size_t free_b = 0, total_b = 0;
+  KDA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  int copies = want;
+  cfg.copies = copies;
+  while (copies > 2 &&
+         static_cast<double>(Problem::device_bytes(cfg)) > 0.9 * static_cast<double>(free_b)) {
+    copies = std::max(2, copies * 3 / 4);
+    cfg.copies = copies;
+  }
+  if (copies < want) {
+    fmt::print(stderr,
+               "kda_bench: warning: B={}: only {} of {} layer copies fit in device memory; the "
+               "L2-cold rotation is shorter than 2x L2\n",
+               cfg.B, copies, want);
+  }
+  return copies;
+}
+
+/// Appends rows and rewrites --out, so a run cut short still leaves its results.
+void add_rows(BenchContext& ctx, const std::vector<Row>& rows) {
+  ctx.rows.insert(ctx.rows.end(), rows.begin(), rows.end());
+  if (!ctx.args.out_path.empty()) {
+    write_rows(ctx.args.out_path, ctx.info, ctx.rows, recommend(ctx.rows, ctx.args));
+  }
+}
+
+double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
+
+void check_fits(const ProblemConfig& cfg, const char* what) {
+  size_t free_b = 0, total_b = 0;
+  KDA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const int64_t need = Problem::device_bytes(cfg);
+  KDA_CHECK_CODE(static_cast<double>(need) <= 0.95 * static_cast<double>(free_b),
+                 ErrorCode::kOutOfMemory,
+                 "{} B={}: needs {:.2f} GiB of device memory ({} layer copies), {:.2f} GiB free; "
+                 "lower --batch-sizes, --layers or --max-copies, or drop the snapshot variants",
+                 what, cfg.B, gib(need), cfg.copies, gib(static_cast<int64_t>(free_b)));
+}
+
+/// Enqueues one verify of `variant`.
+void enqueue_verify(Variant v, int bv, const VerifyParams& p, cudaStream_t stream) {
+  if (variant_is_fused(v)) {
+    kernels::invoke_verify_fused(p, bv, stream);
+  } else {
+    kernels::invoke_verify_unfused(p, stream);
+  }
+}
+
+Row verify_row(const BenchContext& ctx, Phase phase, Variant v, int bv, int T, int B) {
+  Row r;
+  r.phase = phase;
+  r.what = variant_name(v);
+  r.mode = variant_mode(v);
+  r.fused = variant_is_fused(v);
+  r.bv = r.fused ? bv : 0;
+  r.T = T;
+  r.B = B;
+  const VerifyBytes vb = verify_bytes(ctx.args.shape, B, T, r.mode);
+  r.model_bytes = vb.model();
+  r.moved_bytes = vb.moved(!r.fused);
+  r.target_us = phase == Phase::kVerify ? target_us(ctx.args.preset, ctx.args.shape, r.mode, T, B)
+                                        : std::nullopt;
+  return r;
+}
+
+void finish_floor_row(Row& r, double hbm_gbps) {
+  r.floor_us = floor_us(r.model_bytes, hbm_gbps);
+  r.gbps = achieved_gbps(r.moved_bytes, r.timing.median_us);
+  r.pct = 100.0 * r.floor_us / r.timing.median_us;
+}
+
+void print_group(const BenchArgs& args, std::vector<Row>& group) {
+  mark_best_bv(group);
+  int printed = 0;
+  for (const Row& r : group) {
+    if (args.brief && args.sweep_bv && r.fused && !r.best_bv) {
+      continue;
+    }
+    print_row(r);
+    ++printed;
+  }
+  if (printed > 4) {
+    fmt::print("\n");  // long groups (BV sweeps): a blank line between (T, B) groups
+  }
+}
+
+}  // namespace
+
+// ---- verify: one layer, every variant and BV ----
+
+void run_verify_phase(BenchContext& ctx) {
+  const BenchArgs& a = ctx.args;
+  print_table_header(Phase::kVerify);
+  const int total = static_cast<int>(a.batch_sizes.size() * a.draft_tokens.size());
+  int done = 0;
+  for (int B : a.batch_sizes) {
+    ProblemConfig cfg = problem_config(a, B);
+    cfg.guard_set = a.guard;
+    cfg.copies = a.l2_cold ? fit_cold_copies(ctx, cfg) : 1;
+    check_fits(cfg, "verify");
+    const Problem problem(cfg, ctx.stream);
+    for (int T : a.draft_tokens) {
+      ++done;
+      fmt::print(stderr, "kda_bench: [verify {}/{}] T={} B={}{}: ", done, total, T, B,
+                 a.l2_cold ? fmt::format(" ({} layer copies)", cfg.copies) : std::string());
+      if (a.guard) {
+        int runs = 0;
+        for (RecordMode mode : {RecordMode::kSnapshot, RecordMode::kRing}) {
+          if (!a.any_mode(mode)) {
+            continue;
+          }
+          const GuardResult g = run_bitwise_guard(problem, T, mode, a.fused_block_vs(), ctx.stream);
+          runs += g.comparisons;
+          if (!g.ok) {
+            fmt::print(stderr, "bitwise guard FAILED\n");
+            for (const std::string& f : g.failures) {
+              fmt::print(stderr, "kda_bench: guard: {}\n", f);
+            }
+            throw GuardFailure{};
+          }
+        }
+        fmt::print(stderr, "bitwise guard ok ({} fused runs == unfused); ", runs);
+      }
+      fmt::print(stderr, "timing\n");
+
+      std::vector<Row> group;
+      const int copies = cfg.copies;
+      const int calls = verify_calls_per_graph(a, copies);
+      for (Variant v : a.variants) {
+        std::vector<VerifyParams> params;
+        for (int c = 0; c < copies; ++c) {
+          params.push_back(problem.verify_params(c, T, variant_mode(v)));
+        }
+        const std::vector<int> bvs = variant_is_fused(v) ? a.fused_block_vs() : std::vector<int>{0};
+        for (int bv : bvs) {
+          Row r = verify_row(ctx, Phase::kVerify, v, bv, T, B);
+          r.copies = copies;
+          r.timing = time_in_graph(
+              ctx.stream, calls,
+              [&](int i) {
+                enqueue_verify(v, bv, params[static_cast<size_t>(i % copies)], ctx.stream);
+              },
+              ctx.timer);
+          finish_floor_row(r, a.hbm_gbps);
+          group.push_back(r);
+        }
+      }
+      print_group(a, group);
+      add_rows(ctx, group);
+    }
+  }
+}
+
+// ---- commit and round: [layers] pools ----
+
+namespace {
+
+/// Real records in every layer (each mode's verify once), so the commit folds real data.
+void fill_records(const BenchContext& ctx, const Problem& problem, int T) {
+  for (RecordMode mode : {RecordMode::kSnapshot, RecordMode::kRing}) {
+    if (!ctx.args.any_mode(mode)) {
+      continue;
+    }
+    for (int l = 0; l < ctx.args.layers; ++l) {
+      kernels::invoke_verify_unfused(problem.verify_params(l, T, mode), ctx.stream);
+    }
+  }
+  KDA_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+}
+
+void check_error_flag(const BenchContext& ctx, const Problem& problem, const char* what) {
+  const int32_t flag = problem.read_and_clear_error_flag(ctx.stream);
+  KDA_CHECK_CODE(flag == 0, ErrorCode::kInternal,
+                 "{}: the commit kernels reported a bad accepted length (error flag {})", what,
+                 flag);
+}
+
+}  // namespace
+
+void run_commit_phase(BenchContext& ctx) {
+  const BenchArgs& a = ctx.args;
+  print_table_header(Phase::kCommit);
+  TimerConfig timer = ctx.timer;
+  timer.iters = a.commit_iters;
+  for (int B : a.batch_sizes) {
+    ProblemConfig cfg = problem_config(a, B);
+    cfg.copies = a.layers;
+    check_fits(cfg, "commit");
+    const Problem problem(cfg, ctx.stream);
+    for (int T : a.draft_tokens) {
+      fmt::print(stderr, "kda_bench: [commit] T={} B={} layers={}\n", T, B, a.layers);
+      fill_records(ctx, problem, T);
+      const int n = a.accepted > 0 ? a.accepted : T;
+      problem.set_accepted(n, ctx.stream);
+      const CommitBytes cb = commit_bytes(a.shape, a.layers, B, n);
+      struct Op {
+        const char* name;
+        RecordMode mode;
+        int64_t bytes;
+        void (*invoke)(const CommitParams&, cudaStream_t);
+      };
+      std::vector<Op> ops;
+      if (cfg.ring) {
+        ops.push_back({"fold", RecordMode::kRing, cb.fold, kernels::invoke_fold});
+      }
+      if (cfg.snapshot) {
+        ops.push_back({"commit_snapshot", RecordMode::kSnapshot, cb.snapshot,
+                       kernels::invoke_commit_snapshot});
+      }
+      ops.push_back({"commit_conv", cfg.ring ? RecordMode::kRing : RecordMode::kSnapshot, cb.conv,
+                     kernels::invoke_commit_conv});
+      if (cfg.ring) {
+        ops.push_back(
+            {"commit+ring", RecordMode::kRing, cb.fold + cb.conv, kernels::invoke_commit});
+      }
+      if (cfg.snapshot) {
+        ops.push_back(
+            {"commit", RecordMode::kSnapshot, cb.snapshot + cb.conv, kernels::invoke_commit});
+      }
+      for (const Op& op : ops) {
+        const CommitParams p = problem.commit_params(T, op.mode, a.layers);
+        Row r;
+        r.phase = Phase::kCommit;
+        r.what = op.name;
+        r.mode = op.mode;
+        r.T = T;
+        r.B = B;
+        r.layers = a.layers;
+        r.timing = time_in_graph(
+            ctx.stream, a.calls, [&](int) { op.invoke(p, ctx.stream); }, timer);
+        check_error_flag(ctx, problem, op.name);
+        r.model_bytes = r.moved_bytes = op.bytes;
+        r.floor_us = floor_us(op.bytes, ctx.copy_gbps);
+        r.gbps = achieved_gbps(op.bytes, r.timing.median_us);
+        r.pct = 100.0 * r.gbps / ctx.copy_gbps;
+        print_row(r);
+        add_rows(ctx, {r});
+      }
+    }
+  }
+}
+
+namespace {
+
+/// Round BV for a fused variant: the best verify BV of (T, B, mode) if measured, else --block-v.
+int round_bv(const BenchContext& ctx, Variant v, int T, int B) {
+  int bv = ctx.args.block_v;
+  double best = 0.0;
+  for (const Row& r : ctx.rows) {
+    if (r.phase == Phase::kVerify && r.fused && r.mode == variant_mode(v) && r.T == T && r.B == B &&
+        (best == 0.0 || r.timing.median_us < best)) {
+      best = r.timing.median_us;
+      bv = r.bv;
+    }
+  }
+  return bv;
+}
+
+}  // namespace
+
+void run_round_phase(BenchContext& ctx) {
+  const BenchArgs& a = ctx.args;
+  print_table_header(Phase::kRound);
+  TimerConfig timer = ctx.timer;
+  timer.iters = a.round_iters;
+  for (int B : a.batch_sizes) {
+    ProblemConfig cfg = problem_config(a, B);
+    cfg.copies = a.layers;
+    check_fits(cfg, "round");
+    const Problem problem(cfg, ctx.stream);
+    for (int T : a.draft_tokens) {
+      fmt::print(stderr, "kda_bench: [round] T={} B={} layers={}\n", T, B, a.layers);
+      const int n = a.accepted > 0 ? a.accepted : T;
+      problem.set_accepted(n, ctx.stream);
+      const CommitBytes cb = commit_bytes(a.shape, a.layers, B, n);
+      for (Variant v : a.variants) {
+        const RecordMode mode = variant_mode(v);
+        const int bv = variant_is_fused(v) ? round_bv(ctx, v, T, B) : 0;
+        std::vector<VerifyParams> params;
+        for (int l = 0; l < a.layers; ++l) {
+          params.push_back(problem.verify_params(l, T, mode));
+        }
+        const CommitParams cp = problem.commit_params(T, mode, a.layers);
+        Row r = verify_row(ctx, Phase::kRound, v, bv, T, B);
+        r.layers = a.layers;
+        const int64_t commit = (mode == RecordMode::kRing ? cb.fold : cb.snapshot) + cb.conv;
+        r.model_bytes = r.model_bytes * a.layers + commit;
+        r.moved_bytes = r.moved_bytes * a.layers + commit;
+        r.timing = time_in_graph(
+            ctx.stream, 1,
+            [&](int) {
+              for (const VerifyParams& p : params) {
+                enqueue_verify(v, bv, p, ctx.stream);
+              }
+              kernels::invoke_commit(cp, ctx.stream);
+            },
+            timer);
+        check_error_flag(ctx, problem, "round");
+        finish_floor_row(r, a.hbm_gbps);
+        print_row(r);
+        add_rows(ctx, {r});
+      }
+    }
+  }
+}
+
+}  // namespace kda::bench

@@ -1,0 +1,409 @@
+#include "tools/bench/bench_report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "core/error.h"
+
+namespace kda::bench {
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::kVerify:
+      return "verify";
+    case Phase::kCommit:
+      return "commit";
+    case Phase::kRound:
+      return "round";
+  }
+  return "?";
+}
+
+namespace {
+
+const char* mode_name(RecordMode m) { return m == RecordMode::kRing ? "ring" : "snapshot"; }
+
+bool same_shape(const Shape& a, const Shape& b) {
+  return a.H == b.H && a.HV == b.HV && a.K == b.K && a.V == b.V && a.gate == b.gate &&
+         a.lower_bound == b.lower_bound && a.conv_weight_type == b.conv_weight_type &&
+         a.conv_bias == b.conv_bias;
+}
+
+struct TargetEntry {
+  Preset preset;
+  int T, B;
+  double us;
+};
+// contract §6, ring mode (H200, one layer's verify, in a CUDA graph).
+constexpr TargetEntry kTargets[] = {
+    {Preset::kKimiLinear, 4, 1, 3.5},   {Preset::kKimiLinear, 4, 4, 5.5},
+    {Preset::kKimiLinear, 4, 16, 13.0}, {Preset::kKimiLinear, 4, 64, 50.0},
+    {Preset::kKimiLinear, 8, 1, 7.0},   {Preset::kKimiLinear, 8, 64, 62.0},
+    {Preset::kK3Tp8, 4, 1, 3.5},        {Preset::kK3Tp8, 4, 64, 20.0},
+};
+
+std::string bv_cell(const Row& r) {
+  if (!r.fused) {
+    return "-";
+  }
+  return fmt::format("{}{}", r.bv, r.best_bv ? "*" : "");
+}
+
+std::string target_cells(const std::optional<double>& target, double us) {
+  if (!target) {
+    return fmt::format("{:>7} {:>4}", "", "");
+  }
+  return fmt::format("{:>7.1f} {:>4}", *target, us <= *target ? "pass" : "MISS");
+}
+
+std::string json_str(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<int>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_num(double x) { return std::isfinite(x) ? fmt::format("{}", x) : "null"; }
+
+std::string opt_num(const std::optional<double>& x) { return x ? json_num(*x) : "null"; }
+std::string opt_int(const std::optional<int>& x) { return x ? fmt::format("{}", *x) : "null"; }
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+
+}  // namespace
+
+std::optional<double> target_us(Preset preset, const Shape& shape, RecordMode mode, int T, int B) {
+  if (preset == Preset::kNone || mode != RecordMode::kRing ||
+      !same_shape(shape, preset_shape(preset))) {
+    return std::nullopt;
+  }
+  for (const TargetEntry& t : kTargets) {
+    if (t.preset == preset && t.T == T && t.B == B) {
+      return t.us;
+    }
+  }
+  return std::nullopt;
+}
+
+void mark_best_bv(std::vector<Row>& rows) {
+  std::map<std::tuple<int, int, int, int>, Row*> best;
+  for (Row& r : rows) {
+    if (!r.fused) {
+      continue;
+    }
+    r.best_bv = false;
+    const auto key = std::make_tuple(static_cast<int>(r.phase), r.T, r.B, static_cast<int>(r.mode));
+    auto it = best.find(key);
+    if (it == best.end() || r.timing.median_us < it->second->timing.median_us) {
+      best[key] = &r;
+    }
+  }
+  for (auto& kv : best) {
+    kv.second->best_bv = true;
+  }
+}
+
+void print_table_header(Phase phase) {
+  switch (phase) {
+    case Phase::kVerify:
+      fmt::print("\n{:>3} {:>5}  {:<13} {:>4} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>7} {:>4}\n",
+                 "T", "B", "variant", "BV", "us/call", "min", "max", "GB/s", "%floor", "floor",
+                 "target", "ok");
+      break;
+    case Phase::kCommit:
+      fmt::print("\n{:>3} {:>5}  {:<16} {:>6} {:>9} {:>9} {:>9} {:>8} {:>7}\n", "T", "B", "commit",
+                 "layers", "us/call", "min", "max", "GB/s", "%copy");
+      break;
+    case Phase::kRound:
+      fmt::print("\n{:>3} {:>5}  {:<13} {:>4} {:>6} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}\n", "T",
+                 "B", "round", "BV", "layers", "us/round", "min", "max", "us/layer", "GB/s",
+                 "%floor");
+      break;
+  }
+  std::fflush(stdout);
+}
+
+void print_row(const Row& r) {
+  const Timing& t = r.timing;
+  switch (r.phase) {
+    case Phase::kVerify:
+      fmt::print(
+          "{:>3} {:>5}  {:<13} {:>4} {:>9.2f} {:>9.2f} {:>9.2f} {:>8.0f} {:>6.1f}% {:>8.2f} {}\n",
+          r.T, r.B, r.what, bv_cell(r), t.median_us, t.min_us, t.max_us, r.gbps, r.pct, r.floor_us,
+          target_cells(r.target_us, t.median_us));
+      break;
+    case Phase::kCommit:
+      fmt::print("{:>3} {:>5}  {:<16} {:>6} {:>9.2f} {:>9.2f} {:>9.2f} {:>8.0f} {:>6.1f}%\n", r.T,
+                 r.B, r.what, r.layers, t.median_us, t.min_us, t.max_us, r.gbps, r.pct);
+      break;
+    case Phase::kRound:
+      fmt::print(
+          "{:>3} {:>5}  {:<13} {:>4} {:>6} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.2f} {:>8.0f} "
+          "{:>6.1f}%\n",
+          r.T, r.B, r.what, bv_cell(r), r.layers, t.median_us, t.min_us, t.max_us,
+          t.median_us / r.layers, r.gbps, r.pct);
+      break;
+  }
+  std::fflush(stdout);
+}
+
+Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args) {
+  Recommendation rec;
+  rec.bv_swept = args.sweep_bv;
+  // (T, B) -> per mode: unfused time, fused time per BV.
+  struct Times {
+    std::optional<double> unfused;
+    std::map<int, double> fused;  // bv -> us
+  };
+  std::map<std::pair<int, int>, Times> ring, snap;
+  for (const Row& r : rows) {
+    if (r.phase != Phase::kVerify) {
+      continue;
+    }
+    Times& t = (r.mode == RecordMode::kRing ? ring : snap)[{r.T, r.B}];
+    if (r.fused) {
+      t.fused[r.bv] = r.timing.median_us;
+    } else {
+      t.unfused = r.timing.median_us;
+    }
+  }
+  const auto best_fused = [](const Times& t) {
+    return std::min_element(t.fused.begin(), t.fused.end(),
+                            [](const auto& a, const auto& b) { return a.second < b.second; });
+  };
+  // Pick the faster path: (name, bv, us, other us).
+  const auto choose = [&](const Times& t, std::string* path, int* bv, double* us, double* alt) {
+    const bool has_f = !t.fused.empty();
+    if (has_f) {
+      const auto f = best_fused(t);
+      if (!t.unfused || f->second < *t.unfused) {
+        *path = "fused";
+        *bv = f->first;
+        *us = f->second;
+        *alt = t.unfused.value_or(0.0);
+        return;
+      }
+      *alt = f->second;
+    }
+    if (t.unfused) {
+      *path = "unfused";
+      *us = *t.unfused;
+    }
+  };
+  std::map<std::pair<int, int>, bool> keys;
+  for (const auto& kv : ring) {
+    keys[kv.first] = true;
+  }
+  for (const auto& kv : snap) {
+    keys[kv.first] = true;
+  }
+  for (const auto& kv : keys) {
+    DispatchEntry e;
+    e.T = kv.first.first;
+    e.B = kv.first.second;
+    if (auto it = ring.find(kv.first); it != ring.end()) {
+      choose(it->second, &e.ring_path, &e.ring_bv, &e.ring_us, &e.ring_alt_us);
+    }
+    if (auto it = snap.find(kv.first); it != snap.end()) {
+      choose(it->second, &e.snap_path, &e.snap_bv, &e.snap_us, &e.snap_alt_us);
+    }
+    e.target_us = target_us(args.preset, args.shape, RecordMode::kRing, e.T, e.B);
+    rec.entries.push_back(e);
+  }
+
+  // --kda-fused-ring-max-batch: per T, the largest B with fused fastest at every B' <= B.
+  for (int T : args.draft_tokens) {
+    int max_b = 0;
+    bool decided = false;
+    for (int B : args.batch_sizes) {
+      auto it = ring.find({T, B});
+      if (it == ring.end() || it->second.fused.empty() || !it->second.unfused) {
+        break;
+      }
+      decided = true;
+      if (best_fused(it->second)->second < *it->second.unfused) {
+        max_b = B;
+      } else {
+        break;
+      }
+    }
+    if (decided) {
+      rec.max_batch_per_T.emplace_back(T, max_b);
+      rec.fused_ring_max_batch = std::min(rec.fused_ring_max_batch.value_or(max_b), max_b);
+    }
+  }
+
+  // Default BV: the smallest geometric-mean slowdown vs each (T, B)'s best BV, over the rows
+  // where fused would be dispatched (ring: B <= the suggested max batch; all rows if none).
+  const auto pick_bv = [&](const std::map<std::pair<int, int>, Times>& m,
+                           int max_b) -> std::optional<int> {
+    std::map<int, std::pair<double, int>> score;  // bv -> (sum log slowdown, groups)
+    for (const auto& kv : m) {
+      if (kv.first.second > max_b || kv.second.fused.empty()) {
+        continue;
+      }
+      const double best = best_fused(kv.second)->second;
+      for (const auto& [bv, us] : kv.second.fused) {
+        score[bv].first += std::log(us / best);
+        score[bv].second += 1;
+      }
+    }
+    std::optional<int> pick;
+    double pick_score = 0.0;
+    int groups = 0;
+    for (const auto& [bv, s] : score) {
+      groups = std::max(groups, s.second);
+    }
+    for (const auto& [bv, s] : score) {
+      if (s.second < groups) {
+        continue;  // not timed everywhere
+      }
+      if (!pick || s.first < pick_score) {
+        pick = bv;
+        pick_score = s.first;
+      }
+    }
+    return pick;
+  };
+  const int ring_scope = rec.fused_ring_max_batch && *rec.fused_ring_max_batch > 0
+                             ? *rec.fused_ring_max_batch
+                             : 1 << 30;
+  rec.default_bv = pick_bv(ring, ring_scope);
+  rec.snapshot_bv = pick_bv(snap, 1 << 30);
+  return rec;
+}
+
+void print_recommendation(const Recommendation& rec) {
+  if (rec.entries.empty()) {
+    return;
+  }
+  const auto path_cell = [](const std::string& path, int bv) {
+    if (path.empty()) {
+      return std::string("-");
+    }
+    return path == "fused" ? fmt::format("fused BV={}", bv) : path;
+  };
+  const auto vs_cell = [](double us, double alt) {
+    return alt > 0.0 ? fmt::format("{:.2f}x", alt / us) : std::string("-");
+  };
+  fmt::print(
+      "\nrecommended dispatch (fastest measured path; 'vs other' = other path's time / "
+      "chosen time):\n");
+  fmt::print("{:>3} {:>5}  {:<13} {:>9} {:>8}  {:<13} {:>9} {:>8}  {:>7} {:>4}\n", "T", "B",
+             "ring mode", "us", "vs other", "snapshot mode", "us", "vs other", "target", "ok");
+  for (const DispatchEntry& e : rec.entries) {
+    fmt::print("{:>3} {:>5}  {:<13} {:>9.2f} {:>8}  {:<13} {:>9.2f} {:>8}  {}\n", e.T, e.B,
+               path_cell(e.ring_path, e.ring_bv), e.ring_us, vs_cell(e.ring_us, e.ring_alt_us),
+               path_cell(e.snap_path, e.snap_bv), e.snap_us, vs_cell(e.snap_us, e.snap_alt_us),
+               target_cells(e.target_us, e.ring_us));
+  }
+  if (!rec.max_batch_per_T.empty()) {
+    std::vector<std::string> per_t;
+    for (const auto& [T, b] : rec.max_batch_per_T) {
+      per_t.push_back(fmt::format("T={}: {}", T, b));
+    }
+    fmt::print(
+        "suggested --kda-fused-ring-max-batch={}  ({}; largest measured B such that fused+ring "
+        "beats unfused+ring at every measured B' <= B, min over T; 0 = fused never fastest)\n",
+        *rec.fused_ring_max_batch, fmt::join(per_t, ", "));
+  } else {
+    fmt::print(
+        "suggested --kda-fused-ring-max-batch: not measured (needs fused+ring and "
+        "unfused+ring)\n");
+  }
+  if (rec.default_bv) {
+    fmt::print("suggested --kda-verify-block-v={}  ({})\n", *rec.default_bv,
+               rec.bv_swept ? "ring mode, smallest geometric-mean slowdown vs the per-row best "
+                              "BV where fused is dispatched"
+                            : "not swept: the --block-v used; run with --sweep-bv");
+  }
+  if (rec.snapshot_bv && rec.bv_swept) {
+    fmt::print("best BV for snapshot mode alone: {}\n", *rec.snapshot_bv);
+  }
+  std::fflush(stdout);
+}
+
+void write_rows(const std::string& path, const RunInfo& info, const std::vector<Row>& rows,
+                const Recommendation& rec) {
+  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "w"));
+  KDA_CHECK_CODE(f != nullptr, ErrorCode::kIo, "--out: cannot open '{}' for writing", path);
+  const bool json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+  if (!json) {
+    fmt::print(f.get(),
+               "phase,T,B,variant,mode,fused,bv,best_bv,layers,copies,calls_per_graph,median_us,"
+               "min_us,max_us,model_bytes,moved_bytes,floor_us,gbps,pct,target_us,target_ok\n");
+    for (const Row& r : rows) {
+      fmt::print(f.get(),
+                 "{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{},{},{:.4f},{:.2f},"
+                 "{:.2f},{},{}\n",
+                 phase_name(r.phase), r.T, r.B, r.what, mode_name(r.mode), r.fused ? 1 : 0, r.bv,
+                 r.best_bv ? 1 : 0, r.layers, r.copies, r.timing.calls_per_graph,
+                 r.timing.median_us, r.timing.min_us, r.timing.max_us, r.model_bytes, r.moved_bytes,
+                 r.floor_us, r.gbps, r.pct, r.target_us ? fmt::format("{}", *r.target_us) : "",
+                 r.target_us ? (r.target_ok() ? "pass" : "miss") : "");
+    }
+  } else {
+    fmt::print(f.get(), "{{\n  \"device\": {},\n  \"shape\": {},\n  \"command\": {},\n",
+               json_str(info.device), json_str(info.shape), json_str(info.command_line));
+    fmt::print(f.get(), "  \"hbm_gbps\": {},\n  \"copy_gbps\": {},\n  \"l2_bytes\": {},\n",
+               json_num(info.hbm_gbps), json_num(info.copy_gbps), info.l2_bytes);
+    fmt::print(f.get(), "  \"rows\": [");
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      fmt::print(f.get(),
+                 "{}\n    {{\"phase\": \"{}\", \"T\": {}, \"B\": {}, \"variant\": {}, "
+                 "\"mode\": \"{}\", \"fused\": {}, \"bv\": {}, \"best_bv\": {}, \"layers\": {}, "
+                 "\"copies\": {}, \"calls_per_graph\": {}, \"median_us\": {}, \"min_us\": {}, "
+                 "\"max_us\": {}, \"rep_us\": [{}], \"model_bytes\": {}, \"moved_bytes\": {}, "
+                 "\"floor_us\": {}, \"gbps\": {}, \"pct\": {}, \"target_us\": {}, "
+                 "\"target_ok\": {}}}",
+                 i == 0 ? "" : ",", phase_name(r.phase), r.T, r.B, json_str(r.what),
+                 mode_name(r.mode), r.fused, r.bv, r.best_bv, r.layers, r.copies,
+                 r.timing.calls_per_graph, json_num(r.timing.median_us), json_num(r.timing.min_us),
+                 json_num(r.timing.max_us), fmt::join(r.timing.rep_us, ", "), r.model_bytes,
+                 r.moved_bytes, json_num(r.floor_us), json_num(r.gbps), json_num(r.pct),
+                 opt_num(r.target_us), r.target_us ? (r.target_ok() ? "true" : "false") : "null");
+    }
+    fmt::print(f.get(), "\n  ],\n  \"recommendation\": {{\n    \"dispatch\": [");
+    for (size_t i = 0; i < rec.entries.size(); ++i) {
+      const DispatchEntry& e = rec.entries[i];
+      fmt::print(f.get(),
+                 "{}\n      {{\"T\": {}, \"B\": {}, \"ring_path\": {}, \"ring_bv\": {}, "
+                 "\"ring_us\": {}, \"ring_other_us\": {}, \"snapshot_path\": {}, "
+                 "\"snapshot_bv\": {}, \"snapshot_us\": {}, \"snapshot_other_us\": {}, "
+                 "\"target_us\": {}}}",
+                 i == 0 ? "" : ",", e.T, e.B, json_str(e.ring_path), e.ring_bv, json_num(e.ring_us),
+                 json_num(e.ring_alt_us), json_str(e.snap_path), e.snap_bv, json_num(e.snap_us),
+                 json_num(e.snap_alt_us), opt_num(e.target_us));
+    }
+    std::vector<std::string> per_t;
+    for (const auto& [T, b] : rec.max_batch_per_T) {
+      per_t.push_back(fmt::format("\"{}\": {}", T, b));
+    }
+    fmt::print(f.get(),
+               "\n    ],\n    \"fused_ring_max_batch_per_T\": {{{}}},\n"
+               "    \"fused_ring_max_batch\": {},\n    \"default_block_v\": {},\n"
+               "    \"snapshot_block_v\": {},\n    \"bv_swept\": {}\n  }}\n}}\n",
+               fmt::join(per_t, ", "), opt_int(rec.fused_ring_max_batch), opt_int(rec.default_bv),
+               opt_int(rec.snapshot_bv), rec.bv_swept);
+  }
+  KDA_CHECK_CODE(std::ferror(f.get()) == 0, ErrorCode::kIo, "--out: write to '{}' failed", path);
+}
+
+}  // namespace kda::bench

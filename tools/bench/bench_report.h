@@ -1,0 +1,86 @@
+// bench_report.h: kda_bench's results: rows, the aligned stdout tables, the recommended
+// dispatch table and the CSV / JSON files. Host-only (no CUDA).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tools/bench/bench_args.h"
+#include "tools/bench/bench_timing.h"
+
+namespace kda::bench {
+
+enum class Phase : uint8_t { kVerify, kCommit, kRound };
+const char* phase_name(Phase p);
+
+/// One timed configuration.
+struct Row {
+  Phase phase = Phase::kVerify;
+  std::string what;  ///< verify / round: variant name; commit: fold, commit_snapshot, ...
+  RecordMode mode = RecordMode::kRing;
+  bool fused = false;
+  int T = 0, B = 0;
+  int bv = 0;                       ///< fused V tile; 0 = not applicable
+  int layers = 1;                   ///< commit / round: layers per launch / round
+  int copies = 1;                   ///< verify: layer copies rotated through (--l2-cold)
+  Timing timing;                    ///< us per call (verify, commit) or per round (round)
+  int64_t model_bytes = 0;          ///< the byte model (the floor's bytes)
+  int64_t moved_bytes = 0;          ///< what this variant moves (unfused: + qkv_act round trip)
+  double floor_us = 0.0;            ///< model bytes at the floor rate (verify, round) or copy rate
+  double gbps = 0.0;                ///< moved bytes / median time
+  double pct = 0.0;                 ///< verify, round: 100 * floor / median; commit: % of copy rate
+  std::optional<double> target_us;  ///< contract §6 target (ring mode, preset shapes)
+  bool best_bv = false;             ///< fused: the fastest BV of its (phase, T, B, mode)
+
+  bool target_ok() const { return target_us && timing.median_us <= *target_us; }
+};
+
+/// Contract §6 ring-mode targets for the preset shapes (only while the shape is the
+/// preset's); std::nullopt elsewhere.
+std::optional<double> target_us(Preset preset, const Shape& shape, RecordMode mode, int T, int B);
+
+/// Sets best_bv on the fastest fused row of every (phase, T, B, mode) group in `rows`.
+void mark_best_bv(std::vector<Row>& rows);
+
+/// Aligned tables on stdout, one header per phase, then rows as they come.
+void print_table_header(Phase phase);
+void print_row(const Row& row);
+
+/// The recommended dispatch, derived from the verify rows.
+struct DispatchEntry {
+  int T = 0, B = 0;
+  // ring mode / snapshot mode: the fastest path; bv = 0 for unfused; *_alt_us = the other path
+  std::string ring_path, snap_path;
+  int ring_bv = 0, snap_bv = 0;
+  double ring_us = 0.0, ring_alt_us = 0.0, snap_us = 0.0, snap_alt_us = 0.0;
+  std::optional<double> target_us;
+};
+struct Recommendation {
+  std::vector<DispatchEntry> entries;
+  std::vector<std::pair<int, int>> max_batch_per_T;  ///< (T, largest B with fused fastest)
+  std::optional<int> fused_ring_max_batch;           ///< min over T; nullopt: not measurable
+  std::optional<int> default_bv;                     ///< ring mode, where fused is dispatched
+  std::optional<int> snapshot_bv;                    ///< snapshot mode alone
+  bool bv_swept = false;
+};
+Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args);
+void print_recommendation(const Recommendation& rec);
+
+/// Run metadata for the files.
+struct RunInfo {
+  std::string device;
+  std::string shape;
+  std::string command_line;
+  double hbm_gbps = 0.0;
+  double copy_gbps = 0.0;
+  int64_t l2_bytes = 0;
+};
+
+/// Writes every row to `path` (.csv or .json; JSON adds the run info and recommendation).
+/// Throws kda::Error(kIo) when the file cannot be written.
+void write_rows(const std::string& path, const RunInfo& info, const std::vector<Row>& rows,
+                const Recommendation& rec);
+
+}  // namespace kda::bench

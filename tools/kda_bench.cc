@@ -1,0 +1,172 @@
+// kda_bench: times the KDA verify backend's kernels on one GPU (issue 6, tool part).
+//
+// For one model shape, over a batch-size list and a draft-length (T) list:
+//   verify  one layer's verify for {unfused, fused} x {snapshot, ring} (fused: --block-v or
+//           every BV with --sweep-bv), each checked bitwise fused vs unfused before timing;
+//   commit  fold / snapshot commit / conv commit of --layers layers, one launch each;
+//   round   every layer's verify + the commit, one graph per round.
+// Methodology (contract §6): --calls calls in one CUDA graph, --warmup replays, then --reps
+// repetitions of --iters timed replays; median / min / max of us per call. Byte model and
+// floor: tools/bench/bench_bytes.h. See --help for the flags.
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <optional>
+#include <string>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "core/platform.h"
+#include "kernels/launch_utils.h"
+#include "tools/bench/bench_args.h"
+#include "tools/bench/bench_bytes.h"
+#include "tools/bench/bench_phases.h"
+#include "tools/bench/bench_plan.h"
+#include "tools/bench/bench_report.h"
+#include "tools/bench/bench_timer.h"
+
+namespace kda::bench {
+namespace {
+
+constexpr int kExitError = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitGuard = 3;
+
+double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
+
+std::string join_argv(int argc, const char* const* argv) {
+  std::string s;
+  for (int i = 0; i < argc; ++i) {
+    s += (i ? " " : "") + std::string(argv[i]);
+  }
+  return s;
+}
+
+/// The run's header: shape, sweep, methodology, byte model.
+void print_header(const BenchArgs& args) {
+  fmt::print("shape: {}{}\n", args.shape.describe(),
+             args.preset != Preset::kNone ? fmt::format(" (preset {})", preset_name(args.preset))
+                                          : std::string());
+  fmt::print("T: {}  B: {}  L={}  T_alloc={}  slots = rows = arange(B), S = R = B\n",
+             fmt::join(args.draft_tokens, ","), fmt::join(args.batch_sizes, ","),
+             args.effective_ring_len(), args.max_T());
+  fmt::print(
+      "timing: {} calls per CUDA graph, {} warm-up replays, {} reps x {} timed replays; "
+      "us/call = median over reps; PDL {}{}\n",
+      args.calls, args.warmup, args.reps, args.iters, args.pdl ? "on" : "off",
+      args.l2_cold ? "; L2-cold: rotating layer copies (one call per copy)" : "");
+  for (const std::string& line : describe_byte_model(args.shape, args.hbm_gbps)) {
+    fmt::print("{}\n", line);
+  }
+}
+
+int run(const BenchArgs& args, int argc, const char* const* argv) {
+  if (args.dry_run) {
+    print_header(args);
+    print_plan(args, kAssumedL2Bytes);
+    return 0;
+  }
+  const Platform platform = detect_platform(args.device);
+  if (!platform.has_device) {
+    fmt::print(stderr,
+               "kda_bench: no CUDA device: {}\nkda_bench: run it on a GPU host (see "
+               "tools/gpu_bundle.sh); --help and --dry-run work anywhere\n",
+               platform.reason);
+    return kExitError;
+  }
+  KDA_CUDA_CHECK(cudaSetDevice(platform.device));
+  kernels::set_pdl_enabled(args.pdl);
+  cudaDeviceProp prop{};
+  KDA_CUDA_CHECK(cudaGetDeviceProperties(&prop, platform.device));
+
+  Stream stream;
+  BenchContext ctx{args, stream.get()};
+  ctx.timer = TimerConfig{args.warmup, args.iters, args.reps};
+  ctx.l2_bytes = prop.l2CacheSize;
+
+  fmt::print("kda_bench: {}; L2 {:.1f} MiB; {:.1f} GiB\n", platform.describe(),
+             prop.l2CacheSize / 1048576.0, gib(static_cast<int64_t>(prop.totalGlobalMem)));
+  print_header(args);
+
+  ctx.info.device = platform.describe();
+  ctx.info.shape = args.shape.describe();
+  ctx.info.command_line = join_argv(argc, argv);
+  ctx.info.hbm_gbps = args.hbm_gbps;
+  ctx.info.l2_bytes = ctx.l2_bytes;
+  if (!args.out_path.empty()) {
+    write_rows(args.out_path, ctx.info, {}, Recommendation{});  // fail before timing, not after
+  }
+
+  const int64_t copy_bytes = int64_t{args.copy_mib} << 20;
+  ctx.copy_gbps = measure_copy_gbps(ctx.stream, copy_bytes, args.calls, ctx.timer);
+  ctx.info.copy_gbps = ctx.copy_gbps;
+  fmt::print(
+      "device copy rate: {:.0f} GB/s (cudaMemcpyAsync D2D of {} MiB, in-graph, read + "
+      "write counted); floor bandwidth used: {:.0f} GB/s{}\n",
+      ctx.copy_gbps, args.copy_mib, args.hbm_gbps,
+      args.hbm_gbps == 4150.0 ? " (contract §6; --hbm-gbps overrides)" : " (--hbm-gbps)");
+
+  if (args.phase_verify) {
+    run_verify_phase(ctx);
+  }
+  if (args.phase_commit) {
+    run_commit_phase(ctx);
+  }
+  if (args.phase_round) {
+    run_round_phase(ctx);
+  }
+
+  const Recommendation rec = recommend(ctx.rows, args);
+  if (args.phase_verify) {
+    print_recommendation(rec);
+  }
+  int row_targets = 0, row_misses = 0, path_targets = 0, path_misses = 0;
+  for (const Row& r : ctx.rows) {
+    row_targets += r.target_us ? 1 : 0;
+    row_misses += r.target_us && !r.target_ok() ? 1 : 0;
+  }
+  for (const DispatchEntry& e : rec.entries) {
+    path_targets += e.target_us ? 1 : 0;
+    path_misses += e.target_us && e.ring_us > *e.target_us ? 1 : 0;
+  }
+  if (path_targets > 0) {
+    fmt::print(
+        "contract §6 targets (ring mode): recommended paths {} of {} pass; timed ring rows "
+        "{} of {} pass\n",
+        path_targets - path_misses, path_targets, row_targets - row_misses, row_targets);
+  }
+  if (!args.out_path.empty()) {
+    write_rows(args.out_path, ctx.info, ctx.rows, rec);
+    fmt::print(stderr, "kda_bench: wrote {} rows to {}\n", ctx.rows.size(), args.out_path);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kda::bench
+
+int main(int argc, char** argv) {
+  using namespace kda::bench;
+  std::optional<BenchArgs> args;
+  try {
+    args = parse_bench_args(argc, argv);
+  } catch (const ArgError& e) {
+    fmt::print(stderr, "kda_bench: {}\n", e.what());
+    return kExitUsage;
+  }
+  if (!args) {
+    return 0;  // --help
+  }
+  try {
+    return run(*args, argc, argv);
+  } catch (const GuardFailure&) {
+    fmt::print(stderr, "kda_bench: fused and unfused verify differ; not timing them\n");
+    return kExitGuard;
+  } catch (const kda::Error& e) {
+    fmt::print(stderr, "kda_bench: error: {}\n", e.what());
+    return kExitError;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "kda_bench: error: {}\n", e.what());
+    return kExitError;
+  }
+}
