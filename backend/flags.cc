@@ -80,7 +80,7 @@ std::string default_text(const FlagSpec& f) {
     return (defaults.*f.bool_field) ? "on" : "off";
   }
   if (f.kind == FlagKind::kBlockV && defaults.*f.int_field == 0) {
-    return fmt::format("auto = {}", kernels::kDefaultFusedBlockV);
+    return std::string("auto: by batch size, 32 (B=1), 64 (B<=4), 128");
   }
   return std::to_string(defaults.*f.int_field);
 }

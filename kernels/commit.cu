@@ -23,10 +23,11 @@ __device__ __forceinline__ int accepted_or_flag(const CommitParams& p, int n, bo
 }
 
 template <int K>
-__global__ void __launch_bounds__(256) fold_kernel(const __grid_constant__ CommitParams p) {
+__global__ void __launch_bounds__(256, 2) fold_kernel(const __grid_constant__ CommitParams p) {
   using Cfg = TileConfig<K, kFoldBlockV>;
   using Slice = typename Cfg::Slice;
   constexpr int P = Cfg::P;
+  constexpr int CPT = Cfg::CPT;
   __shared__ __align__(16) TileSmem<Cfg> sm;
 
   const int tile = blockIdx.x;
@@ -38,10 +39,9 @@ __global__ void __launch_bounds__(256) fold_kernel(const __grid_constant__ Commi
   const int warp = tid >> 5;
   const int h = hv / (p.HV / p.H);
   const int v0 = tile * kFoldBlockV;
-  const int col_local = tid / P;
+  const int group = tid / P;
   const int c = tid % P;
-  const int col = v0 + col_local;
-  const bool col_ok = col < p.V;
+  const int col0 = v0 + group * CPT;
 
   pdl_wait();
   pdl_launch_dependents();
@@ -62,18 +62,23 @@ __global__ void __launch_bounds__(256) fold_kernel(const __grid_constant__ Commi
       p.ring_g + layer * p.ring_g_layer_stride + slot * p.ring_g_slot_stride + hv * L * K;
   const float* ring_beta =
       p.ring_beta + layer * p.ring_beta_layer_stride + slot * p.ring_beta_slot_stride + hv * L;
-  float* s_col = p.ssm_state + layer * p.ssm_layer_stride + slot * p.ssm_slot_stride +
-                 (static_cast<int64_t>(hv) * p.V + col) * K;
+  float* s_base = p.ssm_state + layer * p.ssm_layer_stride + slot * p.ssm_slot_stride +
+                  static_cast<int64_t>(hv) * p.V * K;
 
-  SliceRegs<Slice> S;
+  ColRegs<Slice> S[CPT];
+  bool col_ok[CPT];
 #pragma unroll
-  for (int i = 0; i < Slice::NPT; ++i) {
-    if (col_ok) {
-      load_vec<Slice::E>(S[i], s_col + Slice::k_of(c, i));
+  for (int j = 0; j < CPT; ++j) {
+    col_ok[j] = col0 + j < p.V;
+    if (col_ok[j]) {
+      load_column<Slice>(S[j], s_base + static_cast<int64_t>(col0 + j) * K, c);
     } else {
 #pragma unroll
-      for (int e = 0; e < Slice::E; ++e) {
-        S[i][e] = 0.0f;
+      for (int i = 0; i < Slice::NPT; ++i) {
+#pragma unroll
+        for (int e = 0; e < Slice::E; ++e) {
+          S[j][i][e] = 0.0f;
+        }
       }
     }
   }
@@ -103,13 +108,20 @@ __global__ void __launch_bounds__(256) fold_kernel(const __grid_constant__ Commi
     }
     __syncthreads();
     for (int tt = 0; tt < tc; ++tt) {
-      const float v = col_ok ? sm.v[tt][col_local] : 0.0f;
-      delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], v, sm.beta[tt], c);
+      float vv[CPT];
+#pragma unroll
+      for (int j = 0; j < CPT; ++j) {
+        vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
+      }
+      delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
     }
     __syncthreads();
   }
-  if (col_ok) {
-    store_slice<Slice>(s_col, S, c);
+#pragma unroll
+  for (int j = 0; j < CPT; ++j) {
+    if (col_ok[j]) {
+      store_column<Slice>(s_base + static_cast<int64_t>(col0 + j) * K, S[j], c);
+    }
   }
 }
 

@@ -1,6 +1,6 @@
 // commit.cuh: commit kernels, every layer in one launch each.
 //
-// fold_kernel (ring mode): grid (ceil(V/32), B, layers*HV), 256 threads; the same column
+// fold_kernel (ring mode): grid (ceil(V/128), B, layers*HV), 256 threads; the same column
 //   slices and step function as the verify tile (delta_rule.cuh), so the folded state is
 //   bitwise the snapshot the verify kernel would have stored. Per request: S = state[slot],
 //   replay ring steps 0..n-1 (k normalised from rawk, EXP(g), beta, rawv), store S back.
@@ -15,7 +15,7 @@
 
 namespace kda::kernels {
 
-constexpr int kFoldBlockV = 32;
+constexpr int kFoldBlockV = 128;
 
 template <int K>
 void launch_fold(const CommitParams& p, cudaStream_t stream);

@@ -1,88 +1,119 @@
-// delta_rule.cuh: the per-step recurrence on one thread's slice of a state column, and the
+// delta_rule.cuh: the per-step recurrence on one thread's slice of CPT state columns, and the
 // warp-level q/k L2 normalisation — shared by verify (fused and unfused), extend and fold.
 //
-// State slice: a v-column S[:, v] (K contiguous in memory, contract §2) is split over P
+// Column tile: a v-column S[:, v] (K contiguous in memory, contract §2) is split over P
 // consecutive lanes; lane c holds the NPT = 32/P tree partials j = c + P*i, each E = K/32
-// consecutive k: S[i][e] = S[k = (c + P*i)*E + e][v]. Per-step vectors (kn, qs, decay) live
-// in shared memory as [K] f32 and are read at the same k.
+// consecutive k, of CPT columns: S[j][i][e] = S[k = (c + P*i)*E + e][v_j]. Holding several
+// columns per thread lets one shared-memory load of kn / decay / qs serve CPT columns.
+// Per-step vectors (kn, qs, decay) live in shared memory as [K] f32.
 #pragma once
 
 #include "kernels/device_math.cuh"
 
 namespace kda::kernels {
 
-/// Compile-time shape of a column slice: K (64|128) split over P lanes.
-template <int K_, int P_>
+/// Compile-time shape of a thread's column slice: K (64|128) split over P lanes, CPT columns.
+template <int K_, int P_, int CPT_>
 struct ColumnSlice {
   static constexpr int K = K_;
   static constexpr int P = P_;
+  static constexpr int CPT = CPT_;
   static constexpr int E = K / 32;
   static constexpr int NPT = 32 / P;
   static_assert(K == 64 || K == 128, "K must be 64 or 128 (contract §2)");
   static_assert(P >= 1 && P <= 32 && (P & (P - 1)) == 0, "P must be a power of two <= 32");
+  static_assert(CPT >= 1 && CPT <= 8, "CPT columns per thread");
 
   /// First k of this lane's i-th partial.
   static __device__ __forceinline__ int k_of(int c, int i) { return (c + P * i) * E; }
 };
 
+/// One column's slice of K/P values.
 template <typename Slice>
-using SliceRegs = float[Slice::NPT][Slice::E];
+using ColRegs = float[Slice::NPT][Slice::E];
 
 /// Loads a [K] smem vector at this lane's k positions.
 template <typename Slice>
-__device__ __forceinline__ void load_slice(SliceRegs<Slice>& dst, const float* vec, int c) {
+__device__ __forceinline__ void load_slice(ColRegs<Slice>& dst, const float* vec, int c) {
 #pragma unroll
   for (int i = 0; i < Slice::NPT; ++i) {
     load_vec<Slice::E>(dst[i], vec + Slice::k_of(c, i));
   }
 }
 
-/// Stores this lane's slice to a [K] column in global memory.
+/// Loads this lane's slice of a [K] column from global memory (16/8-byte vector loads).
 template <typename Slice>
-__device__ __forceinline__ void store_slice(float* col, const SliceRegs<Slice>& src, int c) {
+__device__ __forceinline__ void load_column(ColRegs<Slice>& dst, const float* col, int c) {
 #pragma unroll
   for (int i = 0; i < Slice::NPT; ++i) {
-    store_vec<Slice::E>(col + Slice::k_of(c, i), src[i]);
+    load_vec<Slice::E>(dst[i], col + Slice::k_of(c, i));
   }
 }
 
-/// One gated delta-rule step (contract §3 step 6, without the output):
+/// Stores this lane's slice to a [K] column in global memory (16/8-byte vector stores).
+template <typename Slice>
+__device__ __forceinline__ void store_column(float* col, const ColRegs<Slice>& src, int c) {
+#pragma unroll
+  for (int i = 0; i < Slice::NPT; ++i) {
+    store_vec_global<Slice::E>(col + Slice::k_of(c, i), src[i]);
+  }
+}
+
+/// One gated delta-rule step (contract §3 step 6, without the output) on CPT columns:
 ///   S[k][v] = S[k][v] * exp(g[k])
-///   u       = (v - sum_k S[k][v] * kn[k]) * beta
-///   S[k][v] = fma(kn[k], u, S[k][v])
-/// `decay` = EXP(g) per k, `kn` = normalised k, both [K] in shared memory.
+///   u_v     = (v - sum_k S[k][v] * kn[k]) * beta
+///   S[k][v] = fma(kn[k], u_v, S[k][v])
+/// `decay` = EXP(g) per k and `kn` = normalised k, both [K] in shared memory; v[j] is the
+/// value of column j.
 template <typename Slice>
-__device__ __forceinline__ void delta_rule_step(SliceRegs<Slice>& S, const float* kn_vec,
-                                                const float* decay_vec, float v, float beta,
-                                                int c) {
-  SliceRegs<Slice> kn, decay;
-  load_slice<Slice>(kn, kn_vec, c);
-  load_slice<Slice>(decay, decay_vec, c);
+__device__ __forceinline__ void delta_rule_step(ColRegs<Slice> (&S)[Slice::CPT],
+                                                const float* kn_vec, const float* decay_vec,
+                                                const float (&v)[Slice::CPT], float beta, int c) {
+  {
+    ColRegs<Slice> decay;
+    load_slice<Slice>(decay, decay_vec, c);
 #pragma unroll
-  for (int i = 0; i < Slice::NPT; ++i) {
+    for (int j = 0; j < Slice::CPT; ++j) {
 #pragma unroll
-    for (int e = 0; e < Slice::E; ++e) {
-      S[i][e] = __fmul_rn(S[i][e], decay[i][e]);
+      for (int i = 0; i < Slice::NPT; ++i) {
+#pragma unroll
+        for (int e = 0; e < Slice::E; ++e) {
+          S[j][i][e] = __fmul_rn(S[j][i][e], decay[i][e]);
+        }
+      }
     }
   }
-  const float kv = tree_dot<Slice::P, Slice::NPT, Slice::E>(S, kn);
-  const float u = __fmul_rn(__fsub_rn(v, kv), beta);
+  ColRegs<Slice> kn;
+  load_slice<Slice>(kn, kn_vec, c);
+  float u[Slice::CPT];
 #pragma unroll
-  for (int i = 0; i < Slice::NPT; ++i) {
+  for (int j = 0; j < Slice::CPT; ++j) {
+    const float kv = tree_dot<Slice::P, Slice::NPT, Slice::E>(S[j], kn);
+    u[j] = __fmul_rn(__fsub_rn(v[j], kv), beta);
+  }
 #pragma unroll
-    for (int e = 0; e < Slice::E; ++e) {
-      S[i][e] = fmaf(kn[i][e], u, S[i][e]);
+  for (int j = 0; j < Slice::CPT; ++j) {
+#pragma unroll
+    for (int i = 0; i < Slice::NPT; ++i) {
+#pragma unroll
+      for (int e = 0; e < Slice::E; ++e) {
+        S[j][i][e] = fmaf(kn[i][e], u[j], S[j][i][e]);
+      }
     }
   }
 }
 
-/// o = sum_k S[k][v] * qs[k] through the tree (all P lanes get the same bits).
+/// o_j = sum_k S[k][v_j] * qs[k] through the tree (all P lanes get the same bits).
 template <typename Slice>
-__device__ __forceinline__ float output_dot(const SliceRegs<Slice>& S, const float* qs_vec,
-                                            int c) {
-  SliceRegs<Slice> qs;
+__device__ __forceinline__ void output_dot(const ColRegs<Slice> (&S)[Slice::CPT],
+                                           const float* qs_vec, int c,
+                                           float (&o)[Slice::CPT]) {
+  ColRegs<Slice> qs;
   load_slice<Slice>(qs, qs_vec, c);
-  return tree_dot<Slice::P, Slice::NPT, Slice::E>(S, qs);
+#pragma unroll
+  for (int j = 0; j < Slice::CPT; ++j) {
+    o[j] = tree_dot<Slice::P, Slice::NPT, Slice::E>(S[j], qs);
+  }
 }
 
 /// In-place L2 normalisation of a [K] smem vector by one whole warp (lane j owns partial j):

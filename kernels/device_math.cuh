@@ -158,6 +158,32 @@ __device__ __forceinline__ void store_vec(float* dst, const float (&src)[E]) {
   }
 }
 
+/// Global vector store of E floats (st.global.v4/v2: nvcc split the plain float4 store of a
+/// computed address into four scalar stores).
+template <int E>
+__device__ __forceinline__ void store_vec_global(float* dst, const float (&src)[E]) {
+  if constexpr (E == 4) {
+    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(src[0]), "f"(src[1]),
+                 "f"(src[2]), "f"(src[3])
+                 : "memory");
+  } else {
+    asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(src[0]), "f"(src[1])
+                 : "memory");
+  }
+}
+
+// ---- bf16 pairs (two adjacent channels, 4-byte aligned) ----
+
+__device__ __forceinline__ float2 ld_bf16x2(const bf16_t* p) {
+  const uint32_t u = *reinterpret_cast<const uint32_t*>(p);
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+__device__ __forceinline__ void st_bf16x2(bf16_t* p, float lo, float hi) {
+  const uint32_t u = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+                     (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+  *reinterpret_cast<uint32_t*>(p) = u;
+}
+
 // ---- programmatic dependent launch (sm_90+; no-ops when launched without the attribute) ----
 
 __device__ __forceinline__ void pdl_wait() {

@@ -95,6 +95,15 @@ void check_problem(const VerifyParams& p, const char* who) {
             "{}: ssm_state slot stride must be >= HV*V*K={}, got {}", who,
             int64_t{p.HV} * p.V * p.K, p.ssm_slot_stride);
   KDA_CHECK(p.slots != nullptr && p.out != nullptr, "{}: slots and out are required", who);
+  // The tile moves two adjacent channels per thread (bf16x2): pairs must stay 4-byte aligned.
+  KDA_CHECK(p.V % 2 == 0, "{}: V (head_v_dim) must be even on CUDA (bf16 channel pairs), got {}",
+            who, p.V);
+  KDA_CHECK(aligned(p.qkv, 4) && p.qkv_stride % 2 == 0,
+            "{}: mixed_qkv must be 4-byte aligned with an even row stride, got stride {}", who,
+            p.qkv_stride);
+  KDA_CHECK(aligned(p.conv_state, 4) && p.conv_state_slot_stride % 2 == 0,
+            "{}: conv_state must be 4-byte aligned with an even slot stride, got stride {}", who,
+            p.conv_state_slot_stride);
 }
 
 /// What verify adds: records and scratch.
@@ -108,6 +117,8 @@ void check_verify(const VerifyParams& p, const char* who) {
   KDA_CHECK(p.conv_window_row_stride >= int64_t{p.T_alloc} * 3 * D,
             "{}: conv_window row stride must be >= T_alloc*(W-1)*D={}, got {}", who,
             int64_t{p.T_alloc} * 3 * D, p.conv_window_row_stride);
+  KDA_CHECK(aligned(p.conv_window, 4) && p.conv_window_row_stride % 2 == 0,
+            "{}: conv_window must be 4-byte aligned with an even row stride", who);
   if (p.mode == RecordMode::kSnapshot) {
     KDA_CHECK(p.snapshots != nullptr, "{}: snapshot mode needs snapshots", who);
     KDA_CHECK(aligned(p.snapshots, 16) && p.snapshot_row_stride % 4 == 0,
@@ -121,6 +132,9 @@ void check_verify(const VerifyParams& p, const char* who) {
               "{}: ring mode needs all four rings (rawv, rawk, g, beta)", who);
     KDA_CHECK(p.L >= 1 && (p.L & (p.L - 1)) == 0, "{}: ring length L must be a power of two, got {}",
               who, p.L);
+    KDA_CHECK(aligned(p.ring_rawv, 4) && aligned(p.ring_rawk, 4) &&
+                  p.ring_rawv_slot_stride % 2 == 0 && p.ring_rawk_slot_stride % 2 == 0,
+              "{}: ring rawk/rawv must be 4-byte aligned with even slot strides", who);
   }
 }
 
@@ -164,6 +178,10 @@ void invoke_verify_recurrent(const VerifyParams& p, cudaStream_t stream) {
 }
 
 void invoke_verify_unfused(const VerifyParams& p, cudaStream_t stream) {
+  // Everything both kernels rely on is checked before the first one is enqueued.
+  check_verify(p, "invoke_verify_unfused");
+  KDA_CHECK(p.qkv_act != nullptr && aligned(p.qkv_act, 4),
+            "invoke_verify_unfused: qkv_act scratch is required (4-byte aligned)");
   invoke_conv_update(p, stream);
   invoke_verify_recurrent(p, stream);
 }

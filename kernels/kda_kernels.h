@@ -15,7 +15,11 @@ namespace kda::kernels {
 
 /// Fused-kernel V tiles the dispatcher may pick (--kda-verify-block-v).
 constexpr int kFusedBlockVs[] = {8, 16, 32, 64, 128};
-constexpr int kDefaultFusedBlockV = 32;
+/// The tile when nothing else is known (the measured best over B = 1..64, docs/perf.md).
+constexpr int kDefaultFusedBlockV = 64;
+/// The measured best tile by batch size on an H200 (docs/perf.md, kernel v2): small B wants
+/// more CTAs (narrow tiles), large B one CTA per v-head (no recomputed q/k conv).
+constexpr int default_block_v_for_batch(int B) { return B <= 1 ? 32 : (B <= 4 ? 64 : 128); }
 bool is_supported_block_v(int bv);
 
 /// Unfused step 1: conv + SiLU of all T tokens into p.qkv_act, conv windows into

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/kda_backend.h"
+#include "kernels/kda_kernels.h"
 #include "backend/kernel_set.h"
 #include "core/buffer.h"
 #include "core/error.h"
@@ -428,7 +429,7 @@ TEST_CASE("backend: ring mode commits bitwise like an independent snapshot-mode 
   CHECK(ring_stats.last_decision[0]->reason == DispatchReason::kRingBatchAboveLimit);
   CHECK(snap.counts->fused == 4 * kLayers);
   CHECK(snap.counts->unfused == 0);
-  CHECK(snap.counts->last_block_v == 32);
+  CHECK(snap.counts->last_block_v == kernels::default_block_v_for_batch(4));  // last round: B = 4
   CHECK(unfused.counts->fused == 0);
   CHECK(unfused.backend->stats().last_decision[1]->reason == DispatchReason::kFusedDisabled);
   CHECK(ring.counts->commit == 4);

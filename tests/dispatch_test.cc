@@ -119,7 +119,7 @@ TEST_CASE("dispatch: contract §4 table, platform x batch x mode", "[dispatch]")
       if (!ring) {
         CHECK(d.path == VerifyPath::kFused);
         CHECK(d.reason == DispatchReason::kSnapshotFused);
-        CHECK(d.block_v == kernels::kDefaultFusedBlockV);
+        CHECK(d.block_v == kernels::default_block_v_for_batch(B));
       } else if (B > 1) {
         CHECK(d.path == VerifyPath::kUnfused);
         CHECK(d.reason == DispatchReason::kRingBatchAboveLimit);
@@ -128,14 +128,14 @@ TEST_CASE("dispatch: contract §4 table, platform x batch x mode", "[dispatch]")
       } else if (ring_platform(pc.platform)) {
         CHECK(d.path == VerifyPath::kFused);
         CHECK(d.reason == DispatchReason::kRingFused);
-        CHECK(d.block_v == kernels::kDefaultFusedBlockV);
+        CHECK(d.block_v == kernels::default_block_v_for_batch(B));
       } else {
         CHECK(d.path == VerifyPath::kUnfused);
         CHECK(d.reason == DispatchReason::kRingPlatformUnmeasured);
         CHECK(d.describe() ==
               "unfused: ring mode on other (fused+ring is enabled on SM90 and SM100 only)");
       }
-      CHECK(d.block_v == (d.fused() ? kernels::kDefaultFusedBlockV : 0));
+      CHECK(d.block_v == (d.fused() ? kernels::default_block_v_for_batch(B) : 0));
     }
     SECTION("fused verify switched off") {
       DispatchFlags flags;
@@ -174,7 +174,7 @@ TEST_CASE("dispatch: the fused ring decision says why", "[dispatch]") {
         "ring layout ok");
   const DispatchDecision s =
       choose_verify_path(fixture().problem(4, RecordMode::kSnapshot), Platform{}, DispatchFlags{});
-  CHECK(s.describe() == "fused (block_v = 32): snapshot mode (no batch or platform gate)");
+  CHECK(s.describe() == "fused (block_v = 64): snapshot mode (no batch or platform gate)");
 }
 
 TEST_CASE("dispatch: inputs outside the fused kernel fall back with a reason", "[dispatch]") {

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -25,6 +26,9 @@ constexpr double kStateRelTol = 1e-5;  // f32 states
 // Worst single output row (one (token, v-head)): a wrong step moves one row by >= 2e-2 while
 // the whole-tensor error can stay under kOutRelTol (host_accuracy_test measured both).
 constexpr double kOutRowRelTol = 1e-2;
+// GPU end to end vs fp64: includes the rare 1-ulp bf16 activation flips of the approximate
+// SiLU (each moves a state by ~1e-5 relative); a wrong step moves it by >= 3e-3.
+constexpr double kStateFp64RelTol = 1e-4;
 
 const Device kGpu = Device::cuda(0);
 
@@ -82,6 +86,11 @@ std::vector<VerifyCase> base_cases() {
   add(2, 2, 2, 4, 64, true, true, -5.0f, false);     // T = 2
   add(2, 6, 1, 16, 128, true, true, -5.0f, true);    // many v-heads per k-head
   add(2, 12, 2, 2, 64, true, false, 0, false);       // two token chunks
+  // KDA_TEST_QUICK=1 (compute-sanitizer runs, tools/gpu_bundle.sh run_all.sh --sanitize):
+  // a padding row, GQA, the safe gate, two chunks and a model shape, in a few seconds.
+  if (std::getenv("KDA_TEST_QUICK") != nullptr) {
+    return {cs[4], cs[10], cs[13], cs[16], cs[17]};
+  }
   return cs;
 }
 
@@ -129,7 +138,48 @@ TEST_CASE("kernels: fused == unfused bitwise over whole tensors, every BV", "[ke
   }
 }
 
+namespace {
+
+/// Gathers the snapshots of real requests into [B', T, HV, V, K] request order.
+template <typename T>
+std::vector<T> real_snapshots(const VerifyProblem& pr, const std::vector<T>& snaps) {
+  const VerifyCase& c = pr.config();
+  const auto rows = pr.rows();
+  const auto slots = pr.slots();
+  const int64_t step = int64_t{c.HV} * c.V * c.K;
+  std::vector<T> g;
+  for (int n = 0; n < c.B; ++n) {
+    if (slots[static_cast<size_t>(n)] < 0) {
+      continue;
+    }
+    for (int t = 0; t < c.T; ++t) {
+      const int64_t src = (int64_t{rows[static_cast<size_t>(n)]} * pr.T_alloc() + t) * step;
+      g.insert(g.end(), snaps.begin() + src, snaps.begin() + src + step);
+    }
+  }
+  return g;
+}
+
+std::vector<double> real_states_fp64(const VerifyProblem& pr, const std::vector<double>& st) {
+  const VerifyCase& c = pr.config();
+  const auto slots = pr.slots();
+  const int64_t per_req = int64_t{c.T} * c.HV * c.V * c.K;
+  std::vector<double> d;
+  for (int n = 0; n < c.B; ++n) {
+    if (slots[static_cast<size_t>(n)] >= 0) {
+      d.insert(d.end(), st.begin() + n * per_req, st.begin() + (n + 1) * per_req);
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
 TEST_CASE("kernels: GPU verify matches the host reference and an fp64 run", "[kernels][gpu]") {
+  // Two stages, so each tolerance means one thing. (1) conv + SiLU: the GPU's ex2.approx /
+  // div.full forms vs the host's std::exp / IEEE division may round a bf16 activation the
+  // other way: at most 1 bf16 ulp, rarely. (2) the recurrence, fed the GPU's activations:
+  // states within 1e-5, outputs within a bf16 ulp-level L2 error.
   int idx = 0;
   for (VerifyCase c : base_cases()) {
     c.mode = RecordMode::kSnapshot;
@@ -139,39 +189,44 @@ TEST_CASE("kernels: GPU verify matches the host reference and an fp64 run", "[ke
     VerifyProblem gpu(c, kGpu);
     VerifyProblem host = gpu.clone_to(Device::host());
     const host::Fp64Verify f64 = host::verify_fp64(host.params());
-    kernels::invoke_verify_fused(gpu.params(), kernels::kDefaultFusedBlockV, nullptr);
+    kernels::invoke_verify_unfused(gpu.params(), nullptr);
     sync();
-    host::verify_fused(host.params());
 
-    const auto out_gpu = gpu.out();
-    CHECK(rel_l2(out_gpu, host.out()) <= kOutRelTol);
-    CHECK(rel_l2(out_gpu, f64.out) <= kOutRelTol);
-    CHECK(max_row_rel_l2(out_gpu, host.out(), c.V) <= kOutRowRelTol);
-    CHECK(max_row_rel_l2(out_gpu, f64.out, c.V) <= kOutRowRelTol);
-    // Snapshots of real requests: compare [B, T, ...] in request order.
-    const auto snaps_gpu = gpu.snapshots();
-    const auto snaps_host = host.snapshots();
-    const auto rows = gpu.rows();
+    // (1) conv stage: real rows only (padding rows' qkv_act is never written).
+    host::conv_update(host.params());
+    const auto act_gpu = gpu.qkv_act();
+    const auto act_host = host.qkv_act();
     const auto slots = gpu.slots();
-    const int64_t step = int64_t{c.HV} * c.V * c.K;
-    std::vector<float> g, h;
-    std::vector<double> d;
+    const int64_t D = gpu.D();
+    int64_t flips = 0, compared = 0;
     for (int n = 0; n < c.B; ++n) {
       if (slots[static_cast<size_t>(n)] < 0) {
         continue;
       }
-      for (int t = 0; t < c.T; ++t) {
-        const int64_t src = (int64_t{rows[static_cast<size_t>(n)]} * gpu.T_alloc() + t) * step;
-        const int64_t ref = (int64_t{n} * c.T + t) * step;
-        g.insert(g.end(), snaps_gpu.begin() + src, snaps_gpu.begin() + src + step);
-        h.insert(h.end(), snaps_host.begin() + src, snaps_host.begin() + src + step);
-        d.insert(d.end(), f64.states.begin() + ref, f64.states.begin() + ref + step);
+      for (int64_t i = int64_t{n} * c.T * D; i < int64_t{n + 1} * c.T * D; ++i) {
+        const int d = std::abs(int{act_gpu[static_cast<size_t>(i)].bits} -
+                               int{act_host[static_cast<size_t>(i)].bits});
+        REQUIRE(d <= 1);  // at most one bf16 ulp (same sign: SiLU outputs are not tiny)
+        flips += d;
+        ++compared;
       }
     }
-    CHECK(rel_l2(g, h) <= kStateRelTol);
-    CHECK(rel_l2(g, d) <= kStateRelTol);
-    // Conv windows are pure data movement: bitwise equal to the host's.
-    CHECK(bitwise_equal(gpu.conv_window(), host.conv_window()));
+    CHECK(flips * 100 <= compared);  // rare: under 1%
+    CHECK(bitwise_equal(gpu.conv_window(), host.conv_window()));  // pure data movement
+
+    // (2) recurrence on identical activations.
+    host.set(Tensor::kQkvAct, act_gpu);
+    host::verify_recurrent(host.params());
+    const auto out_gpu = gpu.out();
+    CHECK(rel_l2(out_gpu, host.out()) <= kOutRelTol);
+    CHECK(max_row_rel_l2(out_gpu, host.out(), c.V) <= kOutRowRelTol);
+    const auto snaps_gpu = real_snapshots(gpu, gpu.snapshots());
+    CHECK(rel_l2(snaps_gpu, real_snapshots(host, host.snapshots())) <= kStateRelTol);
+
+    // End to end against fp64 (its conv is the host's, so activation flips count here).
+    CHECK(rel_l2(out_gpu, f64.out) <= kOutRelTol);
+    CHECK(max_row_rel_l2(out_gpu, f64.out, c.V) <= kOutRowRelTol);
+    CHECK(rel_l2(snaps_gpu, real_states_fp64(gpu, f64.states)) <= kStateFp64RelTol);
   }
 }
 
@@ -448,7 +503,7 @@ TEST_CASE("kernels: CUDA-graph capture and replay give the eager bits", "[kernel
 }
 
 TEST_CASE("kernels: output does not depend on CTA scheduling (grid squeezed onto 8 SMs)",
-          "[kernels][gpu]") {
+          "[kernels][gpu][slow]") {
   // Upstream's conv-state write-back race showed only when V tiles of one head ran in later
   // waves: H = 1 with 16 v-heads sharing it, on 8 SMs vs the whole GPU.
   VerifyCase c;

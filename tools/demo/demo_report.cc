@@ -1,0 +1,221 @@
+#include "tools/demo/demo_report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace kda::demo {
+
+namespace {
+
+constexpr int kLabelWidth = 10;
+
+std::string mib(int64_t bytes) {
+  return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
+// "label     text", continuation lines indented under the text.
+void section(std::ostream& os, const char* label, const std::string& text) {
+  os << fmt::format("{:<{}}{}\n", label, kLabelWidth, text);
+}
+void more(std::ostream& os, const std::string& text) {
+  os << fmt::format("{:<{}}{}\n", "", kLabelWidth + 2, text);
+}
+
+struct MeanMinMax {
+  double mean = 0, min = 0, max = 0;
+};
+template <typename F>
+MeanMinMax over_rounds(const std::vector<RoundRecord>& rounds, F value) {
+  MeanMinMax m;
+  if (rounds.empty()) {
+    return m;
+  }
+  m.min = m.max = value(rounds.front());
+  for (const RoundRecord& r : rounds) {
+    const double v = value(r);
+    m.mean += v;
+    m.min = std::min(m.min, v);
+    m.max = std::max(m.max, v);
+  }
+  m.mean /= static_cast<double>(rounds.size());
+  return m;
+}
+
+std::string ms(double v) {
+  return v >= 100.0 ? fmt::format("{:.1f} ms", v) : fmt::format("{:.3f} ms", v);
+}
+
+std::string mmm(const MeanMinMax& m) {
+  return fmt::format("{} (min {}, max {})", ms(m.mean), ms(m.min), ms(m.max));
+}
+
+void print_diff(std::ostream& os, const char* what, const StateDiff& d, CompareRule rule) {
+  std::string text = fmt::format(
+      "{:<10} {} states, {} values: max abs err {:.3g}, {}", what, d.states, d.elements, d.max_abs,
+      d.bitwise() ? "bitwise equal"
+                  : fmt::format("NOT bitwise equal ({} values differ)", d.differing));
+  if (rule == CompareRule::kRelL2 || !d.bitwise()) {
+    text += fmt::format(", max rel L2 {:.3g}", d.max_rel_l2);
+    if (d.worst_layer >= 0) {
+      text += fmt::format(" (layer {}, request {})", d.worst_layer, d.worst_request);
+    }
+  }
+  if (d.non_finite != 0) {
+    text += fmt::format(", {} NaN/Inf values", d.non_finite);
+  }
+  text += d.passes(rule) ? " -> pass" : " -> FAIL";
+  more(os, text);
+}
+
+}  // namespace
+
+std::string describe_engine_flags(const EngineFlags& f) {
+  return fmt::format(
+      "T={} (--speculative-num-draft-tokens), {}, max-running-requests {}, fused verify {}, "
+      "fused-ring-max-batch {}, verify-block-v {}",
+      f.num_draft_tokens,
+      f.replayssm_spec ? fmt::format("ring mode (ReplaySSM, L={})", f.replayssm_cache_len)
+                       : std::string("snapshot mode"),
+      f.max_running_requests, f.fused_verify ? "on" : "off", f.fused_ring_max_batch,
+      f.verify_block_v == 0 ? fmt::format("auto ({})", f.resolved_block_v())
+                            : std::to_string(f.verify_block_v));
+}
+
+std::string progress_line(const RunSpec& spec, const RoundRecord& rec) {
+  const int layers = static_cast<int>(rec.verify_ms.size());
+  return fmt::format(
+      "[{}] round {}/{}: accepted {}/{} tokens; verify {} ({} per layer), commit {}, round {}",
+      spec.label, rec.round + 1, spec.rounds, rec.accepted_tokens, rec.drafted_tokens,
+      ms(rec.verify_total_ms), ms(layers > 0 ? rec.verify_total_ms / layers : 0.0),
+      ms(rec.commit_ms), ms(rec.wall_ms));
+}
+
+void print_summary(std::ostream& os, const SummaryContext& ctx, const DemoRun& primary,
+                   const std::vector<CheckOutcome>& checks) {
+  const RunSpec& spec = primary.spec();
+  const RunStats& st = primary.stats();
+  const int rounds = static_cast<int>(st.rounds.size());
+  const int layers = spec.model.num_layers;
+  const KdaAttentionBackend& backend = primary.backend();
+
+  os << "\n==== kda_demo summary ====\n";
+  section(os, "device", ctx.device_text);
+  more(os, "dispatcher platform: " + backend.platform().describe());
+  section(os, "model", ctx.model_text);
+  section(os, "engine", describe_engine_flags(spec.flags));
+  section(os, "workload",
+          fmt::format("{} request{} (one slot each), prompt {} tokens each (extend), {} rounds "
+                      "of verify -> commit, accept {}, seed {}",
+                      spec.requests, spec.requests == 1 ? "" : "s", spec.prompt_len, spec.rounds,
+                      spec.accept.describe(), spec.seed));
+  for (const std::string& n : ctx.notes) {
+    more(os, "note: " + n);
+  }
+
+  // ---- tokens ----
+  const double per_round = rounds > 0 ? static_cast<double>(st.accepted_tokens) / rounds : 0.0;
+  section(os, "tokens",
+          fmt::format("{} rounds, accepted {} of {} verified tokens ({:.1f}%); mean {:.2f} per "
+                      "round, {:.2f} per request per round (T = {})",
+                      rounds, st.accepted_tokens, st.drafted_tokens,
+                      st.drafted_tokens > 0 ? 100.0 * st.accepted_tokens / st.drafted_tokens : 0.0,
+                      per_round, per_round / spec.requests, spec.flags.num_draft_tokens));
+
+  // ---- latency ----
+  const char* clock = spec.device.is_cuda()
+                          ? "cudaEvents on the stream, eager launches (no CUDA graph), so "
+                            "launch gaps count"
+                          : "host steady_clock; the host kernels are synchronous";
+  section(os, "latency", fmt::format("per round, over {} rounds ({})", rounds, clock));
+  std::vector<double> per_layer;
+  for (const RoundRecord& r : st.rounds) {
+    per_layer.insert(per_layer.end(), r.verify_ms.begin(), r.verify_ms.end());
+  }
+  MeanMinMax layer_stats;
+  if (!per_layer.empty()) {
+    layer_stats.min = *std::min_element(per_layer.begin(), per_layer.end());
+    layer_stats.max = *std::max_element(per_layer.begin(), per_layer.end());
+    for (double v : per_layer) {
+      layer_stats.mean += v;
+    }
+    layer_stats.mean /= static_cast<double>(per_layer.size());
+  }
+  more(os, fmt::format("verify, one layer (B={}, T={}): {}", spec.requests,
+                       spec.flags.num_draft_tokens, mmm(layer_stats)));
+  more(os, fmt::format("verify, all {} layers:        {}", layers,
+                       mmm(over_rounds(st.rounds,
+                                       [](const RoundRecord& r) { return r.verify_total_ms; }))));
+  more(os,
+       fmt::format("accepted-lengths upload:     {}",
+                   mmm(over_rounds(st.rounds, [](const RoundRecord& r) { return r.upload_ms; }))));
+  more(os,
+       fmt::format("commit, all {} layers:        {}", layers,
+                   mmm(over_rounds(st.rounds, [](const RoundRecord& r) { return r.commit_ms; }))));
+  more(os,
+       fmt::format("round (host wall, prepare .. commit done): {}",
+                   mmm(over_rounds(st.rounds, [](const RoundRecord& r) { return r.wall_ms; }))));
+  more(os, spec.prompt_len == 0
+               ? std::string("prefill: none (--prompt-len 0: every request starts from zero state)")
+               : fmt::format("prefill: {} prompt tokens x {} layers through extend in {}",
+                             int64_t{spec.requests} * spec.prompt_len, layers, ms(st.prefill_ms)));
+
+  // ---- dispatch ----
+  const DispatchStats ds = backend.stats();
+  section(os, "dispatch",
+          fmt::format("{} verify calls: {} fused, {} unfused (backend stats)",
+                      ds.fused_calls + ds.unfused_calls, ds.fused_calls, ds.unfused_calls));
+  for (const DecisionCount& c : st.decisions) {
+    more(os, fmt::format("{:>6} x {}", c.calls, c.text));
+  }
+
+  // ---- memory ----
+  const PoolMemoryReport& mem = backend.memory_report();
+  section(os, "memory",
+          fmt::format("state pool ({} mode, {} layers): {} total; {} slot{} x {} + {} scratch "
+                      "row{} x {}",
+                      mem.ring_mode ? "ring" : "snapshot", layers, mib(mem.total_bytes), mem.slots,
+                      mem.slots == 1 ? "" : "s", mib(mem.bytes_per_slot), mem.rows,
+                      mem.rows == 1 ? "" : "s", mib(mem.bytes_per_row)));
+  more(os, fmt::format("snapshot mode would take {}, ring mode {}",
+                       mib(mem.snapshot_mode_total_bytes), mib(mem.ring_mode_total_bytes)));
+  const int64_t saved = mem.ring_mode_savings_bytes();
+  more(os, saved >= 0 ? fmt::format("ring mode saves {} ({:.1f}% of snapshot mode){}", mib(saved),
+                                    mem.snapshot_mode_total_bytes > 0
+                                        ? 100.0 * saved / mem.snapshot_mode_total_bytes
+                                        : 0.0,
+                                    mem.ring_mode ? "" : " (this run: snapshot mode)")
+                      : fmt::format("ring mode costs {} more than snapshot mode here (S >> R*T/L)",
+                                    mib(-saved)));
+
+  // ---- checks ----
+  bool all_passed = true;
+  if (checks.empty()) {
+    section(os, "check", "none (--check off)");
+  }
+  for (const CheckOutcome& c : checks) {
+    all_passed = all_passed && c.passed();
+    section(os, "check", fmt::format("{}: {}", c.name, c.passed() ? "PASS" : "FAIL"));
+    more(os, fmt::format("compared: {}; rule: {}; took {:.1f} s", c.coverage, rule_text(c.rule),
+                         c.seconds));
+    for (const DecisionCount& d : c.reference_decisions) {
+      more(os, fmt::format("reference run dispatch: {} x {}", d.calls, d.text));
+    }
+    print_diff(os, "ssm_state", c.ssm, c.rule);
+    print_diff(os, "conv_state", c.conv, c.rule);
+  }
+  section(os, "time",
+          fmt::format("primary run {:.1f} s, whole demo {:.1f} s", ctx.primary_seconds,
+                      ctx.total_seconds));
+  if (checks.empty()) {
+    os << "RESULT: NOT CHECKED (--check off)\n";
+  } else if (all_passed) {
+    os << fmt::format("RESULT: PASS ({} of {} checks)\n", checks.size(), checks.size());
+  } else {
+    const auto failed = std::count_if(checks.begin(), checks.end(),
+                                      [](const CheckOutcome& c) { return !c.passed(); });
+    os << fmt::format("RESULT: FAIL ({} of {} checks failed)\n", failed, checks.size());
+  }
+}
+
+}  // namespace kda::demo
