@@ -183,7 +183,7 @@ const DemoFlag kDemoFlags[] = {
     {"--check", "auto|off|mode|host|both",
      "correctness check of the final states: mode = an "
      "independent backend on the same device in the other record mode (bitwise), host = the host "
-     "implementation (CUDA runs; relative L2 <= 1e-5); auto (default): mode on the host, both on "
+     "implementation (CUDA runs; relative L2 <= 1e-4); auto (default): mode on the host, both on "
      "CUDA",
      [](DemoArgs& a, const std::string& f, const std::string& v) {
        a.check = pick<CheckChoice>(f, v,
