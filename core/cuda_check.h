@@ -6,11 +6,11 @@
 #include "core/error.h"
 
 /// Throws kda::Error(kCuda) naming the failed expression and the CUDA error.
-#define KDA_CUDA_CHECK(expr)                                                          \
-  do {                                                                                \
-    const cudaError_t kda_cuda_status_ = (expr);                                      \
-    if (kda_cuda_status_ != cudaSuccess) {                                            \
-      KDA_THROW(::kda::ErrorCode::kCuda, "CUDA call `{}` failed: {} ({})", #expr,     \
+#define KDA_CUDA_CHECK(expr)                                                               \
+  do {                                                                                     \
+    const cudaError_t kda_cuda_status_ = (expr);                                           \
+    if (kda_cuda_status_ != cudaSuccess) {                                                 \
+      KDA_THROW(::kda::ErrorCode::kCuda, "CUDA call `{}` failed: {} ({})", #expr,          \
                 cudaGetErrorName(kda_cuda_status_), cudaGetErrorString(kda_cuda_status_)); \
-    }                                                                                 \
+    }                                                                                      \
   } while (0)

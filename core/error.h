@@ -44,11 +44,11 @@ class Error : public std::runtime_error {
   throw ::kda::Error((code), ::fmt::format(__VA_ARGS__), __FILE__, __LINE__)
 
 /// Argument check: throws ErrorCode::kInvalidArgument with a fmt message.
-#define KDA_CHECK(cond, ...)                                   \
-  do {                                                         \
-    if (!(cond)) {                                             \
+#define KDA_CHECK(cond, ...)                                      \
+  do {                                                            \
+    if (!(cond)) {                                                \
       KDA_THROW(::kda::ErrorCode::kInvalidArgument, __VA_ARGS__); \
-    }                                                          \
+    }                                                             \
   } while (0)
 
 /// Check with an explicit error code.
@@ -60,7 +60,7 @@ class Error : public std::runtime_error {
   } while (0)
 
 /// Unconditional argument failure (e.g. the default of a dispatch switch).
-#define KDA_FAIL(...)                                          \
-  do {                                                         \
+#define KDA_FAIL(...)                                           \
+  do {                                                          \
     KDA_THROW(::kda::ErrorCode::kInvalidArgument, __VA_ARGS__); \
   } while (0)

@@ -42,8 +42,9 @@ Platform detect_platform(int device) {
   int count = 0;
   cudaError_t st = cudaGetDeviceCount(&count);
   if (st != cudaSuccess || count == 0) {
-    p.reason = st != cudaSuccess ? fmt::format("{}: {}", cudaGetErrorName(st), cudaGetErrorString(st))
-                                 : std::string("the driver reports 0 devices");
+    p.reason = st != cudaSuccess
+                   ? fmt::format("{}: {}", cudaGetErrorName(st), cudaGetErrorString(st))
+                   : std::string("the driver reports 0 devices");
     cudaGetLastError();  // clear the sticky-free error so later calls start clean
     return p;
   }

@@ -10,12 +10,11 @@ std::string device_name(const Device& d) {
   return d.kind == DeviceKind::kHost ? std::string("host") : fmt::format("cuda:{}", d.index);
 }
 
-TensorView::TensorView(void* data, DType dtype, Device device,
-                       std::initializer_list<int64_t> shape,
+TensorView::TensorView(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape,
                        std::initializer_list<int64_t> strides)
     : data_(data), dtype_(dtype), device_(device) {
-  KDA_CHECK(shape.size() == strides.size(),
-            "TensorView: shape has {} dims but strides has {}", shape.size(), strides.size());
+  KDA_CHECK(shape.size() == strides.size(), "TensorView: shape has {} dims but strides has {}",
+            shape.size(), strides.size());
   KDA_CHECK(shape.size() <= static_cast<size_t>(kMaxDims), "TensorView: {} dims, at most {}",
             shape.size(), kMaxDims);
   ndim_ = static_cast<int>(shape.size());
@@ -111,8 +110,8 @@ std::string TensorView::describe() const {
 
 TensorView TensorView::select(int d, int64_t index) const {
   check_dim(d);
-  KDA_CHECK(index >= 0 && index < shape_[d], "TensorView::select: index {} out of [0, {}) in dim {}",
-            index, shape_[d], d);
+  KDA_CHECK(index >= 0 && index < shape_[d],
+            "TensorView::select: index {} out of [0, {}) in dim {}", index, shape_[d], d);
   TensorView v = *this;
   v.data_ = static_cast<char*>(data_) + index * stride_[d] * dtype_size(dtype_);
   for (int i = d; i + 1 < ndim_; ++i) {
@@ -149,8 +148,7 @@ std::string shape_list(std::initializer_list<int64_t> want) {
 }
 }  // namespace
 
-void expect_shape(const TensorView& t, std::string_view name,
-                  std::initializer_list<int64_t> want) {
+void expect_shape(const TensorView& t, std::string_view name, std::initializer_list<int64_t> want) {
   bool ok = t.ndim() == static_cast<int>(want.size());
   int d = 0;
   for (int64_t w : want) {
@@ -180,8 +178,9 @@ void expect_inner_contiguous(const TensorView& t, std::string_view name) {
 }
 
 void expect_contiguous(const TensorView& t, std::string_view name) {
-  KDA_CHECK(t.is_contiguous(), "{}: expected a contiguous (row-major packed) tensor, got {} strides {}",
-            name, t.shape_str(), t.strides_str());
+  KDA_CHECK(t.is_contiguous(),
+            "{}: expected a contiguous (row-major packed) tensor, got {} strides {}", name,
+            t.shape_str(), t.strides_str());
 }
 
 void expect_aligned(const TensorView& t, std::string_view name, int64_t bytes) {

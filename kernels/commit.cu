@@ -54,8 +54,8 @@ __global__ void __launch_bounds__(256, 2) fold_kernel(const __grid_constant__ Co
     return;
   }
   const int64_t L = p.L;
-  const bf16_t* rawk = p.ring_rawk + layer * p.ring_rawk_layer_stride +
-                       slot * p.ring_rawk_slot_stride + h * L * K;
+  const bf16_t* rawk =
+      p.ring_rawk + layer * p.ring_rawk_layer_stride + slot * p.ring_rawk_slot_stride + h * L * K;
   const bf16_t* rawv = p.ring_rawv + layer * p.ring_rawv_layer_stride +
                        slot * p.ring_rawv_slot_stride + hv * L * p.V;
   const float* ring_g =

@@ -34,7 +34,8 @@ __global__ void __launch_bounds__(kConvThreads)
     c1 = c2;
     c2 = x;
     p.qkv_act[r * D + ch] = to_bf16(silu_bf16(acc));
-    bf16_t* w = p.conv_window + row * p.conv_window_row_stride + static_cast<int64_t>(t) * 3 * D + ch;
+    bf16_t* w =
+        p.conv_window + row * p.conv_window_row_stride + static_cast<int64_t>(t) * 3 * D + ch;
     w[0] = to_bf16(c0);
     w[D] = to_bf16(c1);
     w[2 * D] = to_bf16(c2);

@@ -106,8 +106,7 @@ __device__ __forceinline__ void delta_rule_step(ColRegs<Slice> (&S)[Slice::CPT],
 /// o_j = sum_k S[k][v_j] * qs[k] through the tree (all P lanes get the same bits).
 template <typename Slice>
 __device__ __forceinline__ void output_dot(const ColRegs<Slice> (&S)[Slice::CPT],
-                                           const float* qs_vec, int c,
-                                           float (&o)[Slice::CPT]) {
+                                           const float* qs_vec, int c, float (&o)[Slice::CPT]) {
   ColRegs<Slice> qs;
   load_slice<Slice>(qs, qs_vec, c);
 #pragma unroll

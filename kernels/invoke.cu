@@ -68,17 +68,17 @@ void check_problem(const VerifyParams& p, const char* who) {
   KDA_CHECK(p.B >= 1 && p.B <= 65535, "{}: B must be in [1, 65535], got {}", who, p.B);
   KDA_CHECK(p.HV <= 65535, "{}: HV must be <= 65535, got {}", who, p.HV);
   KDA_CHECK(p.T >= 1, "{}: T must be >= 1, got {}", who, p.T);
-  KDA_CHECK(p.gate == GateKind::kStandard ||
-                (p.gate == GateKind::kSafe && std::isfinite(p.lower_bound) && p.lower_bound != 0.0f),
-            "{}: safe gate lower_bound={} must be finite and non-zero", who, p.lower_bound);
+  KDA_CHECK(
+      p.gate == GateKind::kStandard ||
+          (p.gate == GateKind::kSafe && std::isfinite(p.lower_bound) && p.lower_bound != 0.0f),
+      "{}: safe gate lower_bound={} must be finite and non-zero", who, p.lower_bound);
   const int64_t D = qkv_dim(p);
   KDA_CHECK(p.qkv != nullptr && p.a != nullptr && p.b != nullptr, "{}: qkv, a and b are required",
             who);
   KDA_CHECK(p.qkv_stride >= D, "{}: qkv row stride must be >= D={}, got {}", who, D, p.qkv_stride);
   KDA_CHECK(p.a_stride >= static_cast<int64_t>(p.HV) * p.K,
             "{}: a row stride must be >= HV*K={}, got {}", who, int64_t{p.HV} * p.K, p.a_stride);
-  KDA_CHECK(p.b_stride >= p.HV, "{}: b row stride must be >= HV={}, got {}", who, p.HV,
-            p.b_stride);
+  KDA_CHECK(p.b_stride >= p.HV, "{}: b row stride must be >= HV={}, got {}", who, p.HV, p.b_stride);
   KDA_CHECK(p.A_log != nullptr && p.dt_bias != nullptr, "{}: A_log and dt_bias are required", who);
   KDA_CHECK(p.conv_weight != nullptr && p.conv_state != nullptr && p.ssm_state != nullptr,
             "{}: conv_weight, conv_state and ssm_state are required", who);
@@ -130,8 +130,8 @@ void check_verify(const VerifyParams& p, const char* who) {
     KDA_CHECK(p.ring_rawv != nullptr && p.ring_rawk != nullptr && p.ring_g != nullptr &&
                   p.ring_beta != nullptr,
               "{}: ring mode needs all four rings (rawv, rawk, g, beta)", who);
-    KDA_CHECK(p.L >= 1 && (p.L & (p.L - 1)) == 0, "{}: ring length L must be a power of two, got {}",
-              who, p.L);
+    KDA_CHECK(p.L >= 1 && (p.L & (p.L - 1)) == 0,
+              "{}: ring length L must be a power of two, got {}", who, p.L);
     KDA_CHECK(aligned(p.ring_rawv, 4) && aligned(p.ring_rawk, 4) &&
                   p.ring_rawv_slot_stride % 2 == 0 && p.ring_rawk_slot_stride % 2 == 0,
               "{}: ring rawk/rawv must be 4-byte aligned with even slot strides", who);
@@ -165,9 +165,7 @@ bool is_supported_block_v(int bv) {
 void invoke_conv_update(const VerifyParams& p, cudaStream_t stream) {
   check_verify(p, "invoke_conv_update");
   KDA_CHECK(p.qkv_act != nullptr, "invoke_conv_update: qkv_act scratch is required");
-  dispatch_weight(p.conv_weight_type, [&](auto w) {
-    launch_conv_update<decltype(w)>(p, stream);
-  });
+  dispatch_weight(p.conv_weight_type, [&](auto w) { launch_conv_update<decltype(w)>(p, stream); });
 }
 
 void invoke_verify_recurrent(const VerifyParams& p, cudaStream_t stream) {
@@ -191,9 +189,9 @@ void invoke_verify_fused(const VerifyParams& p, int block_v, cudaStream_t stream
   const TileArgs args{p, nullptr, 0};
   dispatch_weight(p.conv_weight_type, [&](auto w) {
     using W = decltype(w);
-    KDA_DISPATCH_K(p.K, K, {
-      KDA_DISPATCH_BV(block_v, BV, { launch_verify_tile<W, K, BV, true>(args, stream); })
-    })
+    KDA_DISPATCH_K(
+        p.K, K,
+        {KDA_DISPATCH_BV(block_v, BV, { launch_verify_tile<W, K, BV, true>(args, stream); })})
   });
 }
 
@@ -220,8 +218,8 @@ void check_commit(const CommitParams& p, const char* who) {
   KDA_CHECK(p.T >= 1 && p.T <= p.T_alloc, "{}: T must be in [1, T_alloc={}], got {}", who,
             p.T_alloc, p.T);
   KDA_CHECK(p.K == 64 || p.K == 128, "{}: K must be 64 or 128, got {}", who, p.K);
-  KDA_CHECK(p.H >= 1 && p.HV % p.H == 0, "{}: HV must be a multiple of H, got H={} HV={}", who,
-            p.H, p.HV);
+  KDA_CHECK(p.H >= 1 && p.HV % p.H == 0, "{}: HV must be a multiple of H, got H={} HV={}", who, p.H,
+            p.HV);
   KDA_CHECK(p.slots != nullptr && p.rows != nullptr && p.accepted != nullptr,
             "{}: slots, rows and accepted are required", who);
   KDA_CHECK(p.ssm_state != nullptr && aligned(p.ssm_state, 16) && p.ssm_slot_stride % 4 == 0 &&
@@ -241,8 +239,8 @@ void invoke_fold(const CommitParams& p, cudaStream_t stream) {
 
 void invoke_commit_snapshot(const CommitParams& p, cudaStream_t stream) {
   check_commit(p, "invoke_commit_snapshot");
-  KDA_CHECK(p.snapshots != nullptr && aligned(p.snapshots, 16) &&
-                p.snapshot_row_stride % 4 == 0 && p.snapshot_layer_stride % 4 == 0,
+  KDA_CHECK(p.snapshots != nullptr && aligned(p.snapshots, 16) && p.snapshot_row_stride % 4 == 0 &&
+                p.snapshot_layer_stride % 4 == 0,
             "invoke_commit_snapshot: snapshots must be 16-byte aligned, strides multiple of 4");
   launch_commit_snapshot(p, stream);
 }

@@ -15,10 +15,10 @@
 
 namespace kda {
 
-constexpr int kConvWidth = 4;                  ///< W: conv taps (tap 0 oldest, tap 3 current)
-constexpr int kConvHistory = kConvWidth - 1;   ///< W-1 raw inputs kept per channel
-constexpr float kNormEps = 1e-6f;              ///< inside the sqrt of the q/k L2 norms
-constexpr float kSoftplusThreshold = 20.0f;    ///< softplus(x) = x above this (x <= 20 uses log)
+constexpr int kConvWidth = 4;                 ///< W: conv taps (tap 0 oldest, tap 3 current)
+constexpr int kConvHistory = kConvWidth - 1;  ///< W-1 raw inputs kept per channel
+constexpr float kNormEps = 1e-6f;             ///< inside the sqrt of the q/k L2 norms
+constexpr float kSoftplusThreshold = 20.0f;   ///< softplus(x) = x above this (x <= 20 uses log)
 
 /// Conv weight / bias element type (contract §3 step 1 rounds differently for each).
 enum class ConvWeightType : uint8_t { kF32, kBF16 };
@@ -42,28 +42,28 @@ enum class RecordMode : uint8_t {
 /// (inputs may be NaN, rows[n] may be garbage) or written.
 struct VerifyParams {
   // ---- problem ----
-  int32_t B = 0, T = 0;        ///< requests, tokens per request (1 <= T <= T_alloc)
-  int32_t H = 0, HV = 0;       ///< q/k heads, v heads
-  int32_t K = 0, V = 0;        ///< head_k_dim (64|128), head_v_dim
-  int32_t T_alloc = 0;         ///< step pitch of conv_window / snapshots (>= T)
-  int32_t L = 0;               ///< ring length (ring mode; power of two); steps t >= L not written
-  int32_t num_slots = 0;       ///< S: extent of the slot dim of conv_state/ssm_state/rings
-  int32_t num_rows = 0;        ///< R: extent of the row dim of conv_window/snapshots
+  int32_t B = 0, T = 0;   ///< requests, tokens per request (1 <= T <= T_alloc)
+  int32_t H = 0, HV = 0;  ///< q/k heads, v heads
+  int32_t K = 0, V = 0;   ///< head_k_dim (64|128), head_v_dim
+  int32_t T_alloc = 0;    ///< step pitch of conv_window / snapshots (>= T)
+  int32_t L = 0;          ///< ring length (ring mode; power of two); steps t >= L not written
+  int32_t num_slots = 0;  ///< S: extent of the slot dim of conv_state/ssm_state/rings
+  int32_t num_rows = 0;   ///< R: extent of the row dim of conv_window/snapshots
   GateKind gate = GateKind::kStandard;
-  float lower_bound = 0.0f;    ///< safe gate only
+  float lower_bound = 0.0f;  ///< safe gate only
   RecordMode mode = RecordMode::kRing;
 
   // ---- activations (per call) ----
-  const bf16_t* qkv = nullptr;   ///< [N, D] channels q|k|v, D contiguous; row stride qkv_stride >= D
+  const bf16_t* qkv = nullptr;  ///< [N, D] channels q|k|v, D contiguous; row stride qkv_stride >= D
   int64_t qkv_stride = 0;
-  const bf16_t* a = nullptr;     ///< [N, HV*K] gate logits, (hv, k) at hv*K + k; row stride a_stride
+  const bf16_t* a = nullptr;  ///< [N, HV*K] gate logits, (hv, k) at hv*K + k; row stride a_stride
   int64_t a_stride = 0;
-  const bf16_t* b = nullptr;     ///< [N, HV] beta logits; row stride b_stride
+  const bf16_t* b = nullptr;  ///< [N, HV] beta logits; row stride b_stride
   int64_t b_stride = 0;
 
   // ---- layer weights ----
-  const float* A_log = nullptr;    ///< [HV] f32
-  const float* dt_bias = nullptr;  ///< [HV*K] f32
+  const float* A_log = nullptr;       ///< [HV] f32
+  const float* dt_bias = nullptr;     ///< [HV*K] f32
   const void* conv_weight = nullptr;  ///< [D, W] packed, f32 or bf16 (conv_weight_type)
   const void* conv_bias = nullptr;    ///< [D] same type as conv_weight, or nullptr
   ConvWeightType conv_weight_type = ConvWeightType::kF32;
@@ -71,7 +71,7 @@ struct VerifyParams {
   // ---- committed state: read-only in verify ----
   const bf16_t* conv_state = nullptr;  ///< [S, W-1, D], (W-1, D) packed, slot pitch below
   int64_t conv_state_slot_stride = 0;
-  const float* ssm_state = nullptr;    ///< [S, HV, V, K] f32, (HV, V, K) packed, K contiguous
+  const float* ssm_state = nullptr;  ///< [S, HV, V, K] f32, (HV, V, K) packed, K contiguous
   int64_t ssm_slot_stride = 0;
 
   // ---- indices (device memory for CUDA) ----
@@ -79,22 +79,22 @@ struct VerifyParams {
   const int32_t* rows = nullptr;   ///< [B] scratch row per request (windows, snapshots)
 
   // ---- outputs ----
-  bf16_t* out = nullptr;            ///< [N, HV, V] packed
-  bf16_t* conv_window = nullptr;    ///< [R, T_alloc, W-1, D]: window after consuming token t
+  bf16_t* out = nullptr;          ///< [N, HV, V] packed
+  bf16_t* conv_window = nullptr;  ///< [R, T_alloc, W-1, D]: window after consuming token t
   int64_t conv_window_row_stride = 0;
-  float* snapshots = nullptr;       ///< snapshot mode: [R, T_alloc, HV, V, K] state after token t
+  float* snapshots = nullptr;  ///< snapshot mode: [R, T_alloc, HV, V, K] state after token t
   int64_t snapshot_row_stride = 0;
-  bf16_t* ring_rawv = nullptr;      ///< ring mode: [S, HV, L, V] v after conv+SiLU+bf16
+  bf16_t* ring_rawv = nullptr;  ///< ring mode: [S, HV, L, V] v after conv+SiLU+bf16
   int64_t ring_rawv_slot_stride = 0;
-  bf16_t* ring_rawk = nullptr;      ///< ring mode: [S, H, L, K] k after conv+SiLU+bf16, pre-norm
+  bf16_t* ring_rawk = nullptr;  ///< ring mode: [S, H, L, K] k after conv+SiLU+bf16, pre-norm
   int64_t ring_rawk_slot_stride = 0;
-  float* ring_g = nullptr;          ///< ring mode: [S, HV, L, K] per-K log-decay gate
+  float* ring_g = nullptr;  ///< ring mode: [S, HV, L, K] per-K log-decay gate
   int64_t ring_g_slot_stride = 0;
-  float* ring_beta = nullptr;       ///< ring mode: [S, HV, L] sigmoid(b)
+  float* ring_beta = nullptr;  ///< ring mode: [S, HV, L] sigmoid(b)
   int64_t ring_beta_slot_stride = 0;
 
   // ---- unfused path only: conv output handed from the conv kernel to the recurrence ----
-  bf16_t* qkv_act = nullptr;        ///< [N, D] bf16 q|k|v after conv + SiLU, packed rows
+  bf16_t* qkv_act = nullptr;  ///< [N, D] bf16 q|k|v after conv + SiLU, packed rows
 };
 
 KDA_HD int32_t qkv_dim(const VerifyParams& p) { return 2 * p.H * p.K + p.HV * p.V; }
@@ -106,8 +106,8 @@ KDA_HD int32_t qkv_dim(const VerifyParams& p) { return 2 * p.H * p.K + p.HV * p.
 /// ssm_state) and conv_state_out[slot] gets the last W-1 raw inputs.
 struct ExtendParams {
   VerifyParams v;
-  float* ssm_state_out = nullptr;     ///< [S, HV, V, K], same strides as v.ssm_state
-  bf16_t* conv_state_out = nullptr;   ///< [S, W-1, D], same strides as v.conv_state
+  float* ssm_state_out = nullptr;    ///< [S, HV, V, K], same strides as v.ssm_state
+  bf16_t* conv_state_out = nullptr;  ///< [S, W-1, D], same strides as v.conv_state
 };
 
 /// Commit of all layers after sampling: make the state after the n-th accepted token the

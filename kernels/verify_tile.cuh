@@ -47,9 +47,9 @@ struct TileConfig {
   static constexpr int kThreads = 256;
   static constexpr int kWarps = kThreads / 32;
   static constexpr int P = BV >= 32 ? 8 : kThreads / BV;  ///< lanes per state column
-  static constexpr int CPT = BV * P / kThreads;            ///< columns per thread
-  static constexpr int kChunk = 8;                         ///< tokens per prologue chunk
-  static constexpr int kPairs = (2 * K + BV) / 2;          ///< channel pairs per CTA
+  static constexpr int CPT = BV * P / kThreads;           ///< columns per thread
+  static constexpr int kChunk = 8;                        ///< tokens per prologue chunk
+  static constexpr int kPairs = (2 * K + BV) / 2;         ///< channel pairs per CTA
   using Slice = ColumnSlice<K, P, CPT>;
   static_assert(BV >= 8 && BV <= 128 && BV % 2 == 0, "BV must be even, in [8, 128]");
   static_assert(kPairs <= kThreads, "one channel pair per thread");
@@ -59,9 +59,9 @@ struct TileConfig {
 /// Shared memory of one CTA (static, < 48 KiB).
 template <typename Cfg>
 struct TileSmem {
-  float qk[Cfg::kChunk][2][Cfg::K];   ///< [t][0] = q -> qs, [t][1] = k -> kn
-  float decay[Cfg::kChunk][Cfg::K];   ///< EXP(g)
-  float v[Cfg::kChunk][Cfg::BV];      ///< bf16-valued v of this tile
+  float qk[Cfg::kChunk][2][Cfg::K];  ///< [t][0] = q -> qs, [t][1] = k -> kn
+  float decay[Cfg::kChunk][Cfg::K];  ///< EXP(g)
+  float v[Cfg::kChunk][Cfg::BV];     ///< bf16-valued v of this tile
   float beta[Cfg::kChunk];
 };
 
@@ -74,7 +74,8 @@ __device__ __forceinline__ void load_conv_pair(const void* weight, const void* b
 }
 
 template <typename WeightT, int K, int BV, bool FUSED>
-__global__ void __launch_bounds__(256, 2) verify_tile_kernel(const __grid_constant__ TileArgs args) {
+__global__ void __launch_bounds__(256, 2)
+    verify_tile_kernel(const __grid_constant__ TileArgs args) {
   using Cfg = TileConfig<K, BV>;
   using Slice = typename Cfg::Slice;
   constexpr int P = Cfg::P;
@@ -189,8 +190,8 @@ __global__ void __launch_bounds__(256, 2) verify_tile_kernel(const __grid_consta
   int64_t ring_step = 0;
   if (ring && gch >= 0) {
     if (is_k && qk_owner) {
-      ring_pair = p.ring_rawk + slot * p.ring_rawk_slot_stride +
-                  static_cast<int64_t>(h) * p.L * K + (ch_local - K);
+      ring_pair = p.ring_rawk + slot * p.ring_rawk_slot_stride + static_cast<int64_t>(h) * p.L * K +
+                  (ch_local - K);
       ring_step = K;
     } else if (!is_qk) {
       ring_pair = p.ring_rawv + slot * p.ring_rawv_slot_stride +
@@ -371,11 +372,11 @@ void launch_verify_tile(const TileArgs& args, cudaStream_t stream) {
 }
 
 // Instantiations live in kernels/inst/ (one weight type x K per file).
-#define KDA_VERIFY_TILE_EXTERN(W, K, FUSED)                                            \
-  extern template void launch_verify_tile<W, K, 8, FUSED>(const TileArgs&, cudaStream_t);   \
-  extern template void launch_verify_tile<W, K, 16, FUSED>(const TileArgs&, cudaStream_t);  \
-  extern template void launch_verify_tile<W, K, 32, FUSED>(const TileArgs&, cudaStream_t);  \
-  extern template void launch_verify_tile<W, K, 64, FUSED>(const TileArgs&, cudaStream_t);  \
+#define KDA_VERIFY_TILE_EXTERN(W, K, FUSED)                                                \
+  extern template void launch_verify_tile<W, K, 8, FUSED>(const TileArgs&, cudaStream_t);  \
+  extern template void launch_verify_tile<W, K, 16, FUSED>(const TileArgs&, cudaStream_t); \
+  extern template void launch_verify_tile<W, K, 32, FUSED>(const TileArgs&, cudaStream_t); \
+  extern template void launch_verify_tile<W, K, 64, FUSED>(const TileArgs&, cudaStream_t); \
   extern template void launch_verify_tile<W, K, 128, FUSED>(const TileArgs&, cudaStream_t);
 KDA_VERIFY_TILE_EXTERN(float, 64, true)
 KDA_VERIFY_TILE_EXTERN(float, 128, true)
@@ -385,8 +386,8 @@ KDA_VERIFY_TILE_EXTERN(bf16_t, 128, true)
 /// The unfused recurrence reads qkv_act: no conv, so one weight type and one tile serve all.
 constexpr int kRecurrentBlockV = 128;
 extern template void launch_verify_tile<float, 64, kRecurrentBlockV, false>(const TileArgs&,
-                                                                              cudaStream_t);
+                                                                            cudaStream_t);
 extern template void launch_verify_tile<float, 128, kRecurrentBlockV, false>(const TileArgs&,
-                                                                               cudaStream_t);
+                                                                             cudaStream_t);
 
 }  // namespace kda::kernels

@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "backend/kda_backend.h"
-#include "kernels/kda_kernels.h"
 #include "backend/kernel_set.h"
 #include "core/buffer.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "core/platform.h"
+#include "kernels/kda_kernels.h"
 
 #include <spdlog/sinks/ostream_sink.h>
 

@@ -26,8 +26,8 @@ int launch_sm_hog(int free_sms, double milliseconds, cudaStream_t stream) {
   }
   // One CTA per SM: it takes (nearly) all of the SM's shared memory.
   const int smem = static_cast<int>(prop.sharedMemPerBlockOptin);
-  KDA_CUDA_CHECK(cudaFuncSetAttribute(sm_hog_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      smem));
+  KDA_CUDA_CHECK(
+      cudaFuncSetAttribute(sm_hog_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int clock_khz = 0;
   KDA_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
   const long long cycles = static_cast<long long>(milliseconds * clock_khz);

@@ -596,7 +596,8 @@ TEST_CASE("host reference: invalid params throw kda::Error naming the field, wri
   CHECK(fused_error([](VerifyParams& q) {
           q.gate = GateKind::kSafe;
           q.lower_bound = 0.0f;
-        }) == "kda::host::verify_fused: lower_bound=0 must be finite and non-zero for the safe gate");
+        }) ==
+        "kda::host::verify_fused: lower_bound=0 must be finite and non-zero for the safe gate");
   CHECK(fused_error([](VerifyParams& q) {
           q.mode = RecordMode::kSnapshot;
           q.snapshots = nullptr;

@@ -211,7 +211,7 @@ TEST_CASE("kernels: GPU verify matches the host reference and an fp64 run", "[ke
         ++compared;
       }
     }
-    CHECK(flips * 100 <= compared);  // rare: under 1%
+    CHECK(flips * 100 <= compared);                               // rare: under 1%
     CHECK(bitwise_equal(gpu.conv_window(), host.conv_window()));  // pure data movement
 
     // (2) recurrence on identical activations.
@@ -537,8 +537,7 @@ TEST_CASE("kernels: output does not depend on CTA scheduling (grid squeezed onto
   }
 }
 
-TEST_CASE("kernels: launch-boundary errors are kda::Error before anything runs",
-          "[kernels][gpu]") {
+TEST_CASE("kernels: launch-boundary errors are kda::Error before anything runs", "[kernels][gpu]") {
   VerifyCase c;
   c.B = 1;
   c.T = 4;

@@ -138,7 +138,8 @@ void validate_verify(const VerifyParams& p, const char* op, uint32_t needs) {
               "{}: gate={} unknown, expected kStandard (0) or kSafe (1)", op,
               static_cast<int>(p.gate));
     KDA_CHECK(p.gate != GateKind::kSafe || (std::isfinite(p.lower_bound) && p.lower_bound != 0.0f),
-              "{}: lower_bound={} must be finite and non-zero for the safe gate", op, p.lower_bound);
+              "{}: lower_bound={} must be finite and non-zero for the safe gate", op,
+              p.lower_bound);
     check_present(p.ssm_state, op, "ssm_state", "[S, HV, V, K] f32");
     check_pitch(p.ssm_slot_stride, state_elems, op, "ssm_slot_stride", "HV x V x K");
   }

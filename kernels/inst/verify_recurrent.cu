@@ -3,9 +3,8 @@
 
 namespace kda::kernels {
 
-template void launch_verify_tile<float, 64, kRecurrentBlockV, false>(const TileArgs&,
-                                                                      cudaStream_t);
+template void launch_verify_tile<float, 64, kRecurrentBlockV, false>(const TileArgs&, cudaStream_t);
 template void launch_verify_tile<float, 128, kRecurrentBlockV, false>(const TileArgs&,
-                                                                       cudaStream_t);
+                                                                      cudaStream_t);
 
 }  // namespace kda::kernels
