@@ -13,6 +13,7 @@
 
 #include "backend/kda_backend.h"
 #include "backend/kernel_set.h"
+#include "backend/kernel_set_factory.h"
 #include "core/buffer.h"
 #include "core/error.h"
 #include "core/logging.h"
@@ -22,6 +23,18 @@
 #include <spdlog/sinks/ostream_sink.h>
 
 using namespace kda;
+
+// The same lifecycle tests run on the host reference (backend_test, CI) and, built with
+// KDA_BACKEND_TEST_CUDA, on the CUDA kernels (backend_cuda_test, GPU host). Tests whose
+// subject is host-side only (validation messages, configuration, logging) and the stub-kernel
+// CUDA test (backend_gpu_test runs it) are hidden there.
+#ifdef KDA_BACKEND_TEST_CUDA
+#define KDA_HOST_ONLY "[.host_only]"
+const Device kTestDevice = Device::cuda(0);
+#else
+#define KDA_HOST_ONLY ""
+const Device kTestDevice = Device::host();
+#endif
 
 namespace {
 
@@ -42,7 +55,7 @@ struct KernelCounts {
 class CountingKernelSet final : public KernelSet {
  public:
   explicit CountingKernelSet(std::shared_ptr<KernelCounts> counts)
-      : inner_(make_host_kernel_set()), counts_(std::move(counts)) {}
+      : inner_(make_kernel_set(kTestDevice)), counts_(std::move(counts)) {}
   const char* name() const override { return "counting host"; }
   Device device() const override { return inner_->device(); }
   void verify_unfused(const VerifyParams& p, cudaStream_t s) override {
@@ -143,9 +156,9 @@ OwnedWeights make_weights(const ModelConfig& m, uint64_t seed) {
   const int64_t D = m.qkv_dim(), HVK = static_cast<int64_t>(m.HV) * m.K;
   const bool f32 = m.conv_weight_type == ConvWeightType::kF32;
   const DType wt = f32 ? DType::kF32 : DType::kBF16;
-  OwnedWeights w{Buffer(Device::host(), m.HV * 4), Buffer(Device::host(), HVK * 4),
-                 Buffer(Device::host(), D * 4 * dtype_size(wt)),
-                 Buffer(Device::host(), D * dtype_size(wt)), LayerWeights{}};
+  OwnedWeights w{Buffer(kTestDevice, m.HV * 4), Buffer(kTestDevice, HVK * 4),
+                 Buffer(kTestDevice, D * 4 * dtype_size(wt)),
+                 Buffer(kTestDevice, D * dtype_size(wt)), LayerWeights{}};
   w.views.A_log = w.A_log.view(DType::kF32, {m.HV});
   w.views.dt_bias = w.dt_bias.view(DType::kF32, {HVK});
   w.views.conv_weight = w.conv_weight.view(wt, {D, 4});
@@ -181,10 +194,10 @@ Activations make_activations(const ModelConfig& m, const std::vector<int32_t>& s
   Rng rng(seed);
   const int64_t N = static_cast<int64_t>(slots.size()) * T, D = m.qkv_dim();
   const int64_t HVK = static_cast<int64_t>(m.HV) * m.K, pitch = D + kQkvPad;
-  Activations x{Buffer(Device::host(), N * pitch * 2),
-                Buffer(Device::host(), N * HVK * 2),
-                Buffer(Device::host(), N * m.HV * 2),
-                Buffer(Device::host(), N * m.HV * m.V * 2),
+  Activations x{Buffer(kTestDevice, N * pitch * 2),
+                Buffer(kTestDevice, N * HVK * 2),
+                Buffer(kTestDevice, N * m.HV * 2),
+                Buffer(kTestDevice, N * m.HV * m.V * 2),
                 VerifyInputs{},
                 TensorView{},
                 D};
@@ -209,7 +222,7 @@ Activations make_activations(const ModelConfig& m, const std::vector<int32_t>& s
   x.b.upload(b.data(), x.b.bytes());
   const std::vector<bf16_t> garbage = rng.bf16s(N * m.HV * m.V, 3.0f);  // never zeros
   x.out.upload(garbage.data(), x.out.bytes());
-  x.in.mixed_qkv = TensorView(x.qkv.data(), DType::kBF16, Device::host(), {N, D}, {pitch, 1});
+  x.in.mixed_qkv = TensorView(x.qkv.data(), DType::kBF16, kTestDevice, {N, D}, {pitch, 1});
   x.in.a = x.a.view(DType::kBF16, {N, HVK});
   x.in.b = x.b.view(DType::kBF16, {N, m.HV});
   x.out_view = x.out.view(DType::kBF16, {N, m.HV, m.V});
@@ -287,7 +300,7 @@ std::vector<Activations> verify_all(Harness& h, const BatchSpec& batch, uint64_t
 }
 
 void commit(Harness& h, const std::vector<int32_t>& accepted) {
-  Buffer buf(Device::host(), static_cast<int64_t>(accepted.size()) * 4);
+  Buffer buf(kTestDevice, static_cast<int64_t>(accepted.size()) * 4);
   buf.upload(accepted.data(), buf.bytes());
   h.backend->commit(buf.view(DType::kI32, {static_cast<int64_t>(accepted.size())}), nullptr);
 }
@@ -482,7 +495,7 @@ TEST_CASE("backend: extend prefills past T_max and matches verify + full commit"
   }
 }
 
-TEST_CASE("backend: lifecycle misuse is rejected and changes nothing", "[backend]") {
+TEST_CASE("backend: lifecycle misuse is rejected and changes nothing", "[backend]" KDA_HOST_ONLY) {
   Harness h(kGqaCase, /*ring=*/true, fake_platform(9, 0));
   KdaAttentionBackend& b = *h.backend;
   const BatchSpec batch{kT, {1, 0}, {}};
@@ -600,7 +613,8 @@ TEST_CASE("backend: lifecycle misuse is rejected and changes nothing", "[backend
   }
 }
 
-TEST_CASE("backend: every bad input names the argument and changes nothing", "[backend]") {
+TEST_CASE("backend: every bad input names the argument and changes nothing",
+          "[backend]" KDA_HOST_ONLY) {
   Harness h(kGqaCase, /*ring=*/true, fake_platform(9, 0));
   KdaAttentionBackend& b = *h.backend;
   const ModelConfig& m = h.model;
@@ -853,7 +867,7 @@ TEST_CASE("backend: a bad accepted length is flagged on the device and skips the
   CHECK_NOTHROW(h.backend->check_device_errors(nullptr));  // the flag was cleared
 }
 
-TEST_CASE("backend: bad configuration is rejected at construction", "[backend]") {
+TEST_CASE("backend: bad configuration is rejected at construction", "[backend]" KDA_HOST_ONLY) {
   const ModelConfig good = model_for(kGqaCase);
   auto construct = [](ModelConfig m, EngineFlags f, BackendOptions o = {}) {
     return [=] { KdaAttentionBackend backend(m, f, make_host_kernel_set(), o); };
@@ -893,7 +907,7 @@ TEST_CASE("backend: bad configuration is rejected at construction", "[backend]")
                  ErrorCode::kInvalidArgument) == "KdaAttentionBackend: no kernel set given");
 }
 
-TEST_CASE("backend: pool sizing, memory report and platform", "[backend]") {
+TEST_CASE("backend: pool sizing, memory report and platform", "[backend]" KDA_HOST_ONLY) {
   BackendOptions options;
   options.extra_slots = 2;
   KdaAttentionBackend b(model_for(kGqaCase), flags_for(true), make_host_kernel_set(), options);
@@ -909,7 +923,8 @@ TEST_CASE("backend: pool sizing, memory report and platform", "[backend]") {
   CHECK(b.platform().family() == ArchFamily::kOther);
 }
 
-TEST_CASE("backend: dispatch decisions are logged at debug when they change", "[backend]") {
+TEST_CASE("backend: dispatch decisions are logged at debug when they change",
+          "[backend]" KDA_HOST_ONLY) {
   std::ostringstream log;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
   sink->set_pattern("%l %v");
@@ -988,7 +1003,8 @@ std::vector<int32_t> download_ints(const int32_t* device_ptr, int n) {
 
 }  // namespace
 
-TEST_CASE("backend: CUDA index upload, graph capture and the device error flag", "[backend][gpu]") {
+TEST_CASE("backend: CUDA index upload, graph capture and the device error flag",
+          "[backend][gpu]" KDA_HOST_ONLY) {
   REQUIRE(detect_platform(0).has_device);  // a [gpu] test without a device fails
   auto log = std::make_shared<StubLog>();
   const ModelConfig m = model_for(kGqaCase);
