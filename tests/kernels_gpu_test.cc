@@ -455,7 +455,9 @@ TEST_CASE("kernels: extend == verify + full commit, bitwise; matches host extend
     CHECK(bitwise_equal(ext.raw(Tensor::kSsmState), ver.raw(Tensor::kSsmState)));
     CHECK(bitwise_equal(ext.raw(Tensor::kConvState), ver.raw(Tensor::kConvState)));
     CHECK(bitwise_equal(ext.out(), ver.out()));
-    CHECK(rel_l2(ext.ssm_state(), host.ssm_state()) <= kStateRelTol);
+    // End to end against the host: the host computes its own conv, so rare 1-ulp activation
+    // flips of the approximate SiLU count here (T = 1 has few elements: one flip ~3e-5).
+    CHECK(rel_l2(ext.ssm_state(), host.ssm_state()) <= kStateFp64RelTol);
     CHECK(bitwise_equal(ext.conv_state(), host.conv_state()));
     CHECK(rel_l2(ext.out(), host.out()) <= kOutRelTol);
   }
