@@ -68,8 +68,7 @@ TEST_CASE("kernels: verify entry points validate before launching", "[kernels]")
   p = good;
   p.gate = GateKind::kSafe;
   p.lower_bound = 0.0f;
-  CHECK(fused(p) ==
-        "invoke_verify_fused: safe gate lower_bound=0 must be finite and non-zero");
+  CHECK(fused(p) == "invoke_verify_fused: safe gate lower_bound=0 must be finite and non-zero");
   p = good;
   p.B = 0;
   CHECK(fused(p) == "invoke_verify_fused: B must be in [1, 65535], got 0");
@@ -88,9 +87,7 @@ TEST_CASE("kernels: commit entry points validate before launching", "[kernels]")
   const VerifyProblem pr = small_problem(RecordMode::kRing);
   const Buffer accepted = make_buffer({1, 4}, Device::host());
   const CommitParams good = pr.commit_params(accepted);
-  auto fold = [&](CommitParams p) {
-    return message_of([&] { kernels::invoke_fold(p, nullptr); });
-  };
+  auto fold = [&](CommitParams p) { return message_of([&] { kernels::invoke_fold(p, nullptr); }); };
   CommitParams p = good;
   p.num_layers = 0;
   CHECK(fold(p) == "invoke_fold: num_layers*HV must be in [1, 65535], got 0*4");
@@ -110,8 +107,9 @@ TEST_CASE("kernels: commit entry points validate before launching", "[kernels]")
   const VerifyProblem snap = small_problem(RecordMode::kSnapshot);
   p = snap.commit_params(accepted);
   p.snapshots = nullptr;
-  CHECK(message_of([&] { kernels::invoke_commit_snapshot(p, nullptr); })
-            .find("snapshots must be 16-byte aligned") != std::string::npos);
+  CHECK(message_of([&] {
+          kernels::invoke_commit_snapshot(p, nullptr);
+        }).find("snapshots must be 16-byte aligned") != std::string::npos);
   p = good;
   p.conv_window = nullptr;
   CHECK(message_of([&] { kernels::invoke_commit_conv(p, nullptr); }) ==
