@@ -50,6 +50,17 @@ std::unique_ptr<KernelSet> non_null(std::unique_ptr<KernelSet> k) {
   return k;
 }
 
+/// The kernel set's device, after the model constraints that only that device has: the CUDA
+/// kernels move two adjacent bf16 channels per thread, so head_v_dim must be even there.
+Device device_for(const KernelSet& kernels, const ModelConfig& m) {
+  const Device d = kernels.device();
+  KDA_CHECK_CODE(!d.is_cuda() || m.V % 2 == 0, ErrorCode::kUnsupported,
+                 "ModelConfig.V: the CUDA kernels need an even head_v_dim (bf16 channel pairs), "
+                 "got {}",
+                 m.V);
+  return d;
+}
+
 Platform platform_for(const Device& device, const BackendOptions& o) {
   if (o.platform_override) {
     return *o.platform_override;
@@ -92,7 +103,7 @@ KdaAttentionBackend::KdaAttentionBackend(const ModelConfig& model, const EngineF
     : model_(validated(model)),
       flags_(validated(flags)),
       kernels_(non_null(std::move(kernels))),
-      device_(kernels_->device()),
+      device_(device_for(*kernels_, model_)),
       platform_(platform_for(device_, options)),
       pool_(make_pool_config(model_, flags_, device_, options)),
       weights_(static_cast<size_t>(model.num_layers)),

@@ -907,6 +907,28 @@ TEST_CASE("backend: bad configuration is rejected at construction", "[backend]" 
                  ErrorCode::kInvalidArgument) == "KdaAttentionBackend: no kernel set given");
 }
 
+TEST_CASE("backend: an odd head_v_dim is refused on CUDA before anything is allocated",
+          "[backend]" KDA_HOST_ONLY) {
+  // A kernel set that reports a CUDA device; construction must fail before the pool touches it.
+  class CudaDeviceOnly final : public KernelSet {
+   public:
+    const char* name() const override { return "cuda device only"; }
+    Device device() const override { return Device::cuda(0); }
+    void verify_unfused(const VerifyParams&, cudaStream_t) override {}
+    void verify_fused(const VerifyParams&, int, cudaStream_t) override {}
+    void extend(const ExtendParams&, cudaStream_t) override {}
+    void commit(const CommitParams&, cudaStream_t) override {}
+  };
+  ModelConfig m = model_for(kGqaCase);
+  m.V = 63;
+  CHECK(error_of(
+            [&] { KdaAttentionBackend b(m, flags_for(true), std::make_unique<CudaDeviceOnly>()); },
+            ErrorCode::kUnsupported) ==
+        "ModelConfig.V: the CUDA kernels need an even head_v_dim (bf16 channel pairs), got 63");
+  // The host kernels take any V.
+  CHECK_NOTHROW(KdaAttentionBackend(m, flags_for(true), make_host_kernel_set()));
+}
+
 TEST_CASE("backend: pool sizing, memory report and platform", "[backend]" KDA_HOST_ONLY) {
   BackendOptions options;
   options.extra_slots = 2;
