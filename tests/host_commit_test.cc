@@ -15,34 +15,22 @@ using namespace kda::testing;
 
 namespace {
 
-VerifyCase make_case(int B, int T, int H, int HV, int K, int V, uint64_t seed) {
-  VerifyCase c;
-  c.B = B;
-  c.T = T;
-  c.H = H;
-  c.HV = HV;
-  c.K = K;
-  c.V = V;
-  c.seed = seed;
-  return c;
-}
-
 std::vector<VerifyCase> commit_cases() {
   std::vector<VerifyCase> cases;
-  VerifyCase a = make_case(3, 5, 1, 2, 64, 64, 801);
+  VerifyCase a = make_case(3, 5, 1, 2, 64, 64, RecordMode::kRing, 801);
   a.reversed = true;
   a.neg_slot = true;
   a.bias = true;
   cases.push_back(a);
-  VerifyCase b = make_case(2, 8, 2, 4, 128, 32, 802);
+  VerifyCase b = make_case(2, 8, 2, 4, 128, 32, RecordMode::kRing, 802);
   b.safe_gate = true;
   b.wtype = ConvWeightType::kBF16;
   b.pitch_pad = 5;
   b.L = 8;
   b.T_alloc = 9;
   cases.push_back(b);
-  cases.push_back(make_case(1, 1, 1, 1, 64, 64, 803));
-  VerifyCase d = make_case(2, 4, 1, 1, 64, 16, 804);
+  cases.push_back(make_case(1, 1, 1, 1, 64, 64, RecordMode::kRing, 803));
+  VerifyCase d = make_case(2, 4, 1, 1, 64, 16, RecordMode::kRing, 804);
   d.L = 4;  // L == T: the pool's L >= 2T is a pool rule; fold needs only L >= T
   d.qkv_pad = 3;
   cases.push_back(d);
@@ -186,7 +174,7 @@ TEST_CASE("host commit: both modes commit the state of token n-1 and the conv or
 
 TEST_CASE("host commit: an accepted length outside [1, T] skips the request, sets the flag",
           "[host][commit]") {
-  VerifyCase c = make_case(4, 3, 1, 2, 64, 32, 901);
+  VerifyCase c = make_case(4, 3, 1, 2, 64, 32, RecordMode::kRing, 901);
   c.neg_slot = true;  // request 1 is padding: its accepted length is garbage, not an error
   const VerifyProblem base(c);
   const RecordMode mode = GENERATE(RecordMode::kSnapshot, RecordMode::kRing);
@@ -226,7 +214,7 @@ TEST_CASE("host commit: an accepted length outside [1, T] skips the request, set
 TEST_CASE("host commit: all layers, each at its own layer pitch", "[host][commit]") {
   const RecordMode mode = GENERATE(RecordMode::kSnapshot, RecordMode::kRing);
   CAPTURE(static_cast<int>(mode));
-  VerifyCase c = make_case(2, 4, 1, 2, 64, 32, 1001);
+  VerifyCase c = make_case(2, 4, 1, 2, 64, 32, RecordMode::kRing, 1001);
   c.reversed = true;
   std::vector<VerifyProblem> layers;
   for (const uint64_t seed : {1001u, 1002u, 1003u}) {
@@ -289,7 +277,7 @@ TEST_CASE("host commit: all layers, each at its own layer pitch", "[host][commit
 }
 
 TEST_CASE("host commit: invalid params throw kda::Error naming the field", "[host][commit]") {
-  VerifyCase c = make_case(2, 6, 1, 2, 64, 32, 1101);
+  VerifyCase c = make_case(2, 6, 1, 2, 64, 32, RecordMode::kRing, 1101);
   c.L = 4;
   const VerifyProblem base(c);
   VerifyProblem p = base.clone_to(Device::host());

@@ -47,19 +47,6 @@ VerifyProblem run(const VerifyProblem& base, const Path& path, RecordMode mode) 
   return p;
 }
 
-VerifyCase make_case(int B, int T, int H, int HV, int K, int V, RecordMode mode, uint64_t seed) {
-  VerifyCase c;
-  c.B = B;
-  c.T = T;
-  c.H = H;
-  c.HV = HV;
-  c.K = K;
-  c.V = V;
-  c.mode = mode;
-  c.seed = seed;
-  return c;
-}
-
 // Variants of the verify problem that every structural test runs over.
 std::vector<VerifyCase> structural_cases() {
   std::vector<VerifyCase> cases;

@@ -52,6 +52,21 @@ struct VerifyCase {
 std::string describe(const VerifyCase& c);
 std::ostream& operator<<(std::ostream& os, const VerifyCase& c);
 
+/// A case with the given sizes, record mode and seed; every other knob at its default.
+inline VerifyCase make_case(int B, int T, int H, int HV, int K, int V, RecordMode mode,
+                            uint64_t seed) {
+  VerifyCase c;
+  c.B = B;
+  c.T = T;
+  c.H = H;
+  c.HV = HV;
+  c.K = K;
+  c.V = V;
+  c.mode = mode;
+  c.seed = seed;
+  return c;
+}
+
 /// The tensors of a problem.
 enum class Tensor : int {
   kQkv,         ///< [N, D] bf16, row stride D + qkv_pad
