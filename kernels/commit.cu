@@ -2,6 +2,7 @@
 
 #include "core/cuda_check.h"
 #include "kernels/launch_utils.h"
+#include "kernels/state_stream.cuh"
 #include "kernels/verify_tile.cuh"
 
 namespace kda::kernels {
@@ -22,106 +23,211 @@ __device__ __forceinline__ int accepted_or_flag(const CommitParams& p, int n, bo
   return acc;
 }
 
+/// One fold work item: (V tile, request n, layer, v-head). run() replays the accepted ring
+/// steps onto the state tile and stores it back. `load_state(S, ok, head)` fills the tile:
+/// FoldGlobalState (straight from global memory, one CTA per item, before the ring loads) or
+/// FoldStagedState (persistent streaming CTAs: from a shared-memory stage, after them).
 template <int K>
-__global__ void __launch_bounds__(256, 2) fold_kernel(const __grid_constant__ CommitParams p) {
+struct FoldItem {
   using Cfg = TileConfig<K, kFoldBlockV>;
   using Slice = typename Cfg::Slice;
-  constexpr int P = Cfg::P;
-  constexpr int CPT = Cfg::CPT;
-  __shared__ __align__(16) TileSmem<Cfg> sm;
+  static constexpr int P = Cfg::P;
+  static constexpr int CPT = Cfg::CPT;
 
-  const int tile = blockIdx.x;
-  const int n = blockIdx.y;
-  const int layer = blockIdx.z / p.HV;
-  const int hv = blockIdx.z % p.HV;
-  const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
-  const int h = hv / (p.HV / p.H);
-  const int v0 = tile * kFoldBlockV;
-  const int group = tid / P;
-  const int c = tid % P;
-  const int col0 = v0 + group * CPT;
+  const CommitParams& p;
+  int tile, n, layer, hv;
+  int tid, c;
 
-  pdl_wait();
-  pdl_launch_dependents();
-  const int slot = p.slots[n];
-  if (slot < 0) {
-    return;
-  }
-  const int steps = accepted_or_flag(p, n, tile == 0 && hv == 0 && layer == 0 && tid == 0);
-  if (steps == 0) {
-    return;
-  }
-  const int64_t L = p.L;
-  const bf16_t* rawk =
-      p.ring_rawk + layer * p.ring_rawk_layer_stride + slot * p.ring_rawk_slot_stride + h * L * K;
-  const bf16_t* rawv = p.ring_rawv + layer * p.ring_rawv_layer_stride +
-                       slot * p.ring_rawv_slot_stride + hv * L * p.V;
-  const float* ring_g =
-      p.ring_g + layer * p.ring_g_layer_stride + slot * p.ring_g_slot_stride + hv * L * K;
-  const float* ring_beta =
-      p.ring_beta + layer * p.ring_beta_layer_stride + slot * p.ring_beta_slot_stride + hv * L;
-  float* s_base = p.ssm_state + layer * p.ssm_layer_stride + slot * p.ssm_slot_stride +
-                  static_cast<int64_t>(hv) * p.V * K;
+  __device__ __forceinline__ FoldItem(const CommitParams& p_, int tile_, int n_, int layer_,
+                                      int hv_)
+      : p(p_), tile(tile_), n(n_), layer(layer_), hv(hv_), tid(threadIdx.x), c(threadIdx.x % P) {}
 
-  ColRegs<Slice> S[CPT];
-  bool col_ok[CPT];
+  template <typename LoadState>
+  __device__ __forceinline__ void run(TileSmem<Cfg>& sm, LoadState&& load_state) {
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int h = hv / (p.HV / p.H);
+    const int v0 = tile * kFoldBlockV;
+    const int group = tid / P;
+    const int col0 = v0 + group * CPT;
+    const int slot = p.slots[n];
+    if (slot < 0) {
+      return;
+    }
+    const int steps = accepted_or_flag(p, n, tile == 0 && hv == 0 && layer == 0 && tid == 0);
+    if (steps == 0) {
+      return;
+    }
+    const int64_t L = p.L;
+    const bf16_t* rawk =
+        p.ring_rawk + layer * p.ring_rawk_layer_stride + slot * p.ring_rawk_slot_stride + h * L * K;
+    const bf16_t* rawv = p.ring_rawv + layer * p.ring_rawv_layer_stride +
+                         slot * p.ring_rawv_slot_stride + hv * L * p.V;
+    const float* ring_g =
+        p.ring_g + layer * p.ring_g_layer_stride + slot * p.ring_g_slot_stride + hv * L * K;
+    const float* ring_beta =
+        p.ring_beta + layer * p.ring_beta_layer_stride + slot * p.ring_beta_slot_stride + hv * L;
+    float* s_base = p.ssm_state + layer * p.ssm_layer_stride + slot * p.ssm_slot_stride +
+                    static_cast<int64_t>(hv) * p.V * K;
+
+    ColRegs<Slice> S[CPT];
+    bool col_ok[CPT];
 #pragma unroll
-  for (int j = 0; j < CPT; ++j) {
-    col_ok[j] = col0 + j < p.V;
-    if (col_ok[j]) {
-      load_column<Slice>(S[j], s_base + static_cast<int64_t>(col0 + j) * K, c);
-    } else {
-#pragma unroll
-      for (int i = 0; i < Slice::NPT; ++i) {
-#pragma unroll
-        for (int e = 0; e < Slice::E; ++e) {
-          S[j][i][e] = 0.0f;
+    for (int j = 0; j < CPT; ++j) {
+      col_ok[j] = col0 + j < p.V;
+    }
+    if constexpr (!LoadState::kLate) {
+      load_state(S, col_ok, s_base, col0 - v0);
+    }
+
+    // Streaming serves T <= kChunk only (launcher-checked): one chunk.
+    const int t_limit = LoadState::kLate ? 1 : steps;
+    for (int t0 = 0; t0 < t_limit; t0 += Cfg::kChunk) {
+      const int tc = min(Cfg::kChunk, steps - t0);
+      for (int idx = tid; idx < tc * K; idx += Cfg::kThreads) {
+        const int tt = idx / K;
+        const int k = idx % K;
+        const int64_t t = t0 + tt;
+        sm.qk[tt][1][k] = ld_bf16(rawk + t * K + k);
+        sm.decay[tt][k] = kda_exp(ring_g[t * K + k]);
+      }
+      for (int idx = tid; idx < tc * kFoldBlockV; idx += Cfg::kThreads) {
+        const int tt = idx / kFoldBlockV;
+        const int j = idx % kFoldBlockV;
+        if (v0 + j < p.V) {
+          sm.v[tt][j] = ld_bf16(rawv + static_cast<int64_t>(t0 + tt) * p.V + v0 + j);
         }
       }
+      for (int tt = tid; tt < tc; tt += Cfg::kThreads) {
+        sm.beta[tt] = ring_beta[t0 + tt];
+      }
+      __syncthreads();
+      for (int tt = warp; tt < tc; tt += Cfg::kWarps) {
+        l2_normalize_warp<K>(sm.qk[tt][1], 1.0f, false, lane);
+      }
+      __syncthreads();
+      if constexpr (LoadState::kLate) {
+        load_state(S, col_ok, s_base, col0 - v0);
+      }
+      for (int tt = 0; tt < tc; ++tt) {
+        float vv[CPT];
+#pragma unroll
+        for (int j = 0; j < CPT; ++j) {
+          vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
+        }
+        delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
+      }
+      __syncthreads();  // the next chunk (or item) overwrites shared memory
+    }
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      if (col_ok[j]) {
+        store_column<Slice>(s_base + static_cast<int64_t>(col0 + j) * K, S[j], c);
+      }
     }
   }
+};
 
-  for (int t0 = 0; t0 < steps; t0 += Cfg::kChunk) {
-    const int tc = min(Cfg::kChunk, steps - t0);
-    for (int idx = tid; idx < tc * K; idx += Cfg::kThreads) {
-      const int tt = idx / K;
-      const int k = idx % K;
-      const int64_t t = t0 + tt;
-      sm.qk[tt][1][k] = ld_bf16(rawk + t * K + k);
-      sm.decay[tt][k] = kda_exp(ring_g[t * K + k]);
-    }
-    for (int idx = tid; idx < tc * kFoldBlockV; idx += Cfg::kThreads) {
-      const int tt = idx / kFoldBlockV;
-      const int j = idx % kFoldBlockV;
-      if (v0 + j < p.V) {
-        sm.v[tt][j] = ld_bf16(rawv + static_cast<int64_t>(t0 + tt) * p.V + v0 + j);
-      }
-    }
-    for (int tt = tid; tt < tc; tt += Cfg::kThreads) {
-      sm.beta[tt] = ring_beta[t0 + tt];
-    }
-    __syncthreads();
-    for (int tt = warp; tt < tc; tt += Cfg::kWarps) {
-      l2_normalize_warp<K>(sm.qk[tt][1], 1.0f, false, lane);
-    }
-    __syncthreads();
-    for (int tt = 0; tt < tc; ++tt) {
-      float vv[CPT];
-#pragma unroll
-      for (int j = 0; j < CPT; ++j) {
-        vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
-      }
-      delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
-    }
-    __syncthreads();
+/// The state tile straight from global memory (`col` counts from the tile's first column).
+template <typename Slice>
+struct FoldGlobalState {
+  static constexpr bool kLate = false;
+  int c;  // lane within the column's P lanes
+  int v0;
+  __device__ __forceinline__ void operator()(ColRegs<Slice> (&S)[Slice::CPT],
+                                             const bool (&ok)[Slice::CPT], const float* head,
+                                             int col) const {
+    load_state_columns<Slice>(S, ok, head + static_cast<int64_t>(v0) * Slice::K, col, c);
   }
-#pragma unroll
-  for (int j = 0; j < CPT; ++j) {
-    if (col_ok[j]) {
-      store_column<Slice>(s_base + static_cast<int64_t>(col0 + j) * K, S[j], c);
+};
+
+/// grid (ceil(V/128), B, layers*HV): one CTA per item.
+template <int K>
+__global__ void __launch_bounds__(256, 2) fold_kernel(const __grid_constant__ CommitParams p) {
+  using Item = FoldItem<K>;
+  __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
+  pdl_wait();
+  pdl_launch_dependents();
+  Item item(p, blockIdx.x, blockIdx.y, blockIdx.z / p.HV, blockIdx.z % p.HV);
+  item.run(sm, FoldGlobalState<typename Item::Slice>{item.c, item.tile * kFoldBlockV});
+}
+
+/// Fold items in a persistent CTA's order: item = ((layer*HV + hv)*B + n)*tiles + tile; live
+/// when the request has a slot and a valid accepted length.
+template <int K>
+struct FoldStreamItems {
+  const CommitParams& p;
+  int tiles;
+  __device__ int count() const { return p.num_layers * p.HV * p.B * tiles; }
+  __device__ int tile_of(int item) const { return item % tiles; }
+  __device__ int n_of(int item) const { return item / tiles % p.B; }
+  __device__ int layer_of(int item) const { return item / tiles / p.B / p.HV; }
+  __device__ int hv_of(int item) const { return item / tiles / p.B % p.HV; }
+  __device__ bool live(int item) const {
+    const int n = n_of(item);
+    const int acc = p.accepted[n];
+    return p.slots[n] >= 0 && acc >= 1 && acc <= p.T;
+  }
+  /// The one bulk run of an item: its state tile.
+  __device__ BulkRun state_run(int item) const {
+    const int v0 = tile_of(item) * kFoldBlockV;
+    return {0u,
+            p.ssm_state + layer_of(item) * p.ssm_layer_stride +
+                p.slots[n_of(item)] * p.ssm_slot_stride +
+                (static_cast<int64_t>(hv_of(item)) * p.V + v0) * K,
+            static_cast<uint32_t>(min(kFoldBlockV, p.V - v0) * K * sizeof(float))};
+  }
+};
+
+/// The state tile from the stage; then the stage is refilled with the next live item's tile.
+template <typename Slice, typename Items>
+struct FoldStagedState {
+  static constexpr bool kLate = true;
+  BulkStage& bulk;
+  const float* stage;
+  const Items& items;
+  int item;
+  int c;  // lane within the column's P lanes
+  __device__ __forceinline__ void operator()(ColRegs<Slice> (&S)[Slice::CPT],
+                                             const bool (&ok)[Slice::CPT], const float*,
+                                             int col) const {
+    bulk.wait();
+    load_state_columns<Slice>(S, ok, stage, col, c);
+    __syncthreads();  // every thread is done with the stage: refill it
+    if (threadIdx.x < 32) {
+      const int next = next_live_item(items, item + static_cast<int>(gridDim.x));
+      if (next < items.count()) {
+        bulk.fill([&](int) { return items.state_run(next); }, 1);
+      }
     }
+  }
+};
+
+/// Persistent streaming fold (state_stream.cuh): grid = resident CTAs.
+template <int K>
+__global__ void __launch_bounds__(256, 2)
+    fold_stream_kernel(const __grid_constant__ CommitParams p) {
+  using Item = FoldItem<K>;
+  using Items = FoldStreamItems<K>;
+  __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
+  __shared__ uint64_t bar;
+  extern __shared__ __align__(128) float stage[];  // 128 x K f32
+
+  const Items items{p, (p.V + kFoldBlockV - 1) / kFoldBlockV};
+  BulkStage bulk(stage, &bar);
+  bulk.init();
+  pdl_wait();
+  pdl_launch_dependents();
+  __syncthreads();  // the barrier is initialised
+  if (threadIdx.x < 32) {
+    const int first = next_live_item(items, static_cast<int>(blockIdx.x));
+    if (first < items.count()) {
+      bulk.fill([&](int) { return items.state_run(first); }, 1);
+    }
+  }
+  for (int i = blockIdx.x; i < items.count(); i += gridDim.x) {
+    Item item(p, items.tile_of(i), items.n_of(i), items.layer_of(i), items.hv_of(i));
+    item.run(sm, FoldStagedState<typename Item::Slice, Items>{bulk, stage, items, i, item.c});
   }
 }
 
@@ -185,10 +291,12 @@ __global__ void __launch_bounds__(kCopyThreads)
 }
 
 template <typename Kernel>
-void launch(Kernel kernel, dim3 grid, const CommitParams& p, cudaStream_t stream) {
+void launch(Kernel kernel, dim3 grid, const CommitParams& p, cudaStream_t stream,
+            size_t smem_bytes = 0) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kCopyThreads);
+  cfg.dynamicSmemBytes = smem_bytes;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -210,9 +318,21 @@ unsigned copy_chunks(int64_t vec_elems, int64_t requests) {
 
 template <int K>
 void launch_fold(const CommitParams& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.V, kFoldBlockV)), static_cast<unsigned>(p.B),
-                  static_cast<unsigned>(p.num_layers * p.HV));
-  launch(fold_kernel<K>, grid, p, stream);
+  const int64_t tiles = ceil_div(p.V, kFoldBlockV);
+  const bool streamable = reinterpret_cast<uintptr_t>(p.ssm_state) % 16 == 0 &&
+                          p.ssm_slot_stride % 4 == 0 && p.ssm_layer_stride % 4 == 0 &&
+                          p.T <= TileConfig<K, kFoldBlockV>::kChunk;
+  const size_t stage_bytes = static_cast<size_t>(kFoldBlockV) * K * sizeof(float);
+  const int grid =
+      state_stream_grid(reinterpret_cast<const void*>(fold_stream_kernel<K>), kCopyThreads,
+                        stage_bytes, tiles * p.B * p.num_layers * p.HV, streamable);
+  if (grid > 0) {
+    launch(fold_stream_kernel<K>, dim3(static_cast<unsigned>(grid)), p, stream, stage_bytes);
+    return;
+  }
+  const dim3 grid3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.B),
+                   static_cast<unsigned>(p.num_layers * p.HV));
+  launch(fold_kernel<K>, grid3, p, stream);
 }
 template void launch_fold<64>(const CommitParams&, cudaStream_t);
 template void launch_fold<128>(const CommitParams&, cudaStream_t);

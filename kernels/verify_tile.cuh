@@ -73,272 +73,377 @@ __device__ __forceinline__ void load_conv_pair(const void* weight, const void* b
   t1 = load_conv_taps<WeightT>(weight, bias, ch + 1);
 }
 
+/// One work item of the verify / extend kernel: the (V tile, v-head, request) triple.
+/// The constructor computes indices only; load_constants() and run() read the item's inputs
+/// through a source `Src`: GlobalSource (global memory) or StagedSource (verify_stream.cuh:
+/// the state tile from a shared-memory stage filled by a TMA bulk copy, the rest as
+/// GlobalSource). Both hand the same values to the same arithmetic, so the bits are equal.
+/// Src::kStaged: the state tile is copied to registers after the prologue (it is not live
+/// through it) and the kernel runs one token chunk (T <= kChunk).
 template <typename WeightT, int K, int BV, bool FUSED>
-__global__ void __launch_bounds__(256, 2)
-    verify_tile_kernel(const __grid_constant__ TileArgs args) {
+struct VerifyItem {
+  using Weight = WeightT;
+  static constexpr bool kFused = FUSED;
   using Cfg = TileConfig<K, BV>;
   using Slice = typename Cfg::Slice;
-  constexpr int P = Cfg::P;
-  constexpr int CPT = Cfg::CPT;
-  const VerifyParams& p = args.p;
-  __shared__ __align__(16) TileSmem<Cfg> sm;
+  static constexpr int P = Cfg::P;
+  static constexpr int CPT = Cfg::CPT;
 
-  const int tile = blockIdx.x;
-  const int hv = blockIdx.y;
-  const int n = blockIdx.z;
-  const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
-  const int G = p.HV / p.H;
-  const int h = hv / G;
-  const int v0 = tile * BV;
-  const int group = tid / P;
-  const int c = tid % P;
-  const int col0 = v0 + group * CPT;  // this thread's first column
-  const int T = p.T;
-  const int64_t D = qkv_dim(p);
-  const int64_t HK = static_cast<int64_t>(p.H) * K;
-
-  // This thread's channel pair (ch_local, ch_local + 1): [0, K) q of head h, [K, 2K) k of
-  // head h, [2K, 2K+BV) the v tile. gch = global channel of the pair's first, or -1.
-  const int ch_local = 2 * tid;
-  int64_t gch = -1;
-  if (tid < Cfg::kPairs) {
-    if (ch_local < 2 * K) {
-      gch = (ch_local / K) * HK + static_cast<int64_t>(h) * K + (ch_local % K);
-    } else if (v0 + ch_local - 2 * K < p.V) {
-      gch = 2 * HK + static_cast<int64_t>(hv) * p.V + v0 + ch_local - 2 * K;
-    }
-  }
-  const bool is_qk = ch_local < 2 * K;
-  const bool is_k = is_qk && ch_local >= K;
-
-  // Weights are static: load them before waiting on the previous kernel (PDL).
+  const TileArgs& args;
+  const VerifyParams& p;
+  int tile, hv, n;
+  int tid, lane, warp, G, h, v0, group, c, col0;
+  int64_t D, HK;
+  int ch_local;
+  int64_t gch;  // global channel of this thread's pair, or -1
+  bool is_qk, is_k;
   ConvTaps taps0, taps1;
-  if (FUSED && gch >= 0) {
-    load_conv_pair<WeightT>(p.conv_weight, p.conv_bias, gch, taps0, taps1);
-  }
+  int gk, gt0;
+  int64_t ghk;
+  float dt_bias, exp_a_log;
+
   // Gate work: thread owns key channel gk = tid % K for tokens tid/K, +kGateStep, ...
-  constexpr int kGateStep = Cfg::kThreads / K;
-  constexpr int kGateIters = Cfg::kChunk / kGateStep;
+  static constexpr int kGateStep = Cfg::kThreads / K;
+  static constexpr int kGateIters = Cfg::kChunk / kGateStep;
   static_assert(Cfg::kThreads % K == 0 && Cfg::kChunk % kGateStep == 0, "gate work split");
-  const int gk = tid % K;
-  const int gt0 = tid / K;
-  const int64_t ghk = static_cast<int64_t>(hv) * K + gk;
-  const float dt_bias = p.dt_bias[ghk];
-  const float exp_a_log = kda_exp(p.A_log[hv]);
 
-  // The committed state and the activations come from earlier kernels: wait for them.
-  pdl_wait();
-  pdl_launch_dependents();
-
-  const int slot = p.slots[n];
-  if (slot < 0) {  // padding row: zero outputs, touch nothing else
-    for (int t = 0; t < T; ++t) {
-      bf16_t* out_row = p.out + ((static_cast<int64_t>(n) * T + t) * p.HV + hv) * p.V;
-      for (int j = tid; j < BV && v0 + j < p.V; j += Cfg::kThreads) {
-        out_row[v0 + j] = bf16_t{0};
+  __device__ __forceinline__ VerifyItem(const TileArgs& a, int tile_, int hv_, int n_)
+      : args(a), p(a.p), tile(tile_), hv(hv_), n(n_) {
+    tid = threadIdx.x;
+    lane = tid & 31;
+    warp = tid >> 5;
+    G = p.HV / p.H;
+    h = hv / G;
+    v0 = tile * BV;
+    group = tid / P;
+    c = tid % P;
+    col0 = v0 + group * CPT;
+    D = qkv_dim(p);
+    HK = static_cast<int64_t>(p.H) * K;
+    // This thread's channel pair (ch_local, ch_local + 1): [0, K) q of head h, [K, 2K) k of
+    // head h, [2K, 2K+BV) the v tile.
+    ch_local = 2 * tid;
+    gch = -1;
+    if (tid < Cfg::kPairs) {
+      if (ch_local < 2 * K) {
+        gch = (ch_local / K) * HK + static_cast<int64_t>(h) * K + (ch_local % K);
+      } else if (v0 + ch_local - 2 * K < p.V) {
+        gch = 2 * HK + static_cast<int64_t>(hv) * p.V + v0 + ch_local - 2 * K;
       }
     }
-    return;
+    is_qk = ch_local < 2 * K;
+    is_k = is_qk && ch_local >= K;
+    gk = tid % K;
+    gt0 = tid / K;
+    ghk = static_cast<int64_t>(hv) * K + gk;
   }
-  const bool extend = args.extend != 0;
-  const bool ring = !extend && p.mode == RecordMode::kRing;
-  const bool snap = !extend && p.mode == RecordMode::kSnapshot;
-  const int64_t row = extend ? 0 : p.rows[n];
-  const bool qk_owner = tile == 0 && hv % G == 0;
-  const bool gate_owner = tile == 0;
-  const bool write_window = !extend && FUSED && gch >= 0 && (is_qk ? qk_owner : true);
 
-  // Start the state load first: at large B this is the dominant HBM traffic.
-  ColRegs<Slice> S[CPT];
-  bool col_ok[CPT];
-  const float* s_base = p.ssm_state + slot * p.ssm_slot_stride + static_cast<int64_t>(hv) * p.V * K;
-#pragma unroll
-  for (int j = 0; j < CPT; ++j) {
-    col_ok[j] = col0 + j < p.V;
-    if (col_ok[j]) {
-      load_column<Slice>(S[j], s_base + static_cast<int64_t>(col0 + j) * K, c);
-    } else {
-#pragma unroll
-      for (int i = 0; i < Slice::NPT; ++i) {
-#pragma unroll
-        for (int e = 0; e < Slice::E; ++e) {
-          S[j][i][e] = 0.0f;
+  /// Conv taps of the pair and the gate constants (global: before the PDL wait; staged: once
+  /// the stage has landed).
+  template <typename Src>
+  __device__ __forceinline__ void load_constants(const Src& src) {
+    if (FUSED && gch >= 0) {
+      src.conv_taps(*this, taps0, taps1);
+    }
+    dt_bias = src.dt_bias(*this);
+    exp_a_log = kda_exp(p.A_log[hv]);
+  }
+
+  template <typename Src>
+  __device__ __forceinline__ void run(TileSmem<Cfg>& sm, Src& src) {
+    const int T = p.T;
+    const int slot = src.slot(*this);
+    if (slot < 0) {  // padding row: zero outputs, touch nothing else
+      for (int t = 0; t < T; ++t) {
+        bf16_t* out_row = p.out + ((static_cast<int64_t>(n) * T + t) * p.HV + hv) * p.V;
+        for (int j = tid; j < BV && v0 + j < p.V; j += Cfg::kThreads) {
+          out_row[v0 + j] = bf16_t{0};
         }
       }
+      return;
     }
-  }
+    src.begin(*this);
+    const bool extend = args.extend != 0;
+    const bool ring = !extend && p.mode == RecordMode::kRing;
+    const bool snap = !extend && p.mode == RecordMode::kSnapshot;
+    const int64_t row = extend ? 0 : p.rows[n];
+    const bool qk_owner = tile == 0 && hv % G == 0;
+    const bool gate_owner = tile == 0;
+    const bool write_window = !extend && FUSED && gch >= 0 && (is_qk ? qk_owner : true);
 
-  // Conv history (raw bf16 values as f32) of the pair (fused only).
-  float w0[3], w1[3];
-  if (FUSED && gch >= 0) {
-    const bf16_t* cs = p.conv_state + slot * p.conv_state_slot_stride + gch;
+    // The state tile: from global memory, loaded first so that it is in flight during the
+    // prologue; or (staged) copied from shared memory only after the prologue so it does not
+    // hold 64 registers through it.
+    ColRegs<Slice> S[CPT];
+    bool col_ok[CPT];
 #pragma unroll
-    for (int j = 0; j < 3; ++j) {
-      const float2 hp = ld_bf16x2(cs + j * D);
-      w0[j] = hp.x;
-      w1[j] = hp.y;
+    for (int j = 0; j < CPT; ++j) {
+      col_ok[j] = col0 + j < p.V;
     }
-  }
-
-  // Per-pair destinations that do not depend on the token.
-  float* sm_dst = is_qk ? &sm.qk[0][ch_local / K][ch_local % K] : &sm.v[0][ch_local - 2 * K];
-  const int sm_stride = is_qk ? 2 * K : BV;
-  bf16_t* win_base = p.conv_window + row * p.conv_window_row_stride + gch;
-  bf16_t* ring_pair = nullptr;  // ring record of this pair at step 0 (L-strided per step)
-  int64_t ring_step = 0;
-  if (ring && gch >= 0) {
-    if (is_k && qk_owner) {
-      ring_pair = p.ring_rawk + slot * p.ring_rawk_slot_stride + static_cast<int64_t>(h) * p.L * K +
-                  (ch_local - K);
-      ring_step = K;
-    } else if (!is_qk) {
-      ring_pair = p.ring_rawv + slot * p.ring_rawv_slot_stride +
-                  static_cast<int64_t>(hv) * p.L * p.V + v0 + (ch_local - 2 * K);
-      ring_step = p.V;
+    const float* s_base =
+        p.ssm_state + slot * p.ssm_slot_stride + static_cast<int64_t>(hv) * p.V * K;
+    if constexpr (!Src::kStaged) {
+      src.load_state(*this, S, col_ok, s_base);
     }
-  }
 
-  for (int t0 = 0; t0 < T; t0 += Cfg::kChunk) {
-    const int tc = min(Cfg::kChunk, T - t0);
-    const int64_t r0 = static_cast<int64_t>(n) * T + t0;
-
-    // Issue every global load of the chunk before any dependent arithmetic or store (the
-    // stores below may alias the inputs as far as the compiler knows).
-    float2 xs[Cfg::kChunk];
+    // Conv history (raw bf16 values as f32) of the pair (fused only).
+    float w0[3], w1[3];
+    if (FUSED && gch >= 0) {
 #pragma unroll
-    for (int tt = 0; tt < Cfg::kChunk; ++tt) {
-      xs[tt] = make_float2(0.0f, 0.0f);
-      if (gch >= 0 && tt < tc) {
-        xs[tt] = FUSED ? ld_bf16x2(p.qkv + (r0 + tt) * p.qkv_stride + gch)
-                       : ld_bf16x2(p.qkv_act + (r0 + tt) * D + gch);
+      for (int j = 0; j < 3; ++j) {
+        const float2 hp = src.hist(*this, slot, j);
+        w0[j] = hp.x;
+        w1[j] = hp.y;
       }
     }
-    float as[kGateIters];
-#pragma unroll
-    for (int j = 0; j < kGateIters; ++j) {
-      const int tt = gt0 + j * kGateStep;
-      as[j] = tt < tc ? ld_bf16(p.a + (r0 + tt) * p.a_stride + ghk) : 0.0f;
-    }
-    const float bs = tid < tc ? ld_bf16(p.b + (r0 + tid) * p.b_stride + hv) : 0.0f;
 
-    // 1. q/k/v of the chunk's tokens for this thread's channel pair.
-    if (gch >= 0) {
+    // Per-pair destinations that do not depend on the token.
+    float* sm_dst = is_qk ? &sm.qk[0][ch_local / K][ch_local % K] : &sm.v[0][ch_local - 2 * K];
+    const int sm_stride = is_qk ? 2 * K : BV;
+    bf16_t* win_base = p.conv_window + row * p.conv_window_row_stride + gch;
+    bf16_t* ring_pair = nullptr;  // ring record of this pair at step 0 (L-strided per step)
+    int64_t ring_step = 0;
+    if (ring && gch >= 0) {
+      if (is_k && qk_owner) {
+        ring_pair = p.ring_rawk + slot * p.ring_rawk_slot_stride +
+                    static_cast<int64_t>(h) * p.L * K + (ch_local - K);
+        ring_step = K;
+      } else if (!is_qk) {
+        ring_pair = p.ring_rawv + slot * p.ring_rawv_slot_stride +
+                    static_cast<int64_t>(hv) * p.L * p.V + v0 + (ch_local - 2 * K);
+        ring_step = p.V;
+      }
+    }
+
+    // The streaming kernel serves T <= kChunk only (launcher-checked): one chunk, so the
+    // state is never live through a prologue (no spills).
+    const int t_limit = Src::kStaged ? 1 : T;
+    for (int t0 = 0; t0 < t_limit; t0 += Cfg::kChunk) {
+      const int tc = min(Cfg::kChunk, T - t0);
+      const int64_t r0 = static_cast<int64_t>(n) * T + t0;
+
+      // Issue every global load of the chunk before any dependent arithmetic or store (the
+      // stores below may alias the inputs as far as the compiler knows).
+      float2 xs[Cfg::kChunk];
 #pragma unroll
       for (int tt = 0; tt < Cfg::kChunk; ++tt) {
+        xs[tt] = make_float2(0.0f, 0.0f);
+        if (gch >= 0 && tt < tc) {
+          xs[tt] = src.x(*this, r0 + tt, tt);
+        }
+      }
+      float as[kGateIters];
+#pragma unroll
+      for (int j = 0; j < kGateIters; ++j) {
+        const int tt = gt0 + j * kGateStep;
+        as[j] = tt < tc ? src.a(*this, r0 + tt, tt) : 0.0f;
+      }
+      const float bs = tid < tc ? ld_bf16(p.b + (r0 + tid) * p.b_stride + hv) : 0.0f;
+
+      // 1. q/k/v of the chunk's tokens for this thread's channel pair.
+      if (gch >= 0) {
+#pragma unroll
+        for (int tt = 0; tt < Cfg::kChunk; ++tt) {
+          if (tt >= tc) {
+            break;
+          }
+          const int t = t0 + tt;
+          float y0, y1;
+          if constexpr (FUSED) {
+            const float a0 = conv_acc<WeightT>(taps0, w0[0], w0[1], w0[2], xs[tt].x);
+            const float a1 = conv_acc<WeightT>(taps1, w1[0], w1[1], w1[2], xs[tt].y);
+            w0[0] = w0[1];
+            w0[1] = w0[2];
+            w0[2] = xs[tt].x;
+            w1[0] = w1[1];
+            w1[1] = w1[2];
+            w1[2] = xs[tt].y;
+            y0 = silu_bf16(a0);
+            y1 = silu_bf16(a1);
+            if (write_window) {
+              bf16_t* w = win_base + static_cast<int64_t>(t) * 3 * D;
+              st_bf16x2(w, w0[0], w1[0]);
+              st_bf16x2(w + D, w0[1], w1[1]);
+              st_bf16x2(w + 2 * D, w0[2], w1[2]);
+            }
+          } else {
+            y0 = xs[tt].x;
+            y1 = xs[tt].y;
+          }
+          *reinterpret_cast<float2*>(sm_dst + tt * sm_stride) = make_float2(y0, y1);
+          if (ring_pair != nullptr && t < p.L) {
+            st_bf16x2(ring_pair + t * ring_step, y0, y1);
+          }
+        }
+      }
+
+      // 2. gates and beta.
+#pragma unroll
+      for (int j = 0; j < kGateIters; ++j) {
+        const int tt = gt0 + j * kGateStep;
         if (tt >= tc) {
           break;
         }
         const int t = t0 + tt;
-        float y0, y1;
-        if constexpr (FUSED) {
-          const float a0 = conv_acc<WeightT>(taps0, w0[0], w0[1], w0[2], xs[tt].x);
-          const float a1 = conv_acc<WeightT>(taps1, w1[0], w1[1], w1[2], xs[tt].y);
-          w0[0] = w0[1];
-          w0[1] = w0[2];
-          w0[2] = xs[tt].x;
-          w1[0] = w1[1];
-          w1[1] = w1[2];
-          w1[2] = xs[tt].y;
-          y0 = silu_bf16(a0);
-          y1 = silu_bf16(a1);
-          if (write_window) {
-            bf16_t* w = win_base + static_cast<int64_t>(t) * 3 * D;
-            st_bf16x2(w, w0[0], w1[0]);
-            st_bf16x2(w + D, w0[1], w1[1]);
-            st_bf16x2(w + 2 * D, w0[2], w1[2]);
-          }
-        } else {
-          y0 = xs[tt].x;
-          y1 = xs[tt].y;
-        }
-        *reinterpret_cast<float2*>(sm_dst + tt * sm_stride) = make_float2(y0, y1);
-        if (ring_pair != nullptr && t < p.L) {
-          st_bf16x2(ring_pair + t * ring_step, y0, y1);
+        const float x = __fadd_rn(as[j], dt_bias);
+        const float g = p.gate == GateKind::kStandard ? gate_standard(x, exp_a_log)
+                                                      : gate_safe(x, exp_a_log, p.lower_bound);
+        sm.decay[tt][gk] = kda_exp(g);
+        if (ring && gate_owner && t < p.L) {
+          p.ring_g[slot * p.ring_g_slot_stride + (static_cast<int64_t>(hv) * p.L + t) * K + gk] = g;
         }
       }
-    }
+      if (tid < tc) {
+        const int t = t0 + tid;
+        const float beta = kda_sigmoid(bs);
+        sm.beta[tid] = beta;
+        if (ring && gate_owner && t < p.L) {
+          p.ring_beta[slot * p.ring_beta_slot_stride + static_cast<int64_t>(hv) * p.L + t] = beta;
+        }
+      }
+      __syncthreads();
 
-    // 2. gates and beta.
-#pragma unroll
-    for (int j = 0; j < kGateIters; ++j) {
-      const int tt = gt0 + j * kGateStep;
-      if (tt >= tc) {
-        break;
+      // 3. L2 norms of q (scaled by K^-0.5) and k, one warp per vector.
+      for (int job = warp; job < 2 * tc; job += Cfg::kWarps) {
+        const int which = job & 1;
+        l2_normalize_warp<K>(sm.qk[job >> 1][which], kQkScale<K>, which == 0, lane);
       }
-      const int t = t0 + tt;
-      const float x = __fadd_rn(as[j], dt_bias);
-      const float g = p.gate == GateKind::kStandard ? gate_standard(x, exp_a_log)
-                                                    : gate_safe(x, exp_a_log, p.lower_bound);
-      sm.decay[tt][gk] = kda_exp(g);
-      if (ring && gate_owner && t < p.L) {
-        p.ring_g[slot * p.ring_g_slot_stride + (static_cast<int64_t>(hv) * p.L + t) * K + gk] = g;
+      __syncthreads();
+      if constexpr (Src::kStaged) {
+        src.load_state(*this, S, col_ok, s_base);
       }
-    }
-    if (tid < tc) {
-      const int t = t0 + tid;
-      const float beta = kda_sigmoid(bs);
-      sm.beta[tid] = beta;
-      if (ring && gate_owner && t < p.L) {
-        p.ring_beta[slot * p.ring_beta_slot_stride + static_cast<int64_t>(hv) * p.L + t] = beta;
-      }
-    }
-    __syncthreads();
 
-    // 3. L2 norms of q (scaled by K^-0.5) and k, one warp per vector.
-    for (int job = warp; job < 2 * tc; job += Cfg::kWarps) {
-      const int which = job & 1;
-      l2_normalize_warp<K>(sm.qk[job >> 1][which], kQkScale<K>, which == 0, lane);
-    }
-    __syncthreads();
-
-    // 4. The recurrence.
-    for (int tt = 0; tt < tc; ++tt) {
-      const int t = t0 + tt;
-      float vv[CPT];
-#pragma unroll
-      for (int j = 0; j < CPT; ++j) {
-        vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
-      }
-      delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
-      float o[CPT];
-      output_dot<Slice>(S, sm.qk[tt][0], c, o);
-      const int64_t r = static_cast<int64_t>(n) * T + t;
-      // Lane c < CPT of the group writes column c: one coalesced run per group.
-      if (c < CPT) {
-        float oc = o[0];
-#pragma unroll
-        for (int j = 1; j < CPT; ++j) {
-          oc = c == j ? o[j] : oc;
-        }
-        if (col0 + c < p.V) {
-          p.out[(r * p.HV + hv) * p.V + col0 + c] = to_bf16(oc);
-        }
-      }
-      if (snap) {
-        float* dst = p.snapshots + row * p.snapshot_row_stride +
-                     (static_cast<int64_t>(t) * p.HV + hv) * p.V * K;
+      // 4. The recurrence.
+      for (int tt = 0; tt < tc; ++tt) {
+        const int t = t0 + tt;
+        float vv[CPT];
 #pragma unroll
         for (int j = 0; j < CPT; ++j) {
-          if (col_ok[j]) {
-            store_column<Slice>(dst + static_cast<int64_t>(col0 + j) * K, S[j], c);
+          vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
+        }
+        delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
+        float o[CPT];
+        output_dot<Slice>(S, sm.qk[tt][0], c, o);
+        const int64_t r = static_cast<int64_t>(n) * T + t;
+        // Lane 0 of the group writes its CPT columns (every lane holds every column's bits):
+        // bf16 pairs, no per-lane column select (which nvcc lowered to a local-memory array).
+        // Pairs are whole: V, v0 and col0 are even when CPT >= 2.
+        if (c == 0) {
+          bf16_t* orow = p.out + (r * p.HV + hv) * p.V + col0;
+          if constexpr (CPT == 1) {
+            if (col_ok[0]) {
+              orow[0] = to_bf16(o[0]);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < CPT; j += 2) {
+              if (col_ok[j]) {
+                st_bf16x2(orow + j, o[j], o[j + 1]);
+              }
+            }
+          }
+        }
+        if (snap) {
+          float* dst = p.snapshots + row * p.snapshot_row_stride +
+                       (static_cast<int64_t>(t) * p.HV + hv) * p.V * K;
+#pragma unroll
+          for (int j = 0; j < CPT; ++j) {
+            if (col_ok[j]) {
+              store_column<Slice>(dst + static_cast<int64_t>(col0 + j) * K, S[j], c);
+            }
           }
         }
       }
+      __syncthreads();  // the next chunk (or item) overwrites shared memory
     }
-    __syncthreads();  // the next chunk overwrites shared memory
-  }
 
-  if (extend) {
-    float* dst = args.ssm_out + slot * p.ssm_slot_stride + static_cast<int64_t>(hv) * p.V * K;
+    if (extend) {
+      float* dst = args.ssm_out + slot * p.ssm_slot_stride + static_cast<int64_t>(hv) * p.V * K;
 #pragma unroll
-    for (int j = 0; j < CPT; ++j) {
-      if (col_ok[j]) {
-        store_column<Slice>(dst + static_cast<int64_t>(col0 + j) * K, S[j], c);
+      for (int j = 0; j < CPT; ++j) {
+        if (col_ok[j]) {
+          store_column<Slice>(dst + static_cast<int64_t>(col0 + j) * K, S[j], c);
+        }
       }
     }
   }
+};
+
+/// Zeros one column slice (columns past V).
+template <typename Slice>
+__device__ __forceinline__ void zero_column(ColRegs<Slice>& dst) {
+#pragma unroll
+  for (int i = 0; i < Slice::NPT; ++i) {
+#pragma unroll
+    for (int e = 0; e < Slice::E; ++e) {
+      dst[i][e] = 0.0f;
+    }
+  }
+}
+
+/// State columns col0 + j (j < CPT) of a head's [V][K] f32 state at `head` (global or shared
+/// memory), zeros where !ok[j].
+template <typename Slice>
+__device__ __forceinline__ void load_state_columns(ColRegs<Slice> (&S)[Slice::CPT],
+                                                   const bool (&ok)[Slice::CPT], const float* head,
+                                                   int col0, int c) {
+#pragma unroll
+  for (int j = 0; j < Slice::CPT; ++j) {
+    if (ok[j]) {
+      load_column<Slice>(S[j], head + static_cast<int64_t>(col0 + j) * Slice::K, c);
+    } else {
+      zero_column<Slice>(S[j]);
+    }
+  }
+}
+
+/// A verify item's inputs straight from global memory.
+template <typename Item>
+struct GlobalSource {
+  static constexpr bool kStaged = false;
+  using Slice = typename Item::Slice;
+
+  __device__ __forceinline__ int slot(const Item& it) const { return it.p.slots[it.n]; }
+  /// Start of a live item's work (after the padding check).
+  __device__ __forceinline__ void begin(const Item&) const {}
+  __device__ __forceinline__ void conv_taps(const Item& it, ConvTaps& t0, ConvTaps& t1) const {
+    load_conv_pair<typename Item::Weight>(it.p.conv_weight, it.p.conv_bias, it.gch, t0, t1);
+  }
+  __device__ __forceinline__ float dt_bias(const Item& it) const { return it.p.dt_bias[it.ghk]; }
+  /// Conv history row j (oldest first) of the pair.
+  __device__ __forceinline__ float2 hist(const Item& it, int slot, int j) const {
+    return ld_bf16x2(it.p.conv_state + slot * it.p.conv_state_slot_stride + it.gch + j * it.D);
+  }
+  /// The pair's raw input (fused: mixed_qkv) or activation (unfused: qkv_act) of row r.
+  __device__ __forceinline__ float2 x(const Item& it, int64_t r, int) const {
+    return Item::kFused ? ld_bf16x2(it.p.qkv + r * it.p.qkv_stride + it.gch)
+                        : ld_bf16x2(it.p.qkv_act + r * it.D + it.gch);
+  }
+  /// Gate logit of row r, key channel gk.
+  __device__ __forceinline__ float a(const Item& it, int64_t r, int) const {
+    return ld_bf16(it.p.a + r * it.p.a_stride + it.ghk);
+  }
+  __device__ __forceinline__ void load_state(const Item& it, ColRegs<Slice> (&S)[Slice::CPT],
+                                             const bool (&ok)[Slice::CPT],
+                                             const float* head) const {
+    load_state_columns<Slice>(S, ok, head, it.col0, it.c);
+  }
+};
+
+/// One CTA per item, grid (ceil(V/BV), HV, B): the inputs come straight from global memory
+/// (lowest latency: the small-B path).
+template <typename WeightT, int K, int BV, bool FUSED>
+__global__ void __launch_bounds__(256, 2)
+    verify_tile_kernel(const __grid_constant__ TileArgs args) {
+  using Item = VerifyItem<WeightT, K, BV, FUSED>;
+  __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
+  Item item(args, blockIdx.x, blockIdx.y, blockIdx.z);
+  GlobalSource<Item> src;
+  item.load_constants(src);  // weights and gate constants: before the PDL wait
+  // The committed state and the activations come from earlier kernels: wait for them.
+  pdl_wait();
+  pdl_launch_dependents();
+  item.run(sm, src);
 }
 
 /// Launches one configuration with PDL (programmatic stream serialisation) on sm_90+.
@@ -351,6 +456,7 @@ void launch_verify_tile(const TileArgs& args, cudaStream_t stream);
 
 #include "core/cuda_check.h"
 #include "kernels/launch_utils.h"
+#include "kernels/verify_stream.cuh"
 
 namespace kda::kernels {
 
@@ -358,16 +464,30 @@ template <typename WeightT, int K, int BV, bool FUSED>
 void launch_verify_tile(const TileArgs& args, cudaStream_t stream) {
   const VerifyParams& p = args.p;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(ceil_div(p.V, BV)), static_cast<unsigned>(p.HV),
-                     static_cast<unsigned>(p.B));
   cfg.blockDim = dim3(TileConfig<K, BV>::kThreads);
-  cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  const int64_t tiles = ceil_div(p.V, BV);
+  if constexpr (BV == 128) {
+    const size_t stage_bytes = static_cast<size_t>(BV) * K * sizeof(float);
+    const bool streamable = args.extend == 0 && stream_layout_ok(p, TileConfig<K, BV>::kChunk);
+    const void* kernel = reinterpret_cast<const void*>(verify_stream_kernel<WeightT, K, BV, FUSED>);
+    const int grid = state_stream_grid(kernel, TileConfig<K, BV>::kThreads, stage_bytes,
+                                       tiles * p.HV * p.B, streamable);
+    if (grid > 0) {
+      cfg.gridDim = dim3(static_cast<unsigned>(grid));
+      cfg.dynamicSmemBytes = stage_bytes;
+      KDA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, verify_stream_kernel<WeightT, K, BV, FUSED>, args));
+      return;
+    }
+  }
+  cfg.gridDim =
+      dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.HV), static_cast<unsigned>(p.B));
+  cfg.dynamicSmemBytes = 0;
   KDA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, verify_tile_kernel<WeightT, K, BV, FUSED>, args));
 }
 

@@ -52,6 +52,18 @@ void require_same_bytes(const VerifyProblem& x, const VerifyProblem& y, const ch
   }
 }
 
+/// Forces the persistent streaming schedule (kernels/state_stream.cuh) for its lifetime, at
+/// most `max_ctas` CTAs so each walks many items (padding items in between).
+class ForceStateStream {
+ public:
+  explicit ForceStateStream(kernels::StateStreamMode mode, int max_ctas = 0) {
+    kernels::set_state_stream_mode(mode, max_ctas);
+  }
+  ~ForceStateStream() { kernels::set_state_stream_mode(kernels::StateStreamMode::kAuto); }
+  ForceStateStream(const ForceStateStream&) = delete;
+  ForceStateStream& operator=(const ForceStateStream&) = delete;
+};
+
 std::vector<VerifyCase> base_cases() {
   // SGLang's 8 base cases and 3 GQA cases (upstream_backend.md §6.1), then the model shapes.
   std::vector<VerifyCase> cs;
@@ -132,6 +144,19 @@ TEST_CASE("kernels: fused == unfused bitwise over whole tensors, every BV", "[ke
           kernels::invoke_verify_fused(fused.params(), bv, nullptr);
           sync();
           require_same_bytes(fused, unfused, "fused vs unfused");
+        }
+        // The BV = 128 tiles as persistent streaming CTAs (3 CTAs: many items each, padding
+        // items skipped) and as one CTA per item: the same bits, fused and unfused.
+        for (auto sched : {kernels::StateStreamMode::kAlways, kernels::StateStreamMode::kNever}) {
+          const ForceStateStream force(sched, 3);
+          CAPTURE(static_cast<int>(sched));
+          VerifyProblem fused = initial.clone_to(kGpu);
+          VerifyProblem unf = initial.clone_to(kGpu);
+          kernels::invoke_verify_fused(fused.params(), 128, nullptr);
+          kernels::invoke_verify_unfused(unf.params(), nullptr);
+          sync();
+          require_same_bytes(fused, unfused, "streamed/per-item fused vs unfused");
+          require_same_bytes(unf, unfused, "streamed/per-item unfused vs unfused");
         }
       }
     }
@@ -362,6 +387,17 @@ TEST_CASE("kernels: fold == snapshot commit bitwise; one all-layer launch == per
     sync();
     REQUIRE(bitwise_equal(pool.bytes(pool.ssm), snap_ssm));
 
+    // The fold as persistent streaming CTAs (2 CTAs walking every item, padding requests
+    // skipped) and as one CTA per item: the same bits.
+    for (auto sched : {kernels::StateStreamMode::kAlways, kernels::StateStreamMode::kNever}) {
+      const ForceStateStream force(sched, 2);
+      CAPTURE(static_cast<int>(sched));
+      pool.ssm.upload(before_ssm.data(), static_cast<int64_t>(before_ssm.size()));
+      kernels::invoke_fold(pool.params(accepted, RecordMode::kRing), nullptr);
+      sync();
+      REQUIRE(bitwise_equal(pool.bytes(pool.ssm), snap_ssm));
+    }
+
     // Per-layer folds (num_layers = 1, layer-offset pointers) give the same bits.
     pool.ssm.upload(before_ssm.data(), static_cast<int64_t>(before_ssm.size()));
     for (int l = 0; l < layers; ++l) {
@@ -473,23 +509,27 @@ TEST_CASE("kernels: CUDA-graph capture and replay give the eager bits", "[kernel
   c.bias = true;
   c.neg_slot = true;
   c.seed = run_seed() + 6000;
-  for (RecordMode mode : {RecordMode::kRing, RecordMode::kSnapshot}) {
+  // Passes 2-3: the persistent streaming kernels (BV = 128 verify, fold) under capture. The
+  // graph is captured before the eager run, so run alone (tools/gpu_bundle.sh run_all.sh does)
+  // this also proves the streaming launch's first-use set-up is legal inside a capture.
+  for (int pass = 0; pass < 4; ++pass) {
+    const RecordMode mode = pass % 2 == 0 ? RecordMode::kRing : RecordMode::kSnapshot;
+    const bool streamed = pass >= 2;
+    const ForceStateStream force(
+        streamed ? kernels::StateStreamMode::kAlways : kernels::StateStreamMode::kAuto, 5);
+    const int bv = streamed ? 128 : 16;
     c.mode = mode;
-    CAPTURE(c);
+    CAPTURE(c, streamed);
     const VerifyProblem initial(c, kGpu);
     VerifyProblem eager = initial.clone_to(kGpu);
     VerifyProblem graphed = initial.clone_to(kGpu);
     const Buffer accepted = make_buffer({2, 1, 4, 3}, kGpu);
-    kernels::invoke_verify_fused(eager.params(), 16, nullptr);
-    kernels::invoke_verify_unfused(eager.params(), nullptr);
-    kernels::invoke_commit(eager.commit_params(accepted), nullptr);
-    sync();
 
     cudaStream_t stream;
     KDA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaGraph_t graph;
     KDA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    kernels::invoke_verify_fused(graphed.params(), 16, stream);
+    kernels::invoke_verify_fused(graphed.params(), bv, stream);
     kernels::invoke_verify_unfused(graphed.params(), stream);
     kernels::invoke_commit(graphed.commit_params(accepted), stream);
     KDA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
@@ -497,6 +537,10 @@ TEST_CASE("kernels: CUDA-graph capture and replay give the eager bits", "[kernel
     KDA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     KDA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     KDA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    kernels::invoke_verify_fused(eager.params(), bv, nullptr);
+    kernels::invoke_verify_unfused(eager.params(), nullptr);
+    kernels::invoke_commit(eager.commit_params(accepted), nullptr);
+    sync();
     require_same_bytes(eager, graphed, "graph vs eager");
     KDA_CUDA_CHECK(cudaGraphExecDestroy(exec));
     KDA_CUDA_CHECK(cudaGraphDestroy(graph));

@@ -62,6 +62,10 @@ for bin in "$here"/tests/*; do
     ((keep)) || continue
   fi
   run "$name" "$bin"
+  if [[ $name == kernels_gpu_test ]]; then
+    # Alone in a fresh process: the streaming kernels' first launch happens inside a capture.
+    run "$name.capture_first" "$bin" "kernels: CUDA-graph capture and replay give the eager bits"
+  fi
   if ((sanitize)); then
     cs=${COMPUTE_SANITIZER:-compute-sanitizer}
     command -v "$cs" >/dev/null || cs=/usr/local/cuda/bin/compute-sanitizer

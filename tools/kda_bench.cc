@@ -52,8 +52,11 @@ void print_header(const BenchArgs& args) {
              args.effective_ring_len(), args.max_T());
   fmt::print(
       "timing: {} calls per CUDA graph, {} warm-up replays, {} reps x {} timed replays; "
-      "us/call = median over reps; PDL {}{}\n",
+      "us/call = median over reps; PDL {}; state streaming {}{}\n",
       args.calls, args.warmup, args.reps, args.iters, args.pdl ? "on" : "off",
+      args.state_stream == kernels::StateStreamMode::kAuto
+          ? "auto"
+          : (args.state_stream == kernels::StateStreamMode::kAlways ? "always" : "never"),
       args.l2_cold ? "; L2-cold: rotating layer copies (one call per copy)" : "");
   for (const std::string& line : describe_byte_model(args.shape, args.hbm_gbps)) {
     fmt::print("{}\n", line);
@@ -76,6 +79,7 @@ int run(const BenchArgs& args, int argc, const char* const* argv) {
   }
   KDA_CUDA_CHECK(cudaSetDevice(platform.device));
   kernels::set_pdl_enabled(args.pdl);
+  kernels::set_state_stream_mode(args.state_stream);
   cudaDeviceProp prop{};
   KDA_CUDA_CHECK(cudaGetDeviceProperties(&prop, platform.device));
 

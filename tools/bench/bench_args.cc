@@ -145,6 +145,8 @@ Other:
   --dry-run              print the plan: device memory per B, timings, a device-time lower
                          bound (assumes an H200: 50 MiB L2); needs no GPU
   --no-pdl               launch without programmatic dependent launch (default: with PDL)
+  --state-stream MODE    large-tile kernels (BV = 128, fold) as persistent streaming CTAs:
+                         auto (beyond one wave of CTAs; default), always, never
   --device N             CUDA device ordinal (default 0)
   --out FILE             also write every row to FILE (.csv or .json)
   -h, --help             this text
@@ -271,18 +273,25 @@ struct FlagSpec {
 };
 // Every flag bench_usage() documents (the handlers below must cover the same set).
 constexpr FlagSpec kFlags[] = {
-    {"--preset", true},       {"--heads", true},       {"--hv-heads", true},
-    {"--head-k-dim", true},   {"--head-v-dim", true},  {"--lower-bound", true},
-    {"--conv-weight", true},  {"--conv-bias", false},  {"--batch-sizes", true},
-    {"--draft-tokens", true}, {"--variants", true},    {"--block-v", true},
-    {"--sweep-bv", false},    {"--phases", true},      {"--layers", true},
-    {"--accepted", true},     {"--calls", true},       {"--warmup", true},
-    {"--iters", true},        {"--reps", true},        {"--round-iters", true},
-    {"--commit-iters", true}, {"--l2-cold", false},    {"--max-copies", true},
-    {"--hbm-gbps", true},     {"--copy-mib", true},    {"--ring-len", true},
-    {"--seed", true},         {"--skip-guard", false}, {"--brief", false},
-    {"--dry-run", false},     {"--no-pdl", false},     {"--device", true},
-    {"--out", true},          {"--help", false},       {"-h", false},
+    {"--preset", true},      {"--heads", true},
+    {"--hv-heads", true},    {"--head-k-dim", true},
+    {"--head-v-dim", true},  {"--lower-bound", true},
+    {"--conv-weight", true}, {"--conv-bias", false},
+    {"--batch-sizes", true}, {"--draft-tokens", true},
+    {"--variants", true},    {"--block-v", true},
+    {"--sweep-bv", false},   {"--phases", true},
+    {"--layers", true},      {"--accepted", true},
+    {"--calls", true},       {"--warmup", true},
+    {"--iters", true},       {"--reps", true},
+    {"--round-iters", true}, {"--commit-iters", true},
+    {"--l2-cold", false},    {"--max-copies", true},
+    {"--hbm-gbps", true},    {"--copy-mib", true},
+    {"--ring-len", true},    {"--seed", true},
+    {"--skip-guard", false}, {"--brief", false},
+    {"--dry-run", false},    {"--no-pdl", false},
+    {"--device", true},      {"--state-stream", true},
+    {"--out", true},         {"--help", false},
+    {"-h", false},
 };
 
 }  // namespace
@@ -442,6 +451,18 @@ std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
       {"--brief", [&](auto&, auto&) { a.brief = true; }},
       {"--dry-run", [&](auto&, auto&) { a.dry_run = true; }},
       {"--no-pdl", [&](auto&, auto&) { a.pdl = false; }},
+      {"--state-stream",
+       [&](auto& n, auto& v) {
+         if (v == "auto") {
+           a.state_stream = kernels::StateStreamMode::kAuto;
+         } else if (v == "always") {
+           a.state_stream = kernels::StateStreamMode::kAlways;
+         } else if (v == "never") {
+           a.state_stream = kernels::StateStreamMode::kNever;
+         } else {
+           arg_fail(n, v, "auto, always or never");
+         }
+       }},
       {"--device", [&](auto& n, auto& v) { a.device = parse_int(n, v, 0, 1023); }},
       {"--out",
        [&](auto& n, auto& v) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/kda_params.h"
+#include "kernels/launch_utils.h"
 
 namespace kda::bench {
 
@@ -77,6 +78,8 @@ struct BenchArgs {
   bool brief = false;    ///< table: fused rows only for the best BV
   bool dry_run = false;  ///< print the plan (memory, timings, time bound); no device needed
   bool pdl = true;       ///< programmatic dependent launch in the kernels' launchers
+  /// Persistent streaming CTAs for the large-tile kernels (kernels/launch_utils.h).
+  kernels::StateStreamMode state_stream = kernels::StateStreamMode::kAuto;
   int device = 0;
   std::string out_path;  ///< .csv or .json; empty: none
 

@@ -1,0 +1,143 @@
+// state_stream.cuh: persistent CTAs that stream each work item's inputs through shared memory.
+//
+// Why: at large B a verify/fold CTA spends its life in two phases, "wait for 64 KiB of
+// state and the inputs" and "compute", and with only 2 CTAs per SM (register-bound) the
+// phases of the two CTAs line up, so the SM idles while the data arrives (docs/perf.md).
+// A persistent CTA instead walks the work items blockIdx.x, blockIdx.x + gridDim.x, ...
+// and, as soon as it is done with item i's stage, has the TMA engine (cp.async.bulk, sm_90+)
+// bring the next live item's data into the same stage, so that load runs under item i's
+// recurrence.
+//
+// BulkStage protocol (one stage, one mbarrier, the parity flips per filled stage):
+//   fill:         issue(run)... then one arrive()   (fill(): one warp does both)
+//   all threads:  wait()                            -> the last fill has landed
+// then the item reads the stage; every thread must be done reading a region (a
+// __syncthreads) before it is refilled — regions may be refilled at different times within
+// one fill. Every fill must be waited for exactly once, in order.
+// A run is `bytes` contiguous bytes, 16-byte aligned at both ends, a multiple of 16
+// (launchers check the tensors' alignment and fall back to the per-item kernels otherwise).
+#pragma once
+
+#include <cstdint>
+
+namespace kda::kernels {
+
+/// Shared-memory address (32-bit, .shared::cta window) of a generic pointer to shared memory.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// One bulk copy: `bytes` from global `src` to the stage at byte offset `dst`.
+struct BulkRun {
+  uint32_t dst;
+  const void* src;
+  uint32_t bytes;
+};
+
+class BulkStage {
+ public:
+  /// `stage` and `bar` are shared memory.
+  __device__ BulkStage(void* stage, uint64_t* bar) : stage_(stage), bar_(bar) {}
+
+  /// Thread 0 initialises the barrier; a __syncthreads() must follow before any use.
+  __device__ void init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar_)) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+#endif
+  }
+
+  /// One thread: announces r.bytes on the barrier and puts the copy in flight. A fill is any
+  /// number of issue() calls followed (in an order the issuing threads agree on, e.g. across
+  /// a __syncthreads) by exactly one arrive().
+  __device__ void issue(const BulkRun& r) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t bar = smem_addr(bar_);
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(r.bytes)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];" ::"r"(smem_addr(stage_) + r.dst),
+        "l"(r.src), "r"(r.bytes), "r"(bar)
+        : "memory");
+#else
+    (void)r;
+    __trap();  // launchers only stream on sm_90+
+#endif
+  }
+
+  /// A whole one-run fill by the threads with `pred` set, branch-free (predicated inside one
+  /// asm block): cheap in registers where a kernel's state is live.
+  __device__ void fill_one_if(bool pred, const BulkRun& r) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.u32 p, %4, 0;\n"
+        "@p mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %3;\n"
+        "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%1], [%2], %3, "
+        "[%0];\n"
+        "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+        "}\n" ::"r"(smem_addr(bar_)),
+        "r"(smem_addr(stage_) + r.dst), "l"(r.src), "r"(r.bytes), "r"(pred ? 1u : 0u)
+        : "memory");
+#else
+    (void)pred;
+    (void)r;
+#endif
+  }
+
+  /// One thread: the fill's single arrival (after all its issue() calls).
+  __device__ void arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar_)) : "memory");
+#endif
+  }
+
+  /// Warp 0, all 32 lanes: a whole fill of runs 0..count-1 (`run(i)` returns a BulkRun).
+  template <typename Runs>
+  __device__ void fill(const Runs& run, int count) {
+    for (int i = static_cast<int>(threadIdx.x % 32); i < count; i += 32) {
+      issue(run(i));
+    }
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) {
+      arrive();
+    }
+  }
+
+  /// Every thread: waits until the last fill has landed.
+  __device__ void wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "KDA_STAGE_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra KDA_STAGE_WAIT;\n"
+        "}\n" ::"r"(smem_addr(bar_)),
+        "r"(phase_)
+        : "memory");
+    phase_ ^= 1u;
+#endif
+  }
+
+ private:
+  void* stage_;
+  uint64_t* bar_;
+  uint32_t phase_ = 0;
+};
+
+/// First live item at or after `item` in this CTA's walk (stride gridDim.x), or count().
+/// Items: `int count() const`, `bool live(int) const`.
+template <typename Items>
+__device__ __forceinline__ int next_live_item(const Items& items, int item) {
+  while (item < items.count() && !items.live(item)) {
+    item += static_cast<int>(gridDim.x);
+  }
+  return item;
+}
+
+}  // namespace kda::kernels

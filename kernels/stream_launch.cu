@@ -1,0 +1,81 @@
+// stream_launch.cu: host-side choice and sizing of the persistent streaming launches.
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "core/cuda_check.h"
+#include "kernels/launch_utils.h"
+
+namespace kda::kernels {
+
+namespace {
+
+StateStreamMode g_stream_mode = StateStreamMode::kAuto;
+int g_stream_max_ctas = 0;
+
+struct DeviceInfo {
+  int sms = 0;
+  int major = 0;
+};
+
+/// Resident CTAs per SM of a kernel on a device, after raising its dynamic smem limit.
+struct KernelInfo {
+  int ctas_per_sm = 0;
+};
+
+std::mutex g_mu;
+std::map<int, DeviceInfo> g_devices;
+std::map<std::pair<const void*, int>, KernelInfo> g_kernels;
+
+}  // namespace
+
+StateStreamMode state_stream_mode() { return g_stream_mode; }
+void set_state_stream_mode(StateStreamMode mode, int max_ctas) {
+  g_stream_mode = mode;
+  g_stream_max_ctas = max_ctas > 0 ? max_ctas : 0;
+}
+
+int state_stream_grid(const void* kernel, int threads, size_t smem_bytes, int64_t items,
+                      bool streamable) {
+  if (g_stream_mode == StateStreamMode::kNever || !streamable || items <= 0) {
+    return 0;
+  }
+  int device = 0;
+  KDA_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto dev = g_devices.find(device);
+  if (dev == g_devices.end()) {
+    DeviceInfo info;
+    KDA_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device));
+    KDA_CUDA_CHECK(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device));
+    dev = g_devices.emplace(device, info).first;
+  }
+  if (dev->second.major < 9) {
+    return 0;  // no TMA bulk copies before sm_90
+  }
+  const auto key = std::make_pair(kernel, device);
+  auto k = g_kernels.find(key);
+  if (k == g_kernels.end()) {
+    KDA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem_bytes)));
+    KernelInfo info;
+    KDA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, kernel, threads,
+                                                                 smem_bytes));
+    k = g_kernels.emplace(key, info).first;
+  }
+  int64_t resident = static_cast<int64_t>(k->second.ctas_per_sm) * dev->second.sms;
+  if (g_stream_max_ctas > 0 && resident > g_stream_max_ctas) {
+    resident = g_stream_max_ctas;
+  }
+  if (resident <= 0) {
+    return 0;
+  }
+  if (g_stream_mode == StateStreamMode::kAuto && items <= resident) {
+    return 0;
+  }
+  return static_cast<int>(items < resident ? items : resident);
+}
+
+}  // namespace kda::kernels
