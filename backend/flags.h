@@ -7,8 +7,9 @@
 //   --max-running-requests N           1..4096 (default 64): state slots and scratch rows
 //   --kda-fused-verify on|off          fused verify kernel allowed (default on)
 //   --kda-fused-ring-max-batch N       0..4096 (default 1): largest B fused in ring mode
-//   --kda-verify-block-v auto|N        fused V tile: auto (= 0, the benchmark default
-//                                      kernels::kDefaultFusedBlockV) or 8|16|32|64|128
+//   --kda-verify-block-v auto|N        fused V tile: auto (= 0: per call, the measured best
+//                                      for its grid, kernels::default_block_v) or
+//                                      8|16|32|64|128
 #pragma once
 
 #include <string>
@@ -32,7 +33,8 @@ struct EngineFlags {
   RecordMode record_mode() const {
     return replayssm_spec ? RecordMode::kRing : RecordMode::kSnapshot;
   }
-  /// The fused tile actually used (auto resolved to kernels::kDefaultFusedBlockV).
+  /// The fused tile when nothing is known about the call (auto -> kDefaultFusedBlockV); the
+  /// dispatcher resolves auto per call with kernels::default_block_v(B, HV, V).
   int resolved_block_v() const { return resolve_block_v(verify_block_v); }
   DispatchFlags dispatch_flags() const {
     return DispatchFlags{fused_verify, fused_ring_max_batch, verify_block_v};

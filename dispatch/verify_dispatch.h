@@ -58,7 +58,7 @@ const char* dispatch_reason_name(DispatchReason reason) noexcept;
 struct DispatchFlags {
   bool fused_verify = true;      ///< --kda-fused-verify
   int fused_ring_max_batch = 1;  ///< --kda-fused-ring-max-batch (0: ring mode never fused)
-  int block_v = 0;  ///< --kda-verify-block-v; 0 = by batch size (default_block_v_for_batch)
+  int block_v = 0;  ///< --kda-verify-block-v; 0 = by the grid (kernels::default_block_v)
 };
 
 /// One verify call as the dispatcher sees it: sizes plus the views the kernel would get.

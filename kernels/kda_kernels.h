@@ -17,9 +17,21 @@ namespace kda::kernels {
 constexpr int kFusedBlockVs[] = {8, 16, 32, 64, 128};
 /// The tile when nothing else is known (the measured best over B = 1..64, docs/perf.md).
 constexpr int kDefaultFusedBlockV = 64;
-/// The measured best tile by batch size on an H200 (docs/perf.md, kernel v2): small B wants
-/// more CTAs (narrow tiles), large B one CTA per v-head (no recomputed q/k conv).
-constexpr int default_block_v_for_batch(int B) { return B <= 1 ? 32 : (B <= 4 ? 64 : 128); }
+/// The default fused tile for a call of B requests, HV v-heads of V columns: the widest tile
+/// whose grid B*HV*ceil(V/BV) still has >= 96 CTAs, BV = 128 only from 192 CTAs (its CTAs are
+/// the heaviest and run 2 per SM), never below 16. Narrow tiles buy CTAs for small calls; wide
+/// tiles avoid recomputing the q/k conv per tile. Fitted to the H200 (132 SMs) measurements of
+/// kernel v4 (docs/perf.md): the measured best tile for Kimi-Linear (HV = 32) and Kimi-K3
+/// TP8 (HV = 12) at every B in 1..64, T = 4 and 8.
+constexpr int default_block_v(int B, int HV, int V) {
+  for (int bv = 128; bv > 16; bv /= 2) {
+    const long long ctas = static_cast<long long>(B) * HV * ((V + bv - 1) / bv);
+    if (ctas >= (bv == 128 ? 192 : 96)) {
+      return bv;
+    }
+  }
+  return 16;
+}
 bool is_supported_block_v(int bv);
 
 /// Unfused step 1: conv + SiLU of all T tokens into p.qkv_act, conv windows into

@@ -442,7 +442,8 @@ TEST_CASE("backend: ring mode commits bitwise like an independent snapshot-mode 
   CHECK(ring_stats.last_decision[0]->reason == DispatchReason::kRingBatchAboveLimit);
   CHECK(snap.counts->fused == 4 * kLayers);
   CHECK(snap.counts->unfused == 0);
-  CHECK(snap.counts->last_block_v == kernels::default_block_v_for_batch(4));  // last round: B = 4
+  CHECK(snap.counts->last_block_v ==
+        kernels::default_block_v(4, snap.model.HV, snap.model.V));  // last round: B = 4
   CHECK(unfused.counts->fused == 0);
   CHECK(unfused.backend->stats().last_decision[1]->reason == DispatchReason::kFusedDisabled);
   CHECK(ring.counts->commit == 4);
@@ -964,9 +965,9 @@ TEST_CASE("backend: dispatch decisions are logged at debug when they change",
   logger().sinks().pop_back();
   // Two rounds at B = 1 (fused, logged once per layer), then B = 2 (unfused, logged again).
   CHECK(log.str() ==
-        "debug verify layer 0 (B=1, T=4): fused (block_v = 32): ring mode with B = 1 <= "
+        "debug verify layer 0 (B=1, T=4): fused (block_v = 16): ring mode with B = 1 <= "
         "--kda-fused-ring-max-batch = 1 on SM90, ring layout ok\n"
-        "debug verify layer 1 (B=1, T=4): fused (block_v = 32): ring mode with B = 1 <= "
+        "debug verify layer 1 (B=1, T=4): fused (block_v = 16): ring mode with B = 1 <= "
         "--kda-fused-ring-max-batch = 1 on SM90, ring layout ok\n"
         "debug verify layer 0 (B=2, T=4): unfused: ring mode with B = 2 > "
         "--kda-fused-ring-max-batch = 1\n"
@@ -1116,3 +1117,83 @@ TEST_CASE("backend: CUDA index upload, graph capture and the device error flag",
   }
   cudaStreamDestroy(stream);
 }
+
+#ifdef KDA_BACKEND_TEST_CUDA
+TEST_CASE("backend: a CUDA-graph replay of every layer's verify gives the eager bits",
+          "[backend][gpu]") {
+  // Real CUDA kernels: one backend runs each round eagerly, the other replays one captured
+  // graph of all layers' verify (inputs re-uploaded into the captured buffers, indices
+  // re-prepared) and commits eagerly. Two rounds with different slots; after each, outputs
+  // and the whole pool (committed state, rings / snapshots, scratch) must match bitwise.
+  const bool ring = GENERATE(true, false);
+  CAPTURE(ring);
+  Harness eager(kGqaCase, ring, fake_platform(9, 0));
+  Harness graphed(kGqaCase, ring, fake_platform(9, 0));
+  REQUIRE(pool_checksum(eager.pool()) == pool_checksum(graphed.pool()));
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+
+  const std::vector<std::vector<int32_t>> round_slots = {{2, -1, 0}, {4, 1, 3}};
+  const std::vector<std::vector<int32_t>> round_accepted = {{3, 1, kT}, {1, kT, 2}};
+  std::vector<Activations> acts_e, acts_g;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    acts_e.push_back(make_activations(eager.model, round_slots[0], kT, 900 + layer));
+    acts_g.push_back(make_activations(graphed.model, round_slots[0], kT, 900 + layer));
+  }
+  // Capture (nothing runs), then drop the round the capture's verify calls opened.
+  graphed.backend->prepare({kT, round_slots[0], {}}, stream);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    graphed.backend->verify(layer, acts_g[static_cast<size_t>(layer)].in,
+                            acts_g[static_cast<size_t>(layer)].out_view, stream);
+  }
+  REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  graphed.backend->abort_round();
+
+  for (size_t round = 0; round < round_slots.size(); ++round) {
+    CAPTURE(round);
+    const BatchSpec batch{kT, round_slots[round], {}};
+    if (round > 0) {  // fresh inputs for both, into the buffers the graph captured
+      for (int layer = 0; layer < kLayers; ++layer) {
+        const auto seed = 950 + 10 * round + static_cast<uint64_t>(layer);
+        Activations fresh = make_activations(eager.model, batch.slots, kT, seed);
+        for (auto* a : {&acts_e[static_cast<size_t>(layer)], &acts_g[static_cast<size_t>(layer)]}) {
+          a->qkv.upload(bytes_of(fresh.in.mixed_qkv).data(), a->qkv.bytes());
+          a->a.upload(bytes_of(fresh.in.a).data(), a->a.bytes());
+          a->b.upload(bytes_of(fresh.in.b).data(), a->b.bytes());
+        }
+      }
+    }
+    Buffer accepted(kTestDevice, static_cast<int64_t>(round_accepted[round].size()) * 4);
+    accepted.upload(round_accepted[round].data(), accepted.bytes());
+    const TensorView acc_view = accepted.view(DType::kI32, {3});
+
+    eager.backend->prepare(batch, stream);
+    for (int layer = 0; layer < kLayers; ++layer) {
+      eager.backend->verify(layer, acts_e[static_cast<size_t>(layer)].in,
+                            acts_e[static_cast<size_t>(layer)].out_view, stream);
+    }
+    eager.backend->commit(acc_view, stream);
+
+    graphed.backend->prepare(batch, stream);
+    graphed.backend->record_graph_verify_round();
+    REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+    graphed.backend->commit(acc_view, stream);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+
+    for (int layer = 0; layer < kLayers; ++layer) {
+      CAPTURE(layer);
+      CHECK(same_bits(acts_e[static_cast<size_t>(layer)].out_view,
+                      acts_g[static_cast<size_t>(layer)].out_view));
+    }
+    CHECK(same_bits(eager.pool().ssm_state_all(), graphed.pool().ssm_state_all()));
+    CHECK(pool_checksum(eager.pool()) == pool_checksum(graphed.pool()));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+#endif  // KDA_BACKEND_TEST_CUDA

@@ -119,7 +119,7 @@ TEST_CASE("dispatch: contract §4 table, platform x batch x mode", "[dispatch]")
       if (!ring) {
         CHECK(d.path == VerifyPath::kFused);
         CHECK(d.reason == DispatchReason::kSnapshotFused);
-        CHECK(d.block_v == kernels::default_block_v_for_batch(B));
+        CHECK(d.block_v == kernels::default_block_v(B, problem.HV, problem.V));
       } else if (B > 1) {
         CHECK(d.path == VerifyPath::kUnfused);
         CHECK(d.reason == DispatchReason::kRingBatchAboveLimit);
@@ -128,14 +128,14 @@ TEST_CASE("dispatch: contract §4 table, platform x batch x mode", "[dispatch]")
       } else if (ring_platform(pc.platform)) {
         CHECK(d.path == VerifyPath::kFused);
         CHECK(d.reason == DispatchReason::kRingFused);
-        CHECK(d.block_v == kernels::default_block_v_for_batch(B));
+        CHECK(d.block_v == kernels::default_block_v(B, problem.HV, problem.V));
       } else {
         CHECK(d.path == VerifyPath::kUnfused);
         CHECK(d.reason == DispatchReason::kRingPlatformUnmeasured);
         CHECK(d.describe() ==
               "unfused: ring mode on other (fused+ring is enabled on SM90 and SM100 only)");
       }
-      CHECK(d.block_v == (d.fused() ? kernels::default_block_v_for_batch(B) : 0));
+      CHECK(d.block_v == (d.fused() ? kernels::default_block_v(B, problem.HV, problem.V) : 0));
     }
     SECTION("fused verify switched off") {
       DispatchFlags flags;
@@ -170,11 +170,11 @@ TEST_CASE("dispatch: the fused ring decision says why", "[dispatch]") {
   const DispatchDecision d = choose_verify_path(fixture().problem(1, RecordMode::kRing),
                                                 fake_platform(10, 0), DispatchFlags{});
   CHECK(d.describe() ==
-        "fused (block_v = 32): ring mode with B = 1 <= --kda-fused-ring-max-batch = 1 on SM100, "
+        "fused (block_v = 16): ring mode with B = 1 <= --kda-fused-ring-max-batch = 1 on SM100, "
         "ring layout ok");
   const DispatchDecision s =
       choose_verify_path(fixture().problem(4, RecordMode::kSnapshot), Platform{}, DispatchFlags{});
-  CHECK(s.describe() == "fused (block_v = 64): snapshot mode (no batch or platform gate)");
+  CHECK(s.describe() == "fused (block_v = 16): snapshot mode (no batch or platform gate)");
 }
 
 TEST_CASE("dispatch: inputs outside the fused kernel fall back with a reason", "[dispatch]") {
@@ -406,4 +406,21 @@ TEST_CASE("dispatch: each ring-layout failure has its own reason", "[dispatch]")
     CHECK(d.ring.ok());
     CHECK(d.reason == DispatchReason::kRingFused);
   }
+}
+
+TEST_CASE("dispatch: the default tile is the H200's measured best (docs/perf.md, v4)",
+          "[dispatch]") {
+  // Best fused+ring BV per B = 1, 2, 4, 8, 16, 32, 64 (T = 4 and 8 agree), kda_bench on the
+  // H200: docs/bench/h200_v4_kimi_linear.txt and h200_v4_k3_tp8.txt.
+  const int batches[] = {1, 2, 4, 8, 16, 32, 64};
+  const int kimi_linear[] = {32, 64, 64, 128, 128, 128, 128};  // HV = 32, V = 128
+  const int k3_tp8[] = {16, 32, 64, 64, 128, 128, 128};        // HV = 12, V = 128
+  for (size_t i = 0; i < std::size(batches); ++i) {
+    CAPTURE(batches[i]);
+    CHECK(kernels::default_block_v(batches[i], 32, 128) == kimi_linear[i]);
+    CHECK(kernels::default_block_v(batches[i], 12, 128) == k3_tp8[i]);
+  }
+  // Small and odd shapes stay on supported tiles.
+  CHECK(kernels::default_block_v(1, 1, 64) == 16);
+  CHECK(kernels::default_block_v(65535, 64, 1024) == 128);
 }

@@ -35,7 +35,8 @@ cat >"$out/run_all.sh" <<'RUN'
 # Runs every GPU test binary; prints PASS/FAIL per binary; non-zero exit on any failure.
 #   run_all.sh [--sanitize] [name-filter...]
 #   --sanitize: also run each test under compute-sanitizer memcheck and racecheck
-#               (tests tagged [slow] are skipped there; KDA_TEST_QUICK=1 trims case tables).
+#               (tests tagged [slow] and hidden ones, e.g. [.host_only], are skipped there;
+#               KDA_TEST_QUICK=1 trims case tables).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -69,8 +70,8 @@ for bin in "$here"/tests/*; do
   if ((sanitize)); then
     cs=${COMPUTE_SANITIZER:-compute-sanitizer}
     command -v "$cs" >/dev/null || cs=/usr/local/cuda/bin/compute-sanitizer
-    KDA_TEST_QUICK=1 run "$name.memcheck" "$cs" --tool memcheck --error-exitcode 1 "$bin" '~[slow]'
-    KDA_TEST_QUICK=1 run "$name.racecheck" "$cs" --tool racecheck --error-exitcode 1 "$bin" '~[slow]'
+    KDA_TEST_QUICK=1 run "$name.memcheck" "$cs" --tool memcheck --error-exitcode 1 "$bin" '~[slow] ~[.]'
+    KDA_TEST_QUICK=1 run "$name.racecheck" "$cs" --tool racecheck --error-exitcode 1 "$bin" '~[slow] ~[.]'
   fi
 done
 echo "${pass} passed, ${fail} failed"
