@@ -14,12 +14,14 @@
 #include <optional>
 #include <string>
 
+#include "core/buffer.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/platform.h"
 #include "kernels/launch_utils.h"
 #include "tools/bench/bench_args.h"
 #include "tools/bench/bench_bytes.h"
+#include "tools/bench/bench_device.h"
 #include "tools/bench/bench_phases.h"
 #include "tools/bench/bench_plan.h"
 #include "tools/bench/bench_report.h"
@@ -109,6 +111,24 @@ int run(const BenchArgs& args, int argc, const char* const* argv) {
       "write counted); floor bandwidth used: {:.0f} GB/s{}\n",
       ctx.copy_gbps, args.copy_mib, args.hbm_gbps,
       args.hbm_gbps == 4150.0 ? " (contract §6; --hbm-gbps overrides)" : " (--hbm-gbps)");
+
+  {
+    // Launch-latency floor of one call in a graph (what B = 1 cannot go below).
+    const Buffer probe(Device::cuda(args.device), 64 << 10);
+    fill_i32(static_cast<int32_t*>(probe.data()), 16 << 10, 7, ctx.stream);
+    const Timing empty = time_in_graph(
+        ctx.stream, args.calls, [&](int) { launch_empty_probe(args.pdl, ctx.stream); }, ctx.timer);
+    const Timing chain = time_in_graph(
+        ctx.stream, args.calls,
+        [&](int) {
+          launch_dependent_load_probe(static_cast<int32_t*>(probe.data()), args.pdl, ctx.stream);
+        },
+        ctx.timer);
+    fmt::print(
+        "launch floor: {:.2f} us/call for an empty kernel, {:.2f} us/call for 128 CTAs doing two "
+        "dependent global loads (same graph methodology)\n",
+        empty.median_us, chain.median_us);
+  }
 
   if (args.phase_verify) {
     run_verify_phase(ctx);

@@ -140,6 +140,52 @@ void fill_i32(int32_t* dst, int64_t n, int32_t value, cudaStream_t stream) {
   KDA_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+
+__device__ __forceinline__ void probe_pdl() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+__global__ void empty_probe_kernel() { probe_pdl(); }
+
+/// Each thread: index = scratch[0] (< 8192), then scratch[16 + (index + thread) % 8192] ->
+/// scratch[8208 + thread % 8192]: two dependent loads and a store.
+__global__ void dependent_load_probe_kernel(int32_t* scratch) {
+  probe_pdl();
+  const int idx = *reinterpret_cast<volatile int32_t*>(scratch);
+  const int t = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  const int v = reinterpret_cast<volatile int32_t*>(scratch)[16 + (idx + t) % 8192];
+  scratch[8208 + t % 8192] = v + 1;
+}
+
+template <typename... Args>
+void launch_probe(void (*kernel)(Args...), unsigned grid, unsigned block, bool pdl,
+                  cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  KDA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+}  // namespace
+
+void launch_empty_probe(bool pdl, cudaStream_t stream) {
+  launch_probe(empty_probe_kernel, 1, 32, pdl, stream);
+}
+
+void launch_dependent_load_probe(int32_t* scratch, bool pdl, cudaStream_t stream) {
+  launch_probe(dependent_load_probe_kernel, 128, 256, pdl, stream, scratch);
+}
+
 int64_t first_mismatch(const void* a, const void* b, int64_t bytes, void* scratch,
                        cudaStream_t stream) {
   if (bytes <= 0) {

@@ -28,6 +28,14 @@ void fill_i32(int32_t* dst, int64_t n, int32_t value, cudaStream_t stream);
 int64_t first_mismatch(const void* a, const void* b, int64_t bytes, void* scratch,
                        cudaStream_t stream);
 
+/// Launch-latency probes (enqueue one call on `stream`, PDL as the KDA launchers use it):
+/// an empty kernel (1 CTA: the graph-node floor of any verify call), and a 128-CTA kernel
+/// whose threads each do two dependent global loads (index, then data[index]) and one store
+/// (the floor of verify's slot -> state dependency). `scratch`: >= 64 KiB of device memory
+/// whose first 4 bytes hold an int32 index < 8192 (fill_i32 it once).
+void launch_empty_probe(bool pdl, cudaStream_t stream);
+void launch_dependent_load_probe(int32_t* scratch, bool pdl, cudaStream_t stream);
+
 /// splitmix64: seeds of independent tensors (host and device).
 constexpr uint64_t mix_seed(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
