@@ -19,9 +19,10 @@ namespace kda::kernels {
 
 /// When the large-tile kernels (verify BV = 128, fold) run as persistent CTAs that stream
 /// state tiles through shared memory (state_stream.cuh) instead of one CTA per work item.
-/// kAuto: when the items exceed one wave of resident CTAs. Both schedules give the same bits;
-/// tests force each to prove it, and cap the persistent grid at `max_ctas` (> 0) so that every
-/// CTA walks many items. Not thread-safe to change while other threads launch.
+/// kAuto: when the items exceed one wave of resident CTAs (within one wave the per-item
+/// kernel is as fast, and faster for the unfused recurrence). Both schedules give the same
+/// bits; tests force each to prove it, and cap the persistent grid at `max_ctas` (> 0) so that
+/// every CTA walks many items. Not thread-safe to change while other threads launch.
 enum class StateStreamMode { kAuto, kAlways, kNever };
 StateStreamMode state_stream_mode();
 void set_state_stream_mode(StateStreamMode mode, int max_ctas = 0);
