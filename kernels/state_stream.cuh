@@ -1,11 +1,11 @@
-// state_stream.cuh: persistent CTAs that stream each work item's inputs through shared memory.
+// state_stream.cuh: persistent CTAs that stream each work item's state tile through shared memory.
 //
 // Why: at large B a verify/fold CTA spends its life in two phases, "wait for 64 KiB of
 // state and the inputs" and "compute", and with only 2 CTAs per SM (register-bound) the
 // phases of the two CTAs line up, so the SM idles while the data arrives (docs/perf.md).
 // A persistent CTA instead walks the work items blockIdx.x, blockIdx.x + gridDim.x, ...
 // and, as soon as it is done with item i's stage, has the TMA engine (cp.async.bulk, sm_90+)
-// bring the next live item's data into the same stage, so that load runs under item i's
+// bring the next live item's tile into the same stage, so that load runs under item i's
 // recurrence.
 //
 // BulkStage protocol (one stage, one mbarrier, the parity flips per filled stage):
