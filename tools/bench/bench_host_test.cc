@@ -158,6 +158,11 @@ TEST_CASE("kda_bench report: targets and dispatch advice", "[tools][bench]") {
   CHECK(rec.entries[0].ring_path == "fused");
   CHECK(rec.entries[0].ring_bv == 16);
   CHECK(rec.entries[0].snap_path == "fused");
+  // Auto tile for the Kimi-Linear shape: 32 at B = 1 (timed: 3.3 vs the best 3.0), 64 and 128
+  // at B = 4 and 16 (not timed here).
+  CHECK(rec.auto_bv_rows == 1);
+  CHECK(rec.auto_bv_best == 0);
+  CHECK(rec.auto_bv_worst == Approx(1.1));
 }
 
 }  // namespace kda::bench

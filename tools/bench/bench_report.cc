@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "kernels/kda_kernels.h"
 
 namespace kda::bench {
 
@@ -227,6 +228,19 @@ Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args) {
     rec.entries.push_back(e);
   }
 
+  // How the dispatcher's per-call auto tile fares against the swept best.
+  for (const auto& [tb, t] : ring) {
+    const int auto_bv = kernels::default_block_v(tb.second, args.shape.HV, args.shape.V);
+    const auto it = t.fused.find(auto_bv);
+    if (it == t.fused.end()) {
+      continue;
+    }
+    const auto best = best_fused(t);
+    rec.auto_bv_rows += 1;
+    rec.auto_bv_best += best->first == auto_bv ? 1 : 0;
+    rec.auto_bv_worst = std::max(rec.auto_bv_worst, it->second / best->second);
+  }
+
   // --kda-fused-ring-max-batch: per T, the largest B with fused fastest at every B' <= B.
   for (int T : args.draft_tokens) {
     int max_b = 0;
@@ -335,6 +349,12 @@ void print_recommendation(const Recommendation& rec) {
   }
   if (rec.snapshot_bv && rec.bv_swept) {
     fmt::print("best BV for snapshot mode alone: {}\n", *rec.snapshot_bv);
+  }
+  if (rec.bv_swept && rec.auto_bv_rows > 0) {
+    fmt::print(
+        "auto tile (--kda-verify-block-v=auto, kernels::default_block_v per call): the best BV "
+        "at {} of {} ring rows, at worst {:.1f}% slower than the best\n",
+        rec.auto_bv_best, rec.auto_bv_rows, 100.0 * (rec.auto_bv_worst - 1.0));
   }
   std::fflush(stdout);
 }

@@ -64,6 +64,10 @@ struct Recommendation {
   std::optional<int> default_bv;                     ///< ring mode, where fused is dispatched
   std::optional<int> snapshot_bv;                    ///< snapshot mode alone
   bool bv_swept = false;
+  /// The dispatcher's auto tile (kernels::default_block_v) against the swept best, ring mode:
+  /// rows where it was timed, rows where it is the best, its worst time / best time.
+  int auto_bv_rows = 0, auto_bv_best = 0;
+  double auto_bv_worst = 1.0;
 };
 Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args);
 void print_recommendation(const Recommendation& rec);
