@@ -132,33 +132,21 @@ struct RoundTripCase {
 
 std::vector<RoundTripCase> round_trip_cases() {
   std::vector<RoundTripCase> cases;
-  VerifyCase a;  // padding request, reversed slots/rows, T_alloc > T
-  a.B = 3;
-  a.T = 4;
-  a.H = 1;
-  a.HV = 2;
-  a.K = 64;
-  a.V = 32;
+  // padding request, reversed slots/rows, T_alloc > T
+  VerifyCase a = testing::make_case(3, 4, 1, 2, 64, 32, RecordMode::kRing, 81);
   a.bias = true;
   a.neg_slot = true;
   a.reversed = true;
   a.T_alloc = 5;
-  a.seed = 81;
   cases.push_back({a, ConvLayout::kSWD});
-  VerifyCase b;  // safe gate, bf16 weights, padded pitches in the direct run, SGLang layout
-  b.B = 2;
-  b.T = 3;
-  b.H = 2;
-  b.HV = 4;
-  b.K = 128;
-  b.V = 16;
+  // safe gate, bf16 weights, padded pitches in the direct run, SGLang layout
+  VerifyCase b = testing::make_case(2, 3, 2, 4, 128, 16, RecordMode::kRing, 82);
   b.bias = true;
   b.safe_gate = true;
   b.wtype = ConvWeightType::kBF16;
   b.pitch_pad = 3;
   b.qkv_pad = 2;
   b.L = 8;
-  b.seed = 82;
   cases.push_back({b, ConvLayout::kSDW});
   VerifyCase d;  // single request, no bias, L == T
   d.B = 1;

@@ -11,20 +11,13 @@ using namespace kda::testing;
 namespace {
 
 VerifyCase padded_case() {
-  VerifyCase c;
-  c.B = 3;
-  c.T = 2;
-  c.H = 1;
-  c.HV = 2;
-  c.K = 64;
-  c.V = 32;
+  VerifyCase c = make_case(3, 2, 1, 2, 64, 32, RecordMode::kRing, 11);
   c.bias = true;
   c.neg_slot = true;
   c.reversed = true;
   c.qkv_pad = 3;
   c.pitch_pad = 5;
   c.T_alloc = 4;
-  c.seed = 11;
   return c;
 }
 
