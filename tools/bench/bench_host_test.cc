@@ -66,10 +66,14 @@ TEST_CASE("kda_bench args: defaults and presets", "[tools][bench]") {
   CHECK(l.effective_ring_len() == 32);
   CHECK(l.variants == std::vector<Variant>{Variant::kUnfused, Variant::kFusedRing});
   CHECK(parse({"--sweep-bv"}).fused_block_vs().size() == std::size(kernels::kFusedBlockVs));
+  CHECK(parse({}).state_stream == kernels::StateStreamMode::kAuto);
+  CHECK(parse({"--state-stream", "always"}).state_stream == kernels::StateStreamMode::kAlways);
+  CHECK(parse({"--state-stream=never"}).state_stream == kernels::StateStreamMode::kNever);
 }
 
 TEST_CASE("kda_bench args: bad values name the flag", "[tools][bench]") {
   require_arg_error({"--frobnicate"}, "unknown flag '--frobnicate'");
+  require_arg_error({"--state-stream", "sometimes"}, "auto, always or never");
   require_arg_error({"--heads", "x"}, "--heads: bad value 'x'");
   require_arg_error({"--heads"}, "--heads: missing value");
   require_arg_error({"--heads", "3", "--hv-heads", "8"}, "multiple of --heads");
