@@ -8,12 +8,21 @@ namespace kda::kernels {
 
 namespace {
 
+/// Tokens whose inputs one thread loads before computing any of them (memory parallelism).
+constexpr int kConvChunk = 4;
+
 template <typename WeightT>
 __global__ void __launch_bounds__(kConvThreads)
     conv_update_kernel(const __grid_constant__ VerifyParams p) {
   const int64_t D = qkv_dim(p);
-  const int64_t ch = static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x;
+  // One thread per channel pair (ch, ch + 1): bf16x2 loads and stores (D is even).
+  const int64_t ch = 2 * (static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x);
   const int n = blockIdx.y;
+  ConvTaps taps0{}, taps1{};
+  if (ch < D) {  // layer weights: before the PDL wait
+    taps0 = load_conv_taps<WeightT>(p.conv_weight, p.conv_bias, ch);
+    taps1 = load_conv_taps<WeightT>(p.conv_weight, p.conv_bias, ch + 1);
+  }
   pdl_wait();
   pdl_launch_dependents();
   const int slot = p.slots[n];
@@ -21,24 +30,37 @@ __global__ void __launch_bounds__(kConvThreads)
     return;
   }
   const int64_t row = p.rows[n];
-  const bf16_t* cs = p.conv_state + slot * p.conv_state_slot_stride;
-  float c0 = ld_bf16(cs + ch);
-  float c1 = ld_bf16(cs + D + ch);
-  float c2 = ld_bf16(cs + 2 * D + ch);
-  const ConvTaps taps = load_conv_taps<WeightT>(p.conv_weight, p.conv_bias, ch);
-  for (int t = 0; t < p.T; ++t) {
-    const int64_t r = static_cast<int64_t>(n) * p.T + t;
-    const float x = ld_bf16(p.qkv + r * p.qkv_stride + ch);
-    const float acc = conv_acc<WeightT>(taps, c0, c1, c2, x);
-    c0 = c1;
-    c1 = c2;
-    c2 = x;
-    p.qkv_act[r * D + ch] = to_bf16(silu_bf16(acc));
-    bf16_t* w =
-        p.conv_window + row * p.conv_window_row_stride + static_cast<int64_t>(t) * 3 * D + ch;
-    w[0] = to_bf16(c0);
-    w[D] = to_bf16(c1);
-    w[2 * D] = to_bf16(c2);
+  const bf16_t* cs = p.conv_state + slot * p.conv_state_slot_stride + ch;
+  float2 c0 = ld_bf16x2(cs);
+  float2 c1 = ld_bf16x2(cs + D);
+  float2 c2 = ld_bf16x2(cs + 2 * D);
+  for (int t0 = 0; t0 < p.T; t0 += kConvChunk) {
+    const int tc = min(kConvChunk, p.T - t0);
+    float2 xs[kConvChunk];
+#pragma unroll
+    for (int tt = 0; tt < kConvChunk; ++tt) {
+      const int64_t r = static_cast<int64_t>(n) * p.T + t0 + tt;
+      xs[tt] = tt < tc ? ld_bf16x2(p.qkv + r * p.qkv_stride + ch) : make_float2(0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int tt = 0; tt < kConvChunk; ++tt) {
+      if (tt >= tc) {
+        break;
+      }
+      const int t = t0 + tt;
+      const int64_t r = static_cast<int64_t>(n) * p.T + t;
+      const float a0 = conv_acc<WeightT>(taps0, c0.x, c1.x, c2.x, xs[tt].x);
+      const float a1 = conv_acc<WeightT>(taps1, c0.y, c1.y, c2.y, xs[tt].y);
+      c0 = c1;
+      c1 = c2;
+      c2 = xs[tt];
+      st_bf16x2(p.qkv_act + r * D + ch, silu_bf16(a0), silu_bf16(a1));
+      bf16_t* w =
+          p.conv_window + row * p.conv_window_row_stride + static_cast<int64_t>(t) * 3 * D + ch;
+      st_bf16x2(w, c0.x, c0.y);
+      st_bf16x2(w + D, c1.x, c1.y);
+      st_bf16x2(w + 2 * D, c2.x, c2.y);
+    }
   }
 }
 
@@ -69,10 +91,13 @@ __global__ void __launch_bounds__(kConvThreads)
   }
 }
 
+/// Grid (ceil(threads / kConvThreads), B) for `threads` threads per request.
 template <typename Kernel, typename Args>
-void launch_per_channel(Kernel kernel, const Args& args, int64_t D, int B, cudaStream_t stream) {
+void launch_per_request(Kernel kernel, const Args& args, int64_t threads, int B,
+                        cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(ceil_div(D, kConvThreads)), static_cast<unsigned>(B));
+  cfg.gridDim =
+      dim3(static_cast<unsigned>(ceil_div(threads, kConvThreads)), static_cast<unsigned>(B));
   cfg.blockDim = dim3(kConvThreads);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -87,13 +112,13 @@ void launch_per_channel(Kernel kernel, const Args& args, int64_t D, int B, cudaS
 
 template <typename WeightT>
 void launch_conv_update(const VerifyParams& p, cudaStream_t stream) {
-  launch_per_channel(conv_update_kernel<WeightT>, p, qkv_dim(p), p.B, stream);
+  launch_per_request(conv_update_kernel<WeightT>, p, qkv_dim(p) / 2, p.B, stream);  // pairs
 }
 template void launch_conv_update<float>(const VerifyParams&, cudaStream_t);
 template void launch_conv_update<bf16_t>(const VerifyParams&, cudaStream_t);
 
 void launch_conv_state_roll(const ExtendParams& p, cudaStream_t stream) {
-  launch_per_channel(conv_state_roll_kernel, p, qkv_dim(p.v), p.v.B, stream);
+  launch_per_request(conv_state_roll_kernel, p, qkv_dim(p.v), p.v.B, stream);
 }
 
 }  // namespace kda::kernels

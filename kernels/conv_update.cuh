@@ -1,8 +1,9 @@
 // conv_update.cuh: the unfused path's conv kernel and extend's conv-state roll.
 //
-// conv_update_kernel: grid (ceil(D/256), B), one thread per channel, all T tokens in
-//   order: conv + SiLU -> bf16 qkv_act[n*T+t][ch]; window after token t ->
-//   conv_window[rows[n]][t][0..2][ch]. Reads conv_state, never writes it.
+// conv_update_kernel: grid (ceil(D/512), B), one thread per channel pair (bf16x2 loads and
+//   stores; D is even because V is), all T tokens in order: conv + SiLU -> bf16
+//   qkv_act[n*T+t][ch]; window after token t -> conv_window[rows[n]][t][0..2][ch]. Reads
+//   conv_state, never writes it.
 // conv_state_roll_kernel (extend, after the recurrence): conv_state_out[slot][j][ch] = last
 //   W-1 raw inputs of concat(conv_state[slot], x[0:T]); each thread owns one (slot, ch), so
 //   the in-place update reads everything before it writes.

@@ -101,24 +101,41 @@ __device__ __forceinline__ float tree_partial(const float (&x)[E], const float (
   return p;
 }
 
-/// Combines this thread's NPT partials and the P lanes' into the tree's root (all P lanes
-/// return the same bits). `r` is clobbered.
-template <int P, int NPT>
-__device__ __forceinline__ float tree_combine(float (&r)[NPT]) {
-  static_assert(P * NPT == 32, "32 partials per dot product");
+/// The tree levels d = 16 .. P, inside the thread: this thread's NPT partials -> one value.
+/// `r` is clobbered.
+template <int NPT>
+__device__ __forceinline__ float tree_in_thread(float (&r)[NPT]) {
 #pragma unroll
-  for (int dl = NPT / 2; dl >= 1; dl /= 2) {  // d = 16 .. P, inside the thread
+  for (int dl = NPT / 2; dl >= 1; dl /= 2) {
 #pragma unroll
     for (int i = 0; i < dl; ++i) {
       r[i] = __fadd_rn(r[i], r[i + dl]);
     }
   }
-  float v = r[0];
+  return r[0];
+}
+
+/// The tree levels d = P/2 .. 1, across the P lanes, for N independent sums at once: level by
+/// level, so the N shuffle chains overlap (more independent work per warp than one by one).
+template <int P, int N>
+__device__ __forceinline__ void tree_across_lanes(float (&v)[N]) {
 #pragma unroll
-  for (int d = P / 2; d >= 1; d /= 2) {  // d = P/2 .. 1, across lanes
-    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, d));
+  for (int d = P / 2; d >= 1; d /= 2) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      v[n] = __fadd_rn(v[n], __shfl_xor_sync(0xffffffffu, v[n], d));
+    }
   }
-  return v;
+}
+
+/// Combines this thread's NPT partials and the P lanes' into the tree's root (all P lanes
+/// return the same bits). `r` is clobbered.
+template <int P, int NPT>
+__device__ __forceinline__ float tree_combine(float (&r)[NPT]) {
+  static_assert(P * NPT == 32, "32 partials per dot product");
+  float v[1] = {tree_in_thread<NPT>(r)};
+  tree_across_lanes<P, 1>(v);
+  return v[0];
 }
 
 /// Tree dot product of this thread's slice x[NPT][E] with y[NPT][E].

@@ -164,7 +164,8 @@ bool is_supported_block_v(int bv) {
 
 void invoke_conv_update(const VerifyParams& p, cudaStream_t stream) {
   check_verify(p, "invoke_conv_update");
-  KDA_CHECK(p.qkv_act != nullptr, "invoke_conv_update: qkv_act scratch is required");
+  KDA_CHECK(p.qkv_act != nullptr && aligned(p.qkv_act, 4),
+            "invoke_conv_update: qkv_act scratch is required (4-byte aligned)");
   dispatch_weight(p.conv_weight_type, [&](auto w) { launch_conv_update<decltype(w)>(p, stream); });
 }
 

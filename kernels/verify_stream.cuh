@@ -2,16 +2,24 @@
 // the (request, v-head, V tile) items; each item's state tile (BV x K f32, 64 KiB at
 // K = BV = 128) arrives in a shared-memory stage through a TMA bulk copy (state_stream.cuh)
 // issued while the previous item computes, and is copied to registers after the prologue.
-// Everything else is read as in verify_tile_kernel, and the arithmetic is VerifyItem's
-// (verify_tile.cuh), so the bits equal verify_tile_kernel's.
+// The item's raw inputs (token channels, conv history, gate logits: ItemInputs) arrive the
+// same way one item ahead, through per-thread cp.async into a double buffer, so the prologue
+// reads shared memory instead of waiting on three global round trips (docs/perf.md v5).
+// Weights, gate constants and beta logits are read as in verify_tile_kernel, and the
+// arithmetic is VerifyItem's (verify_tile.cuh), so the bits equal verify_tile_kernel's.
 // Streamable (checked by the launcher, else verify_tile_kernel runs): sm_90+, verify (not
-// extend), T <= kChunk, state 16-byte aligned with a slot stride that is a multiple of 4.
+// extend), T <= kChunk, state 16-byte aligned with a slot stride that is a multiple of 4,
+// and the inputs copyable in 16-byte pieces (stream_layout_ok).
 #pragma once
 
 #include "kernels/state_stream.cuh"
 #include "kernels/verify_tile.cuh"
 
 namespace kda::kernels {
+
+/// Bytes of the state stage: one BV x K f32 tile.
+template <int K, int BV>
+inline constexpr size_t kStateStageBytes = static_cast<size_t>(BV) * K * sizeof(float);
 
 /// The items in a persistent CTA's order: item = (n*HV + hv)*tiles + tile.
 template <int K, int BV>
@@ -33,21 +41,99 @@ struct VerifyStreamItems {
   }
 };
 
-/// The next live item's state run, planned by warp 0 at the start of an item (when no state
-/// is live in registers) and issued from here once the stage is free.
+/// The next live item, planned by thread 0 at the start of an item (when no state is live in
+/// registers): its state run is issued once the stage is free, its inputs once this item has
+/// read its own (VerifyItem::run calls src.inputs_consumed()).
 struct NextRun {
   BulkRun run;
   int valid;
+  int item;
+  int slot;
 };
 
-/// A verify item's inputs: the state tile from the stage, the rest as GlobalSource.
-/// begin() plans the next live item's run; load_state() waits for this item's tile, copies it
-/// to registers and refills the stage.
+/// 16-byte global -> shared copy that bypasses the registers (and L1: inputs are read once).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(smem)), "l"(gmem)
+               : "memory");
+#else
+  (void)smem;
+  (void)gmem;
+  __trap();  // launchers only stream on sm_90+
+#endif
+}
+
+/// Waits for all of this thread's cp.async copies (a __syncthreads must follow before other
+/// threads read them).
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+/// The raw inputs of one live verify item in shared memory. Row j < 3: conv history row j
+/// (fused only); row 3 + t: token t. A row holds the item's channels in VerifyItem's local
+/// order — q of k-head h (K) | k of k-head h (K) | the V tile (BV) — so a thread's channel pair
+/// sits at its ch_local. a[t][k]: gate logit of (token t, v-head hv, key k).
+template <int K, int BV, int kChunk>
+struct ItemInputs {
+  static constexpr int kRow = 2 * K + BV;
+  static constexpr int kPieces = kRow / 8;  ///< 16-byte pieces per row
+  bf16_t x[kConvHistory + kChunk][kRow];
+  bf16_t a[kChunk][K];
+};
+
+/// Every thread: puts the copies of item (n, hv, tile)'s inputs into `dst` in flight
+/// (pieces past V are skipped; they are never read).
+template <bool FUSED, int K, int BV, int kChunk>
+__device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& dst,
+                                                     const VerifyParams& p, int n, int hv, int tile,
+                                                     int slot) {
+  using In = ItemInputs<K, BV, kChunk>;
+  const int64_t D = qkv_dim(p);
+  const int64_t HK = static_cast<int64_t>(p.H) * K;
+  const int h = hv / (p.HV / p.H);
+  const int v0 = tile * BV;
+  const int first_row = FUSED ? 0 : kConvHistory;
+  for (int idx = static_cast<int>(threadIdx.x) + first_row * In::kPieces;
+       idx < (kConvHistory + p.T) * In::kPieces; idx += static_cast<int>(blockDim.x)) {
+    const int row = idx / In::kPieces;
+    const int off = idx % In::kPieces * 8;
+    int64_t gch;
+    if (off < 2 * K) {
+      gch = (off / K) * HK + static_cast<int64_t>(h) * K + off % K;
+    } else if (v0 + off - 2 * K < p.V) {
+      gch = 2 * HK + static_cast<int64_t>(hv) * p.V + v0 + off - 2 * K;
+    } else {
+      continue;
+    }
+    const int64_t r = static_cast<int64_t>(n) * p.T + row - kConvHistory;
+    const bf16_t* src = row < kConvHistory
+                            ? p.conv_state + slot * p.conv_state_slot_stride + row * D + gch
+                        : FUSED ? p.qkv + r * p.qkv_stride + gch
+                                : p.qkv_act + r * D + gch;
+    cp_async16(&dst.x[row][off], src);
+  }
+  for (int idx = static_cast<int>(threadIdx.x); idx < p.T * (K / 8);
+       idx += static_cast<int>(blockDim.x)) {
+    const int t = idx / (K / 8);
+    const int off = idx % (K / 8) * 8;
+    cp_async16(&dst.a[t][off], p.a + (static_cast<int64_t>(n) * p.T + t) * p.a_stride +
+                                   static_cast<int64_t>(hv) * K + off);
+  }
+}
+
+/// A verify item's inputs: the state tile from the stage, the token channels, conv history
+/// and gate logits from `cur` (ItemInputs), the rest as GlobalSource.
+/// begin() plans the next live item; inputs_consumed() prefetches its inputs into `nxt`;
+/// load_state() waits for this item's tile, copies it to registers and refills the stage.
 template <typename Item>
 struct StagedSource : GlobalSource<Item> {
   static constexpr bool kStaged = true;
   using Slice = typename Item::Slice;
-  using Items = VerifyStreamItems<Item::Cfg::K, Item::Cfg::BV>;
+  using Cfg = typename Item::Cfg;
+  using Items = VerifyStreamItems<Cfg::K, Cfg::BV>;
+  using Inputs = ItemInputs<Cfg::K, Cfg::BV, Cfg::kChunk>;
 
   const float* stage;
   BulkStage& bulk;
@@ -55,6 +141,8 @@ struct StagedSource : GlobalSource<Item> {
   const Items& items;
   int item;   // this item's index
   int slot_;  // this item's slot (< 0: padding)
+  const Inputs* cur;
+  Inputs* nxt;
 
   __device__ __forceinline__ int slot(const Item&) const { return slot_; }
   __device__ __forceinline__ void begin(const Item&) const {
@@ -63,7 +151,26 @@ struct StagedSource : GlobalSource<Item> {
       next.valid = nx < items.count();
       if (next.valid) {
         next.run = items.state_run(nx);
+        next.item = nx;
+        next.slot = items.p.slots[items.n_of(nx)];
       }
+    }
+  }
+  __device__ __forceinline__ float2 hist(const Item& it, int, int j) const {
+    return ld_bf16x2(&cur->x[j][it.ch_local]);
+  }
+  __device__ __forceinline__ float2 x(const Item& it, int64_t, int tt) const {
+    return ld_bf16x2(&cur->x[kConvHistory + tt][it.ch_local]);
+  }
+  __device__ __forceinline__ float a(const Item& it, int64_t, int tt) const {
+    return ld_bf16(&cur->a[tt][it.gk]);
+  }
+  /// After the barrier that follows the last read of `cur` (every thread; `next` is visible).
+  __device__ __forceinline__ void inputs_consumed(const Item& it) const {
+    if (next.valid != 0) {
+      const int nx = next.item;
+      prefetch_item_inputs<Item::kFused, Cfg::K, Cfg::BV, Cfg::kChunk>(
+          *nxt, it.p, items.n_of(nx), items.hv_of(nx), items.tile_of(nx), next.slot);
     }
   }
   __device__ __forceinline__ void load_state(const Item& it, ColRegs<Slice> (&S)[Slice::CPT],
@@ -83,33 +190,57 @@ __global__ void __launch_bounds__(256, 2)
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
   __shared__ uint64_t bar;
   __shared__ NextRun next;
-  extern __shared__ __align__(128) float stage[];  // BV x K f32
+  extern __shared__ __align__(128) unsigned char dyn_smem[];  // state stage, then 2 ItemInputs
 
   const VerifyParams& p = args.p;
+  using Inputs = typename Src::Inputs;
+  float* stage = reinterpret_cast<float*>(dyn_smem);                               // BV x K f32
+  Inputs* inputs = reinterpret_cast<Inputs*>(dyn_smem + kStateStageBytes<K, BV>);  // [2]
   const typename Src::Items items{p, (p.V + BV - 1) / BV};
   BulkStage bulk(stage, &bar);
   bulk.init();
   pdl_wait();
   pdl_launch_dependents();
   __syncthreads();  // the barrier is initialised
-  if (threadIdx.x < 32) {
-    const int first = next_live_item(items, static_cast<int>(blockIdx.x));
-    if (first < items.count()) {
+  const int first = next_live_item(items, static_cast<int>(blockIdx.x));
+  if (first < items.count()) {
+    if (threadIdx.x < 32) {
       bulk.fill([&](int) { return items.state_run(first); }, 1);
     }
+    prefetch_item_inputs<FUSED, K, BV, Item::Cfg::kChunk>(inputs[0], p, items.n_of(first),
+                                                          items.hv_of(first), items.tile_of(first),
+                                                          p.slots[items.n_of(first)]);
   }
+  int live = 0;  // live items done: their inputs alternate between the two buffers
   for (int i = blockIdx.x; i < items.count(); i += gridDim.x) {
     Item item(args, items.tile_of(i), items.hv_of(i), items.n_of(i));
-    const Src src{{}, stage, bulk, next, items, i, p.slots[item.n]};
+    const int slot = p.slots[item.n];
+    if (slot >= 0) {
+      cp_async_wait_all();
+      __syncthreads();  // every thread's copies of this item's inputs have landed
+    }
+    const Src src{
+        {}, stage, bulk, next, items, i, slot, &inputs[live & 1], &inputs[(live + 1) & 1]};
     item.load_constants(src);
     item.run(sm, src);
+    live += slot >= 0 ? 1 : 0;
   }
 }
 
-/// Host: whether a verify call can take the streaming kernel (besides sm_90+ and the grid).
-inline bool stream_layout_ok(const VerifyParams& p, int chunk) {
-  return p.T <= chunk && reinterpret_cast<uintptr_t>(p.ssm_state) % 16 == 0 &&
-         p.ssm_slot_stride % 4 == 0;
+/// Dynamic shared memory of verify_stream_kernel: the state stage and two ItemInputs.
+template <int K, int BV>
+inline constexpr size_t kVerifyStreamSmemBytes =
+    kStateStageBytes<K, BV> + 2 * sizeof(ItemInputs<K, BV, TileConfig<K, BV>::kChunk>);
+
+/// Host: whether a verify call can take the streaming kernel (besides sm_90+ and the grid):
+/// one token chunk, the state tile one bulk copy, every input piece 16 bytes (8 bf16) aligned.
+inline bool stream_layout_ok(const VerifyParams& p, int chunk, bool fused) {
+  const auto a16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const bool inputs_ok = p.V % 8 == 0 && a16(p.a) && p.a_stride % 8 == 0 &&
+                         (fused ? a16(p.qkv) && p.qkv_stride % 8 == 0 && a16(p.conv_state) &&
+                                      p.conv_state_slot_stride % 8 == 0
+                                : a16(p.qkv_act));
+  return p.T <= chunk && a16(p.ssm_state) && p.ssm_slot_stride % 4 == 0 && inputs_ok;
 }
 
 }  // namespace kda::kernels

@@ -329,6 +329,7 @@ struct VerifyItem {
         }
       }
       __syncthreads();
+      src.inputs_consumed(*this);  // streaming: the next item's inputs go in flight
 
       // 3. L2 norms of q (scaled by K^-0.5) and k, one warp per vector.
       for (int job = warp; job < 2 * tc; job += Cfg::kWarps) {
@@ -340,37 +341,26 @@ struct VerifyItem {
         src.load_state(*this, S, col_ok, s_base);
       }
 
-      // 4. The recurrence.
-      for (int tt = 0; tt < tc; ++tt) {
-        const int t = t0 + tt;
-        float vv[CPT];
+      // 4. The recurrence, software-pipelined: step tt's output dot and step tt+1's key dot
+      //    both read the state after step tt's update, so they go through the cross-lane
+      //    tree levels together (8 independent shuffle chains per thread instead of 4:
+      //    the chains' latency was the recurrence's main stall). Per value, the operations
+      //    and their order are those of delta_rule_step + the output dot.
+      const auto v_of = [&](int tt, float(&vv)[CPT]) {
 #pragma unroll
         for (int j = 0; j < CPT; ++j) {
           vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
         }
-        delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
-        float o[CPT];
-        output_dot<Slice>(S, sm.qk[tt][0], c, o);
-        const int64_t r = static_cast<int64_t>(n) * T + t;
-        // Lane 0 of the group writes its CPT columns (every lane holds every column's bits):
-        // bf16 pairs, no per-lane column select (which nvcc lowered to a local-memory array).
-        // Pairs are whole: V, v0 and col0 are even when CPT >= 2.
-        if (c == 0) {
-          bf16_t* orow = p.out + (r * p.HV + hv) * p.V + col0;
-          if constexpr (CPT == 1) {
-            if (col_ok[0]) {
-              orow[0] = to_bf16(o[0]);
-            }
-          } else {
-#pragma unroll
-            for (int j = 0; j < CPT; j += 2) {
-              if (col_ok[j]) {
-                st_bf16x2(orow + j, o[j], o[j + 1]);
-              }
-            }
-          }
-        }
-        if (snap) {
+      };
+      float vv[CPT];
+      v_of(0, vv);
+      delta_rule_step<Slice>(S, sm.qk[0][1], sm.decay[0], vv, sm.beta[0], c);
+      for (int tt = 0; tt < tc; ++tt) {
+        const int t = t0 + tt;
+        const bool next = tt + 1 < tc;
+        float part[2 * CPT];  // [0, CPT): outputs of step tt; [CPT, 2 CPT): kv of step tt + 1
+        query_partials<Slice>(S, sm.qk[tt][0], c, part);
+        if (snap) {  // the state after step tt, before step tt + 1 decays it
           float* dst = p.snapshots + row * p.snapshot_row_stride +
                        (static_cast<int64_t>(t) * p.HV + hv) * p.V * K;
 #pragma unroll
@@ -379,6 +369,35 @@ struct VerifyItem {
               store_column<Slice>(dst + static_cast<int64_t>(col0 + j) * K, S[j], c);
             }
           }
+        }
+        if (next) {
+          decay_and_key_partials<Slice>(S, sm.qk[tt + 1][1], sm.decay[tt + 1], c, part + CPT);
+          tree_across_lanes<P, 2 * CPT>(part);
+        } else {
+          tree_across_lanes<P, CPT>(reinterpret_cast<float(&)[CPT]>(part));
+        }
+        const int64_t r = static_cast<int64_t>(n) * T + t;
+        // Lane 0 of the group writes its CPT columns (every lane holds every column's bits):
+        // bf16 pairs, no per-lane column select (which nvcc lowered to a local-memory array).
+        // Pairs are whole: V, v0 and col0 are even when CPT >= 2.
+        if (c == 0) {
+          bf16_t* orow = p.out + (r * p.HV + hv) * p.V + col0;
+          if constexpr (CPT == 1) {
+            if (col_ok[0]) {
+              orow[0] = to_bf16(part[0]);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < CPT; j += 2) {
+              if (col_ok[j]) {
+                st_bf16x2(orow + j, part[j], part[j + 1]);
+              }
+            }
+          }
+        }
+        if (next) {
+          v_of(tt + 1, vv);
+          apply_update<Slice>(S, sm.qk[tt + 1][1], part + CPT, vv, sm.beta[tt + 1], c);
         }
       }
       __syncthreads();  // the next chunk (or item) overwrites shared memory
@@ -433,6 +452,8 @@ struct GlobalSource {
   __device__ __forceinline__ int slot(const Item& it) const { return it.p.slots[it.n]; }
   /// Start of a live item's work (after the padding check).
   __device__ __forceinline__ void begin(const Item&) const {}
+  /// The item's token inputs have been read by every thread (streaming prefetch point).
+  __device__ __forceinline__ void inputs_consumed(const Item&) const {}
   __device__ __forceinline__ void conv_taps(const Item& it, ConvTaps& t0, ConvTaps& t1) const {
     load_conv_pair<typename Item::Weight>(it.p.conv_weight, it.p.conv_bias, it.gch, t0, t1);
   }
@@ -500,8 +521,9 @@ void launch_verify_tile(const TileArgs& args, cudaStream_t stream) {
   cfg.numAttrs = 1;
   const int64_t tiles = ceil_div(p.V, BV);
   if constexpr (BV == 128) {
-    const size_t stage_bytes = static_cast<size_t>(BV) * K * sizeof(float);
-    const bool streamable = args.extend == 0 && stream_layout_ok(p, TileConfig<K, BV>::kChunk);
+    const size_t stage_bytes = kVerifyStreamSmemBytes<K, BV>;
+    const bool streamable =
+        args.extend == 0 && stream_layout_ok(p, TileConfig<K, BV>::kChunk, FUSED);
     const void* kernel = reinterpret_cast<const void*>(verify_stream_kernel<WeightT, K, BV, FUSED>);
     const int grid = state_stream_grid(kernel, TileConfig<K, BV>::kThreads, stage_bytes,
                                        tiles * p.HV * p.B, streamable);
