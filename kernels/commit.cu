@@ -23,10 +23,33 @@ __device__ __forceinline__ int accepted_or_flag(const CommitParams& p, int n, bo
   return acc;
 }
 
+/// A fold item's ring records in global memory (one CTA per item: FoldGlobalSource).
+/// rawk [L][K] bf16 of k-head h, g [L][K] f32 and rawv [L][V] bf16, beta [L] f32 of v-head hv.
+struct FoldRing {
+  const bf16_t* rawk;
+  const float* g;
+  const bf16_t* rawv;
+  const float* beta;
+  int64_t v_pitch;  ///< V: rawv row pitch
+
+  __device__ __forceinline__ FoldRing(const CommitParams& p, int layer, int slot, int h, int hv) {
+    const int64_t L = p.L;
+    rawk = p.ring_rawk + layer * p.ring_rawk_layer_stride + slot * p.ring_rawk_slot_stride +
+           h * L * p.K;
+    rawv = p.ring_rawv + layer * p.ring_rawv_layer_stride + slot * p.ring_rawv_slot_stride +
+           hv * L * p.V;
+    g = p.ring_g + layer * p.ring_g_layer_stride + slot * p.ring_g_slot_stride + hv * L * p.K;
+    beta = p.ring_beta + layer * p.ring_beta_layer_stride + slot * p.ring_beta_slot_stride + hv * L;
+    v_pitch = p.V;
+  }
+};
+
 /// One fold work item: (V tile, request n, layer, v-head). run() replays the accepted ring
-/// steps onto the state tile and stores it back. `load_state(S, ok, head)` fills the tile:
-/// FoldGlobalState (straight from global memory, one CTA per item, before the ring loads) or
-/// FoldStagedState (persistent streaming CTAs: from a shared-memory stage, after them).
+/// steps onto the state tile and stores it back. The source `Src` hands over the ring records
+/// and the state tile: FoldGlobalSource (global memory, one CTA per item, the state loaded
+/// before the ring records) or FoldStagedSource (persistent streaming CTAs: the state and
+/// rawk / g / rawv from a shared-memory stage filled during the previous item, the state copied
+/// to registers after the prologue). Both give the same values to the same arithmetic.
 template <int K>
 struct FoldItem {
   using Cfg = TileConfig<K, kFoldBlockV>;
@@ -42,8 +65,8 @@ struct FoldItem {
                                       int hv_)
       : p(p_), tile(tile_), n(n_), layer(layer_), hv(hv_), tid(threadIdx.x), c(threadIdx.x % P) {}
 
-  template <typename LoadState>
-  __device__ __forceinline__ void run(TileSmem<Cfg>& sm, LoadState&& load_state) {
+  template <typename Src>
+  __device__ __forceinline__ void run(TileSmem<Cfg>& sm, const Src& src) {
     const int lane = tid & 31;
     const int warp = tid >> 5;
     const int h = hv / (p.HV / p.H);
@@ -58,15 +81,7 @@ struct FoldItem {
     if (steps == 0) {
       return;
     }
-    const int64_t L = p.L;
-    const bf16_t* rawk =
-        p.ring_rawk + layer * p.ring_rawk_layer_stride + slot * p.ring_rawk_slot_stride + h * L * K;
-    const bf16_t* rawv = p.ring_rawv + layer * p.ring_rawv_layer_stride +
-                         slot * p.ring_rawv_slot_stride + hv * L * p.V;
-    const float* ring_g =
-        p.ring_g + layer * p.ring_g_layer_stride + slot * p.ring_g_slot_stride + hv * L * K;
-    const float* ring_beta =
-        p.ring_beta + layer * p.ring_beta_layer_stride + slot * p.ring_beta_slot_stride + hv * L;
+    const FoldRing ring(p, layer, slot, h, hv);
     float* s_base = p.ssm_state + layer * p.ssm_layer_stride + slot * p.ssm_slot_stride +
                     static_cast<int64_t>(hv) * p.V * K;
 
@@ -76,38 +91,38 @@ struct FoldItem {
     for (int j = 0; j < CPT; ++j) {
       col_ok[j] = col0 + j < p.V;
     }
-    if constexpr (!LoadState::kLate) {
-      load_state(S, col_ok, s_base, col0 - v0);
+    if constexpr (!Src::kStaged) {
+      src.load_state(S, col_ok, s_base, col0 - v0);
     }
+    src.wait_records();
 
     // Streaming serves T <= kChunk only (launcher-checked): one chunk.
-    const int t_limit = LoadState::kLate ? 1 : steps;
+    const int t_limit = Src::kStaged ? 1 : steps;
     for (int t0 = 0; t0 < t_limit; t0 += Cfg::kChunk) {
       const int tc = min(Cfg::kChunk, steps - t0);
       for (int idx = tid; idx < tc * K; idx += Cfg::kThreads) {
         const int tt = idx / K;
         const int k = idx % K;
-        const int64_t t = t0 + tt;
-        sm.qk[tt][1][k] = ld_bf16(rawk + t * K + k);
-        sm.decay[tt][k] = kda_exp(ring_g[t * K + k]);
+        sm.qk[tt][1][k] = src.rawk(ring, t0 + tt, tt, k);
+        sm.decay[tt][k] = kda_exp(src.g(ring, t0 + tt, tt, k));
       }
       for (int idx = tid; idx < tc * kFoldBlockV; idx += Cfg::kThreads) {
         const int tt = idx / kFoldBlockV;
         const int j = idx % kFoldBlockV;
         if (v0 + j < p.V) {
-          sm.v[tt][j] = ld_bf16(rawv + static_cast<int64_t>(t0 + tt) * p.V + v0 + j);
+          sm.v[tt][j] = src.rawv(ring, t0 + tt, tt, v0, j);
         }
       }
       for (int tt = tid; tt < tc; tt += Cfg::kThreads) {
-        sm.beta[tt] = ring_beta[t0 + tt];
+        sm.beta[tt] = ring.beta[t0 + tt];
       }
       __syncthreads();
       for (int tt = warp; tt < tc; tt += Cfg::kWarps) {
         l2_normalize_warp<K>(sm.qk[tt][1], 1.0f, false, lane);
       }
       __syncthreads();
-      if constexpr (LoadState::kLate) {
-        load_state(S, col_ok, s_base, col0 - v0);
+      if constexpr (Src::kStaged) {
+        src.load_state(S, col_ok, s_base, col0 - v0);
       }
       for (int tt = 0; tt < tc; ++tt) {
         float vv[CPT];
@@ -128,13 +143,24 @@ struct FoldItem {
   }
 };
 
-/// The state tile straight from global memory (`col` counts from the tile's first column).
+/// Ring records and the state tile straight from global memory (`col` counts from the
+/// tile's first column).
 template <typename Slice>
-struct FoldGlobalState {
-  static constexpr bool kLate = false;
+struct FoldGlobalSource {
+  static constexpr bool kStaged = false;
   int c;  // lane within the column's P lanes
   int v0;
-  __device__ __forceinline__ void operator()(ColRegs<Slice> (&S)[Slice::CPT],
+  __device__ __forceinline__ void wait_records() const {}
+  __device__ __forceinline__ float rawk(const FoldRing& r, int t, int, int k) const {
+    return ld_bf16(r.rawk + static_cast<int64_t>(t) * Slice::K + k);
+  }
+  __device__ __forceinline__ float g(const FoldRing& r, int t, int, int k) const {
+    return r.g[static_cast<int64_t>(t) * Slice::K + k];
+  }
+  __device__ __forceinline__ float rawv(const FoldRing& r, int t, int, int v0_, int j) const {
+    return ld_bf16(r.rawv + static_cast<int64_t>(t) * r.v_pitch + v0_ + j);
+  }
+  __device__ __forceinline__ void load_state(ColRegs<Slice> (&S)[Slice::CPT],
                                              const bool (&ok)[Slice::CPT], const float* head,
                                              int col) const {
     load_state_columns<Slice>(S, ok, head + static_cast<int64_t>(v0) * Slice::K, col, c);
@@ -149,8 +175,20 @@ __global__ void __launch_bounds__(256, 2) fold_kernel(const __grid_constant__ Co
   pdl_wait();
   pdl_launch_dependents();
   Item item(p, blockIdx.x, blockIdx.y, blockIdx.z / p.HV, blockIdx.z % p.HV);
-  item.run(sm, FoldGlobalState<typename Item::Slice>{item.c, item.tile * kFoldBlockV});
+  item.run(sm, FoldGlobalSource<typename Item::Slice>{item.c, item.tile * kFoldBlockV});
 }
+
+/// The fold's stage: the state tile (kFoldBlockV x K f32), then the item's ring records for
+/// its accepted steps: rawk [kChunk][K] bf16, g [kChunk][K] f32, rawv [kChunk][kFoldBlockV]
+/// bf16 (the tile's columns). One fill = up to 3 + kChunk bulk runs (rawv one per step).
+template <int K>
+struct FoldStage {
+  static constexpr int kChunk = TileConfig<K, kFoldBlockV>::kChunk;
+  static constexpr uint32_t kRawk = kFoldBlockV * K * 4;
+  static constexpr uint32_t kG = kRawk + kChunk * K * 2;
+  static constexpr uint32_t kRawv = kG + kChunk * K * 4;
+  static constexpr uint32_t kBytes = kRawv + kChunk * kFoldBlockV * 2;
+};
 
 /// Fold items in a persistent CTA's order: item = ((layer*HV + hv)*B + n)*tiles + tile; live
 /// when the request has a slot and a valid accepted length.
@@ -168,36 +206,67 @@ struct FoldStreamItems {
     const int acc = p.accepted[n];
     return p.slots[n] >= 0 && acc >= 1 && acc <= p.T;
   }
-  /// The one bulk run of an item: its state tile.
-  __device__ BulkRun state_run(int item) const {
+  /// Bulk runs of a live item's fill: 3 + its accepted steps.
+  __device__ int run_count(int item) const { return 3 + p.accepted[n_of(item)]; }
+  /// Run r of a live item's fill: 0 the state tile, 1 rawk, 2 g, 3 + t rawv of step t.
+  __device__ BulkRun run(int item, int r) const {
+    using St = FoldStage<K>;
+    const int n = n_of(item);
     const int v0 = tile_of(item) * kFoldBlockV;
-    return {0u,
-            p.ssm_state + layer_of(item) * p.ssm_layer_stride +
-                p.slots[n_of(item)] * p.ssm_slot_stride +
-                (static_cast<int64_t>(hv_of(item)) * p.V + v0) * K,
-            static_cast<uint32_t>(min(kFoldBlockV, p.V - v0) * K * sizeof(float))};
+    const int cols = min(kFoldBlockV, p.V - v0);
+    const int steps = p.accepted[n];
+    const int slot = p.slots[n];
+    const int layer = layer_of(item);
+    const int hv = hv_of(item);
+    if (r == 0) {
+      return {0u,
+              p.ssm_state + layer * p.ssm_layer_stride + slot * p.ssm_slot_stride +
+                  (static_cast<int64_t>(hv) * p.V + v0) * K,
+              static_cast<uint32_t>(cols * K * sizeof(float))};
+    }
+    const FoldRing ring(p, layer, slot, hv / (p.HV / p.H), hv);
+    if (r == 1) {
+      return {St::kRawk, ring.rawk, static_cast<uint32_t>(steps * K * 2)};
+    }
+    if (r == 2) {
+      return {St::kG, ring.g, static_cast<uint32_t>(steps * K * 4)};
+    }
+    const int t = r - 3;
+    return {St::kRawv + static_cast<uint32_t>(t * kFoldBlockV * 2),
+            ring.rawv + static_cast<int64_t>(t) * p.V + v0, static_cast<uint32_t>(cols * 2)};
   }
 };
 
-/// The state tile from the stage; then the stage is refilled with the next live item's tile.
+/// The state tile and rawk / g / rawv from the stage; beta from global memory. The stage is
+/// refilled with the next live item's runs once the state is in registers.
 template <typename Slice, typename Items>
-struct FoldStagedState {
-  static constexpr bool kLate = true;
+struct FoldStagedSource {
+  static constexpr bool kStaged = true;
+  using St = FoldStage<Slice::K>;
   BulkStage& bulk;
-  const float* stage;
+  const unsigned char* stage;
   const Items& items;
   int item;
   int c;  // lane within the column's P lanes
-  __device__ __forceinline__ void operator()(ColRegs<Slice> (&S)[Slice::CPT],
+  __device__ __forceinline__ void wait_records() const { bulk.wait(); }
+  __device__ __forceinline__ float rawk(const FoldRing&, int, int tt, int k) const {
+    return ld_bf16(reinterpret_cast<const bf16_t*>(stage + St::kRawk) + tt * Slice::K + k);
+  }
+  __device__ __forceinline__ float g(const FoldRing&, int, int tt, int k) const {
+    return reinterpret_cast<const float*>(stage + St::kG)[tt * Slice::K + k];
+  }
+  __device__ __forceinline__ float rawv(const FoldRing&, int, int tt, int, int j) const {
+    return ld_bf16(reinterpret_cast<const bf16_t*>(stage + St::kRawv) + tt * kFoldBlockV + j);
+  }
+  __device__ __forceinline__ void load_state(ColRegs<Slice> (&S)[Slice::CPT],
                                              const bool (&ok)[Slice::CPT], const float*,
                                              int col) const {
-    bulk.wait();
-    load_state_columns<Slice>(S, ok, stage, col, c);
+    load_state_columns<Slice>(S, ok, reinterpret_cast<const float*>(stage), col, c);
     __syncthreads();  // every thread is done with the stage: refill it
     if (threadIdx.x < 32) {
       const int next = next_live_item(items, item + static_cast<int>(gridDim.x));
       if (next < items.count()) {
-        bulk.fill([&](int) { return items.state_run(next); }, 1);
+        bulk.fill([&](int r) { return items.run(next, r); }, items.run_count(next));
       }
     }
   }
@@ -211,7 +280,7 @@ __global__ void __launch_bounds__(256, 2)
   using Items = FoldStreamItems<K>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
   __shared__ uint64_t bar;
-  extern __shared__ __align__(128) float stage[];  // 128 x K f32
+  extern __shared__ __align__(128) unsigned char stage[];  // FoldStage<K>
 
   const Items items{p, (p.V + kFoldBlockV - 1) / kFoldBlockV};
   BulkStage bulk(stage, &bar);
@@ -222,12 +291,12 @@ __global__ void __launch_bounds__(256, 2)
   if (threadIdx.x < 32) {
     const int first = next_live_item(items, static_cast<int>(blockIdx.x));
     if (first < items.count()) {
-      bulk.fill([&](int) { return items.state_run(first); }, 1);
+      bulk.fill([&](int r) { return items.run(first, r); }, items.run_count(first));
     }
   }
   for (int i = blockIdx.x; i < items.count(); i += gridDim.x) {
     Item item(p, items.tile_of(i), items.n_of(i), items.layer_of(i), items.hv_of(i));
-    item.run(sm, FoldStagedState<typename Item::Slice, Items>{bulk, stage, items, i, item.c});
+    item.run(sm, FoldStagedSource<typename Item::Slice, Items>{bulk, stage, items, i, item.c});
   }
 }
 
@@ -319,10 +388,16 @@ unsigned copy_chunks(int64_t vec_elems, int64_t requests) {
 template <int K>
 void launch_fold(const CommitParams& p, cudaStream_t stream) {
   const int64_t tiles = ceil_div(p.V, kFoldBlockV);
-  const bool streamable = reinterpret_cast<uintptr_t>(p.ssm_state) % 16 == 0 &&
-                          p.ssm_slot_stride % 4 == 0 && p.ssm_layer_stride % 4 == 0 &&
-                          p.T <= TileConfig<K, kFoldBlockV>::kChunk;
-  const size_t stage_bytes = static_cast<size_t>(kFoldBlockV) * K * sizeof(float);
+  // Every bulk run 16-byte aligned at both ends (state_stream.cuh): f32 strides multiple of
+  // 4 elements, bf16 ones of 8, V % 8 == 0 (the rawv rows).
+  const auto a16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const bool streamable =
+      a16(p.ssm_state) && p.ssm_slot_stride % 4 == 0 && p.ssm_layer_stride % 4 == 0 &&
+      p.T <= TileConfig<K, kFoldBlockV>::kChunk && p.V % 8 == 0 && a16(p.ring_rawk) &&
+      p.ring_rawk_slot_stride % 8 == 0 && p.ring_rawk_layer_stride % 8 == 0 && a16(p.ring_rawv) &&
+      p.ring_rawv_slot_stride % 8 == 0 && p.ring_rawv_layer_stride % 8 == 0 && a16(p.ring_g) &&
+      p.ring_g_slot_stride % 4 == 0 && p.ring_g_layer_stride % 4 == 0;
+  const size_t stage_bytes = FoldStage<K>::kBytes;
   const int grid =
       state_stream_grid(reinterpret_cast<const void*>(fold_stream_kernel<K>), kCopyThreads,
                         stage_bytes, tiles * p.B * p.num_layers * p.HV, streamable);
