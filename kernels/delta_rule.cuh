@@ -32,6 +32,15 @@ struct ColumnSlice {
 template <typename Slice>
 using ColRegs = float[Slice::NPT][Slice::E];
 
+/// Loads a [K] smem vector at this lane's k positions.
+template <typename Slice>
+__device__ __forceinline__ void load_slice(ColRegs<Slice>& dst, const float* vec, int c) {
+#pragma unroll
+  for (int i = 0; i < Slice::NPT; ++i) {
+    load_vec<Slice::E>(dst[i], vec + Slice::k_of(c, i));
+  }
+}
+
 /// Loads this lane's slice of a [K] column from global memory (16/8-byte vector loads).
 template <typename Slice>
 __device__ __forceinline__ void load_column(ColRegs<Slice>& dst, const float* col, int c) {
@@ -50,8 +59,9 @@ __device__ __forceinline__ void store_column(float* col, const ColRegs<Slice>& s
   }
 }
 
-// The step is split so that a caller can overlap independent trees (verify_tile.cuh runs
-// step t's output dot and step t+1's key dot through the cross-lane levels together):
+// The step split into pieces, so that a caller can overlap independent trees (the streaming
+// verify runs step t's output dot and step t+1's key dot through the cross-lane levels
+// together):
 //   decay_and_key_partials -> tree_across_lanes -> apply_update   is one delta-rule step,
 //   query_partials -> tree_across_lanes                          is the output dot.
 // `part` arrays hold one value per column: this thread's part of the tree (levels d >= P)
@@ -129,7 +139,9 @@ __device__ __forceinline__ void apply_update(ColRegs<Slice> (&S)[Slice::CPT], co
   }
 }
 
-/// One gated delta-rule step (contract §3 step 6, without the output) on CPT columns:
+/// One gated delta-rule step in one piece (same operations per value as the split form): the
+/// kn slice stays in registers from the dot to the update, one shared-memory load fewer per
+/// step. The per-item verify tiles (latency-bound, small B) and the fold use it.
 ///   S[k][v] = S[k][v] * exp(g[k])
 ///   u_v     = (v - sum_k S[k][v] * kn[k]) * beta
 ///   S[k][v] = fma(kn[k], u_v, S[k][v])
@@ -139,10 +151,50 @@ template <typename Slice>
 __device__ __forceinline__ void delta_rule_step(ColRegs<Slice> (&S)[Slice::CPT],
                                                 const float* kn_vec, const float* decay_vec,
                                                 const float (&v)[Slice::CPT], float beta, int c) {
-  float kv[Slice::CPT];
-  decay_and_key_partials<Slice>(S, kn_vec, decay_vec, c, kv);
-  tree_across_lanes<Slice::P, Slice::CPT>(kv);
-  apply_update<Slice>(S, kn_vec, kv, v, beta, c);
+  {
+    ColRegs<Slice> decay;
+    load_slice<Slice>(decay, decay_vec, c);
+#pragma unroll
+    for (int j = 0; j < Slice::CPT; ++j) {
+#pragma unroll
+      for (int i = 0; i < Slice::NPT; ++i) {
+#pragma unroll
+        for (int e = 0; e < Slice::E; ++e) {
+          S[j][i][e] = __fmul_rn(S[j][i][e], decay[i][e]);
+        }
+      }
+    }
+  }
+  ColRegs<Slice> kn;
+  load_slice<Slice>(kn, kn_vec, c);
+  float u[Slice::CPT];
+#pragma unroll
+  for (int j = 0; j < Slice::CPT; ++j) {
+    const float kv = tree_dot<Slice::P, Slice::NPT, Slice::E>(S[j], kn);
+    u[j] = __fmul_rn(__fsub_rn(v[j], kv), beta);
+  }
+#pragma unroll
+  for (int j = 0; j < Slice::CPT; ++j) {
+#pragma unroll
+    for (int i = 0; i < Slice::NPT; ++i) {
+#pragma unroll
+      for (int e = 0; e < Slice::E; ++e) {
+        S[j][i][e] = fmaf(kn[i][e], u[j], S[j][i][e]);
+      }
+    }
+  }
+}
+
+/// o_j = sum_k S[k][v_j] * qs[k] through the tree (all P lanes get the same bits).
+template <typename Slice>
+__device__ __forceinline__ void output_dot(const ColRegs<Slice> (&S)[Slice::CPT],
+                                           const float* qs_vec, int c, float (&o)[Slice::CPT]) {
+  ColRegs<Slice> qs;
+  load_slice<Slice>(qs, qs_vec, c);
+#pragma unroll
+  for (int j = 0; j < Slice::CPT; ++j) {
+    o[j] = tree_dot<Slice::P, Slice::NPT, Slice::E>(S[j], qs);
+  }
 }
 
 /// In-place L2 normalisation of a [K] smem vector by one whole warp (lane j owns partial j):

@@ -341,26 +341,35 @@ struct VerifyItem {
         src.load_state(*this, S, col_ok, s_base);
       }
 
-      // 4. The recurrence, software-pipelined: step tt's output dot and step tt+1's key dot
-      //    both read the state after step tt's update, so they go through the cross-lane
-      //    tree levels together (8 independent shuffle chains per thread instead of 4:
-      //    the chains' latency was the recurrence's main stall). Per value, the operations
-      //    and their order are those of delta_rule_step + the output dot.
+      // 4. The recurrence.
       const auto v_of = [&](int tt, float(&vv)[CPT]) {
 #pragma unroll
         for (int j = 0; j < CPT; ++j) {
           vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
         }
       };
-      float vv[CPT];
-      v_of(0, vv);
-      delta_rule_step<Slice>(S, sm.qk[0][1], sm.decay[0], vv, sm.beta[0], c);
-      for (int tt = 0; tt < tc; ++tt) {
-        const int t = t0 + tt;
-        const bool next = tt + 1 < tc;
-        float part[2 * CPT];  // [0, CPT): outputs of step tt; [CPT, 2 CPT): kv of step tt + 1
-        query_partials<Slice>(S, sm.qk[tt][0], c, part);
-        if (snap) {  // the state after step tt, before step tt + 1 decays it
+      // Lane 0 of the group writes its CPT columns (every lane holds every column's bits):
+      // bf16 pairs, no per-lane column select (which nvcc lowered to a local-memory array).
+      // Pairs are whole: V, v0 and col0 are even when CPT >= 2.
+      const auto store_outputs = [&](int t, const float* o) {
+        if (c == 0) {
+          bf16_t* orow = p.out + ((static_cast<int64_t>(n) * T + t) * p.HV + hv) * p.V + col0;
+          if constexpr (CPT == 1) {
+            if (col_ok[0]) {
+              orow[0] = to_bf16(o[0]);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < CPT; j += 2) {
+              if (col_ok[j]) {
+                st_bf16x2(orow + j, o[j], o[j + 1]);
+              }
+            }
+          }
+        }
+      };
+      const auto store_snapshot = [&](int t) {
+        if (snap) {
           float* dst = p.snapshots + row * p.snapshot_row_stride +
                        (static_cast<int64_t>(t) * p.HV + hv) * p.V * K;
 #pragma unroll
@@ -370,34 +379,48 @@ struct VerifyItem {
             }
           }
         }
-        if (next) {
-          decay_and_key_partials<Slice>(S, sm.qk[tt + 1][1], sm.decay[tt + 1], c, part + CPT);
-          tree_across_lanes<P, 2 * CPT>(part);
-        } else {
-          tree_across_lanes<P, CPT>(reinterpret_cast<float(&)[CPT]>(part));
+      };
+      float vv[CPT];
+      if constexpr (Src::kStaged) {
+        // Software-pipelined (throughput-bound streaming kernel): step tt's output dot and
+        // step tt+1's key dot both read the state after step tt's update, so their
+        // cross-lane tree levels run together (8 shuffle chains per thread instead of 4:
+        // the chains' latency was the recurrence's main stall). Per value, the operations
+        // and their order are those of delta_rule_step + output_dot.
+        {
+          v_of(0, vv);
+          float kv[CPT];
+          decay_and_key_partials<Slice>(S, sm.qk[0][1], sm.decay[0], c, kv);
+          tree_across_lanes<P, CPT>(kv);
+          apply_update<Slice>(S, sm.qk[0][1], kv, vv, sm.beta[0], c);
         }
-        const int64_t r = static_cast<int64_t>(n) * T + t;
-        // Lane 0 of the group writes its CPT columns (every lane holds every column's bits):
-        // bf16 pairs, no per-lane column select (which nvcc lowered to a local-memory array).
-        // Pairs are whole: V, v0 and col0 are even when CPT >= 2.
-        if (c == 0) {
-          bf16_t* orow = p.out + (r * p.HV + hv) * p.V + col0;
-          if constexpr (CPT == 1) {
-            if (col_ok[0]) {
-              orow[0] = to_bf16(part[0]);
-            }
+        for (int tt = 0; tt < tc; ++tt) {
+          const bool next = tt + 1 < tc;
+          float part[2 * CPT];  // [0, CPT): outputs of step tt; [CPT, 2 CPT): kv of tt + 1
+          query_partials<Slice>(S, sm.qk[tt][0], c, part);
+          store_snapshot(t0 + tt);  // the state after step tt, before step tt + 1 decays it
+          if (next) {
+            decay_and_key_partials<Slice>(S, sm.qk[tt + 1][1], sm.decay[tt + 1], c, part + CPT);
+            tree_across_lanes<P, 2 * CPT>(part);
           } else {
-#pragma unroll
-            for (int j = 0; j < CPT; j += 2) {
-              if (col_ok[j]) {
-                st_bf16x2(orow + j, part[j], part[j + 1]);
-              }
-            }
+            tree_across_lanes<P, CPT>(reinterpret_cast<float(&)[CPT]>(part));
+          }
+          store_outputs(t0 + tt, part);
+          if (next) {
+            v_of(tt + 1, vv);
+            apply_update<Slice>(S, sm.qk[tt + 1][1], part + CPT, vv, sm.beta[tt + 1], c);
           }
         }
-        if (next) {
-          v_of(tt + 1, vv);
-          apply_update<Slice>(S, sm.qk[tt + 1][1], part + CPT, vv, sm.beta[tt + 1], c);
+      } else {
+        // One step after the other (the per-item tiles: latency-bound at small B, where the
+        // split form's extra shared loads cost 1-4%, docs/perf.md v5).
+        for (int tt = 0; tt < tc; ++tt) {
+          v_of(tt, vv);
+          delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
+          float o[CPT];
+          output_dot<Slice>(S, sm.qk[tt][0], c, o);
+          store_outputs(t0 + tt, o);
+          store_snapshot(t0 + tt);
         }
       }
       __syncthreads();  // the next chunk (or item) overwrites shared memory
