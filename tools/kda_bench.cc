@@ -1,8 +1,9 @@
 // kda_bench: times the KDA verify backend's kernels on one GPU (issue 6, tool part).
 //
 // For one model shape, over a batch-size list and a draft-length (T) list:
-//   verify  one layer's verify for {unfused, fused} x {snapshot, ring} (fused: --block-v or
-//           every BV with --sweep-bv), each checked bitwise fused vs unfused before timing;
+//   verify  one layer's verify for {unfused, fused} x {snapshot, ring} (fused: the dispatcher's
+//           auto tile per B, --block-v, or every BV with --sweep-bv), each checked bitwise
+//           fused vs unfused before timing;
 //   commit  fold / snapshot commit / conv commit of --layers layers, one launch each;
 //   round   every layer's verify + the commit, one graph per round.
 // Methodology (contract §6): --calls calls in one CUDA graph, --warmup replays, then --reps

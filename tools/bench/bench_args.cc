@@ -88,11 +88,22 @@ bool BenchArgs::any_mode(RecordMode m) const {
                      [m](Variant v) { return variant_mode(v) == m; });
 }
 
-std::vector<int> BenchArgs::fused_block_vs() const {
+std::vector<int> BenchArgs::fused_block_vs(int B) const {
   if (sweep_bv) {
     return std::vector<int>(std::begin(kernels::kFusedBlockVs), std::end(kernels::kFusedBlockVs));
   }
-  return {block_v};
+  if (block_v > 0) {
+    return {block_v};
+  }
+  return {kernels::default_block_v(B, shape.HV, shape.V)};
+}
+
+std::string BenchArgs::fused_block_v_text() const {
+  if (sweep_bv) {
+    return fmt::format("{}", fmt::join(kernels::kFusedBlockVs, ","));
+  }
+  return block_v > 0 ? std::to_string(block_v)
+                     : std::string("auto (kernels::default_block_v per B)");
 }
 
 std::string bench_usage() {
@@ -116,7 +127,8 @@ Sweep:
   --batch-sizes LIST     comma list of B (default 1,2,4,8,16,32,64)
   --draft-tokens LIST    comma list of T (default 4,8)
   --variants LIST        unfused,unfused+ring,fused,fused+ring or all (default all)
-  --block-v BV           fused V tile (default {}; one of {})
+  --block-v BV|auto      fused V tile: one of {} or auto (default: the dispatcher's
+                         kernels::default_block_v per B, as --kda-verify-block-v=auto)
   --sweep-bv             time every fused BV and report the best
   --phases LIST          verify,commit,round or all (default verify)
                          commit: fold (ring), snapshot commit and conv commit of all layers;
@@ -154,7 +166,7 @@ Other:
 Exit status: 0 ok, 1 error (no CUDA device, CUDA or kernel error), 2 bad arguments,
 3 bitwise guard mismatch (fused vs unfused differ).
 )",
-      kernels::kDefaultFusedBlockV, fmt::join(kernels::kFusedBlockVs, ","));
+      fmt::join(kernels::kFusedBlockVs, ","));
 }
 
 namespace {
@@ -335,7 +347,7 @@ std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
   }
 
   BenchArgs a;
-  a.block_v = kernels::kDefaultFusedBlockV;
+  a.block_v = 0;  // auto
   // The preset first, so that every other flag overrides it whatever the order.
   for (const auto& [name, value] : flags) {
     if (name == "--preset") {
@@ -402,6 +414,10 @@ std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
       {"--variants", [&](auto& n, auto& v) { a.variants = parse_variants(n, v); }},
       {"--block-v",
        [&](auto& n, auto& v) {
+         if (v == "auto") {
+           a.block_v = 0;
+           return;
+         }
          a.block_v = parse_int(n, v, 1, 1 << 20);
          if (std::find(std::begin(kernels::kFusedBlockVs), std::end(kernels::kFusedBlockVs),
                        a.block_v) == std::end(kernels::kFusedBlockVs)) {

@@ -52,7 +52,7 @@ struct BenchArgs {
   std::vector<int> batch_sizes{1, 2, 4, 8, 16, 32, 64};
   std::vector<int> draft_tokens{4, 8};  ///< T list
   std::vector<Variant> variants{std::begin(kAllVariants), std::end(kAllVariants)};
-  int block_v = 0;  ///< fused V tile; set from kDefaultFusedBlockV
+  int block_v = 0;  ///< fused V tile; 0 = auto (kernels::default_block_v per B, as the engine)
   bool sweep_bv = false;
 
   bool phase_verify = true;
@@ -87,8 +87,11 @@ struct BenchArgs {
   int effective_ring_len() const;
   bool has_variant(Variant v) const;
   bool any_mode(RecordMode m) const;
-  /// The fused BV values to time: every kFusedBlockVs with --sweep-bv, else {block_v}.
-  std::vector<int> fused_block_vs() const;
+  /// The fused BV values to time at batch size B: every kFusedBlockVs with --sweep-bv, else
+  /// {block_v}, or with block_v == 0 (auto) the dispatcher's {default_block_v(B, HV, V)}.
+  std::vector<int> fused_block_vs(int B) const;
+  /// The fused BV choice as text, for the plan: "8,16,32,64,128", "64" or "auto".
+  std::string fused_block_v_text() const;
 };
 
 /// Thrown on a bad command line; what() names the flag, the value and what is allowed.

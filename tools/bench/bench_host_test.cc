@@ -44,7 +44,12 @@ TEST_CASE("kda_bench args: defaults and presets", "[tools][bench]") {
   const BenchArgs d = parse({});
   CHECK(d.batch_sizes == std::vector<int>{1, 2, 4, 8, 16, 32, 64});
   CHECK(d.draft_tokens == std::vector<int>{4, 8});
-  CHECK(d.block_v == kernels::kDefaultFusedBlockV);
+  CHECK(d.block_v == 0);  // auto: the dispatcher's tile per B
+  CHECK(d.fused_block_vs(1) == std::vector<int>{kernels::default_block_v(1, 32, 128)});
+  CHECK(d.fused_block_vs(64) == std::vector<int>{kernels::default_block_v(64, 32, 128)});
+  CHECK(d.fused_block_vs(1) != d.fused_block_vs(64));  // 32 vs 128 for Kimi-Linear
+  CHECK(parse({"--block-v", "16"}).fused_block_vs(64) == std::vector<int>{16});
+  CHECK(parse({"--block-v", "16", "--block-v", "auto"}).block_v == 0);
   CHECK(d.variants.size() == 4);
   CHECK(d.effective_ring_len() == 16);
   CHECK(d.shape.D() == 2 * 32 * 128 + 32 * 128);
@@ -65,7 +70,7 @@ TEST_CASE("kda_bench args: defaults and presets", "[tools][bench]") {
   CHECK(l.draft_tokens == std::vector<int>{4, 16});
   CHECK(l.effective_ring_len() == 32);
   CHECK(l.variants == std::vector<Variant>{Variant::kUnfused, Variant::kFusedRing});
-  CHECK(parse({"--sweep-bv"}).fused_block_vs().size() == std::size(kernels::kFusedBlockVs));
+  CHECK(parse({"--sweep-bv"}).fused_block_vs(8).size() == std::size(kernels::kFusedBlockVs));
   CHECK(parse({}).state_stream == kernels::StateStreamMode::kAuto);
   CHECK(parse({"--state-stream", "always"}).state_stream == kernels::StateStreamMode::kAlways);
   CHECK(parse({"--state-stream=never"}).state_stream == kernels::StateStreamMode::kNever);

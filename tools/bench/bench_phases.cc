@@ -132,7 +132,8 @@ void run_verify_phase(BenchContext& ctx) {
           if (!a.any_mode(mode)) {
             continue;
           }
-          const GuardResult g = run_bitwise_guard(problem, T, mode, a.fused_block_vs(), ctx.stream);
+          const GuardResult g =
+              run_bitwise_guard(problem, T, mode, a.fused_block_vs(B), ctx.stream);
           runs += g.comparisons;
           if (!g.ok) {
             fmt::print(stderr, "bitwise guard FAILED\n");
@@ -154,7 +155,8 @@ void run_verify_phase(BenchContext& ctx) {
         for (int c = 0; c < copies; ++c) {
           params.push_back(problem.verify_params(c, T, variant_mode(v)));
         }
-        const std::vector<int> bvs = variant_is_fused(v) ? a.fused_block_vs() : std::vector<int>{0};
+        const std::vector<int> bvs =
+            variant_is_fused(v) ? a.fused_block_vs(B) : std::vector<int>{0};
         for (int bv : bvs) {
           Row r = verify_row(ctx, Phase::kVerify, v, bv, T, B);
           r.copies = copies;
@@ -265,9 +267,10 @@ void run_commit_phase(BenchContext& ctx) {
 
 namespace {
 
-/// Round BV for a fused variant: the best verify BV of (T, B, mode) if measured, else --block-v.
+/// Round BV for a fused variant: the best verify BV of (T, B, mode) if measured, else the
+/// --block-v choice (auto: the dispatcher's tile for B).
 int round_bv(const BenchContext& ctx, Variant v, int T, int B) {
-  int bv = ctx.args.block_v;
+  int bv = ctx.args.fused_block_vs(B).front();
   double best = 0.0;
   for (const Row& r : ctx.rows) {
     if (r.phase == Phase::kVerify && r.fused && r.mode == variant_mode(v) && r.T == T && r.B == B &&

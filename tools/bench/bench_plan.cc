@@ -57,8 +57,7 @@ void print_plan(const BenchArgs& a, int64_t l2_bytes) {
   total += copy_s;
 
   if (a.phase_verify) {
-    fmt::print("verify ({} variants; fused BVs {}):\n", a.variants.size(),
-               fmt::join(a.fused_block_vs(), ","));
+    fmt::print("verify ({} variants; fused BVs {}):\n", a.variants.size(), a.fused_block_v_text());
     for (int B : a.batch_sizes) {
       ProblemConfig cfg = problem_config(a, B);
       cfg.guard_set = a.guard;
@@ -70,7 +69,7 @@ void print_plan(const BenchArgs& a, int64_t l2_bytes) {
         for (Variant v : a.variants) {
           const VerifyBytes vb = verify_bytes(a.shape, B, T, variant_mode(v));
           const double us = floor_us(vb.moved(!variant_is_fused(v)), a.hbm_gbps);
-          const int n = variant_is_fused(v) ? static_cast<int>(a.fused_block_vs().size()) : 1;
+          const int n = variant_is_fused(v) ? static_cast<int>(a.fused_block_vs(B).size()) : 1;
           s += n * timing_seconds(a, calls, a.iters, us);
           timings += n;
         }

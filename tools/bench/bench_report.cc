@@ -341,11 +341,14 @@ void print_recommendation(const Recommendation& rec) {
         "suggested --kda-fused-ring-max-batch: not measured (needs fused+ring and "
         "unfused+ring)\n");
   }
-  if (rec.default_bv) {
-    fmt::print("suggested --kda-verify-block-v={}  ({})\n", *rec.default_bv,
-               rec.bv_swept ? "ring mode, smallest geometric-mean slowdown vs the per-row best "
-                              "BV where fused is dispatched"
-                            : "not swept: the --block-v used; run with --sweep-bv");
+  if (rec.default_bv && rec.bv_swept) {
+    fmt::print(
+        "suggested --kda-verify-block-v={}  (ring mode, smallest geometric-mean slowdown vs the "
+        "per-row best BV where fused is dispatched)\n",
+        *rec.default_bv);
+  } else if (rec.default_bv) {
+    fmt::print(
+        "suggested --kda-verify-block-v: not measured (BV not swept; run with --sweep-bv)\n");
   }
   if (rec.snapshot_bv && rec.bv_swept) {
     fmt::print("best BV for snapshot mode alone: {}\n", *rec.snapshot_bv);
