@@ -1,5 +1,7 @@
 #include "kernels/commit.cuh"
 
+#include "kernels/kda_kernels.h"
+
 #include "core/cuda_check.h"
 #include "kernels/launch_utils.h"
 #include "kernels/state_stream.cuh"
@@ -385,18 +387,22 @@ unsigned copy_chunks(int64_t vec_elems, int64_t requests) {
 
 }  // namespace
 
-template <int K>
-void launch_fold(const CommitParams& p, cudaStream_t stream) {
-  const int64_t tiles = ceil_div(p.V, kFoldBlockV);
+bool fold_stream_layout_ok(const CommitParams& p) {
   // Every bulk run 16-byte aligned at both ends (state_stream.cuh): f32 strides multiple of
   // 4 elements, bf16 ones of 8, V % 8 == 0 (the rawv rows).
   const auto a16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  const bool streamable =
-      a16(p.ssm_state) && p.ssm_slot_stride % 4 == 0 && p.ssm_layer_stride % 4 == 0 &&
-      p.T <= TileConfig<K, kFoldBlockV>::kChunk && p.V % 8 == 0 && a16(p.ring_rawk) &&
-      p.ring_rawk_slot_stride % 8 == 0 && p.ring_rawk_layer_stride % 8 == 0 && a16(p.ring_rawv) &&
-      p.ring_rawv_slot_stride % 8 == 0 && p.ring_rawv_layer_stride % 8 == 0 && a16(p.ring_g) &&
-      p.ring_g_slot_stride % 4 == 0 && p.ring_g_layer_stride % 4 == 0;
+  return a16(p.ssm_state) && p.ssm_slot_stride % 4 == 0 && p.ssm_layer_stride % 4 == 0 &&
+         p.T <= TileConfig<128, kFoldBlockV>::kChunk && p.V % 8 == 0 && a16(p.ring_rawk) &&
+         p.ring_rawk_slot_stride % 8 == 0 && p.ring_rawk_layer_stride % 8 == 0 &&
+         a16(p.ring_rawv) && p.ring_rawv_slot_stride % 8 == 0 &&
+         p.ring_rawv_layer_stride % 8 == 0 && a16(p.ring_g) && p.ring_g_slot_stride % 4 == 0 &&
+         p.ring_g_layer_stride % 4 == 0;
+}
+
+template <int K>
+void launch_fold(const CommitParams& p, cudaStream_t stream) {
+  const int64_t tiles = ceil_div(p.V, kFoldBlockV);
+  const bool streamable = fold_stream_layout_ok(p);
   const size_t stage_bytes = FoldStage<K>::kBytes;
   const int grid =
       state_stream_grid(reinterpret_cast<const void*>(fold_stream_kernel<K>), kCopyThreads,

@@ -162,6 +162,10 @@ bool is_supported_block_v(int bv) {
   return false;
 }
 
+bool verify_stream_layout_ok(const VerifyParams& p, bool fused) {
+  return stream_layout_ok(p, TileConfig<128, 128>::kChunk, fused);
+}
+
 void invoke_conv_update(const VerifyParams& p, cudaStream_t stream) {
   check_verify(p, "invoke_conv_update");
   KDA_CHECK(p.qkv_act != nullptr && aligned(p.qkv_act, 4),

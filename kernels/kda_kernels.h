@@ -53,6 +53,16 @@ void invoke_extend(const ExtendParams& p, cudaStream_t stream);
 /// Commit of all layers: fold (ring mode) or snapshot copy, then the conv commit.
 void invoke_commit(const CommitParams& p, cudaStream_t stream);
 
+/// Whether a verify call's layout lets its BV = 128 tile run as persistent streaming CTAs
+/// (verify_stream.cuh): T <= 8, the state tile one 16-byte-aligned bulk copy per item, and
+/// every input piece 16 bytes aligned (fused: mixed_qkv, conv_state, a; unfused: qkv_act, a).
+/// Streaming also needs sm_90+ and more items than one wave of CTAs (state_stream_mode());
+/// a call that fails any of it runs one CTA per item instead, with the same bits.
+bool verify_stream_layout_ok(const VerifyParams& p, bool fused);
+/// The same for the fold (commit.cu): T <= 8, state and ring records (rawk, g, rawv rows)
+/// copyable as 16-byte-aligned bulk runs.
+bool fold_stream_layout_ok(const CommitParams& p);
+
 /// The pieces of invoke_commit, for tests and the benchmark.
 void invoke_fold(const CommitParams& p, cudaStream_t stream);
 void invoke_commit_snapshot(const CommitParams& p, cudaStream_t stream);

@@ -146,7 +146,12 @@ TEST_CASE("kernels: fused == unfused bitwise over whole tensors, every BV", "[ke
           require_same_bytes(fused, unfused, "fused vs unfused");
         }
         // The BV = 128 tiles as persistent streaming CTAs (3 CTAs: many items each, padding
-        // items skipped) and as one CTA per item: the same bits, fused and unfused.
+        // items skipped) and as one CTA per item: the same bits, fused and unfused. Every case
+        // with one token chunk streams, except fused with 8-byte conv-state pitches (pad 4).
+        if (c.T <= 8) {
+          CHECK(kernels::verify_stream_layout_ok(initial.params(), false));
+          CHECK(kernels::verify_stream_layout_ok(initial.params(), true) == (c.pitch_pad % 8 == 0));
+        }
         for (auto sched : {kernels::StateStreamMode::kAlways, kernels::StateStreamMode::kNever}) {
           const ForceStateStream force(sched, 3);
           CAPTURE(static_cast<int>(sched));
@@ -389,6 +394,7 @@ TEST_CASE("kernels: fold == snapshot commit bitwise; one all-layer launch == per
 
     // The fold as persistent streaming CTAs (2 CTAs walking every item, padding requests
     // skipped) and as one CTA per item: the same bits.
+    REQUIRE(kernels::fold_stream_layout_ok(pool.params(accepted, RecordMode::kRing)));
     for (auto sched : {kernels::StateStreamMode::kAlways, kernels::StateStreamMode::kNever}) {
       const ForceStateStream force(sched, 2);
       CAPTURE(static_cast<int>(sched));

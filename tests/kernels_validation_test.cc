@@ -115,3 +115,47 @@ TEST_CASE("kernels: commit entry points validate before launching", "[kernels]")
   CHECK(message_of([&] { kernels::invoke_commit_conv(p, nullptr); }) ==
         "invoke_commit_conv: conv_state and conv_window are required");
 }
+
+TEST_CASE("kernels: which layouts the streaming kernels take", "[kernels]") {
+  // A call that fails these runs one CTA per item (same bits); the GPU tests assert that
+  // their aligned cases do stream, so the streamed == per-item comparisons compare something.
+  const VerifyProblem pr = small_problem(RecordMode::kRing);
+  const VerifyParams good = pr.params();
+  CHECK(kernels::verify_stream_layout_ok(good, true));
+  CHECK(kernels::verify_stream_layout_ok(good, false));
+  VerifyParams p = good;
+  p.qkv_stride += 4;  // 8-byte pieces only: fused needs 16
+  CHECK_FALSE(kernels::verify_stream_layout_ok(p, true));
+  CHECK(kernels::verify_stream_layout_ok(p, false));  // unfused reads qkv_act, not mixed_qkv
+  p = good;
+  p.conv_state_slot_stride += 4;
+  CHECK_FALSE(kernels::verify_stream_layout_ok(p, true));
+  CHECK(kernels::verify_stream_layout_ok(p, false));
+  p = good;
+  p.qkv_act += 2;
+  CHECK(kernels::verify_stream_layout_ok(p, true));
+  CHECK_FALSE(kernels::verify_stream_layout_ok(p, false));
+  p = good;
+  p.a_stride += 4;
+  CHECK_FALSE(kernels::verify_stream_layout_ok(p, true));
+  CHECK_FALSE(kernels::verify_stream_layout_ok(p, false));
+  p = good;
+  p.T = 9;  // two token chunks
+  CHECK_FALSE(kernels::verify_stream_layout_ok(p, true));
+  p = good;
+  p.ssm_slot_stride += 2;
+  CHECK_FALSE(kernels::verify_stream_layout_ok(p, false));
+
+  const Buffer accepted = make_buffer({1, 4}, Device::host());
+  const CommitParams cgood = pr.commit_params(accepted);
+  CHECK(kernels::fold_stream_layout_ok(cgood));
+  CommitParams c = cgood;
+  c.ring_rawk_slot_stride += 4;
+  CHECK_FALSE(kernels::fold_stream_layout_ok(c));
+  c = cgood;
+  c.ring_g_slot_stride += 2;
+  CHECK_FALSE(kernels::fold_stream_layout_ok(c));
+  c = cgood;
+  c.T = 9;
+  CHECK_FALSE(kernels::fold_stream_layout_ok(c));
+}
