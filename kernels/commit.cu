@@ -3,6 +3,7 @@
 #include "kernels/kda_kernels.h"
 
 #include "core/cuda_check.h"
+#include "kernels/launch_pdl.cuh"
 #include "kernels/launch_utils.h"
 #include "kernels/state_stream.cuh"
 #include "kernels/verify_tile.cuh"
@@ -364,17 +365,7 @@ __global__ void __launch_bounds__(kCopyThreads)
 template <typename Kernel>
 void launch(Kernel kernel, dim3 grid, const CommitParams& p, cudaStream_t stream,
             size_t smem_bytes = 0) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kCopyThreads);
-  cfg.dynamicSmemBytes = smem_bytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  KDA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  launch_pdl(kernel, grid, dim3(kCopyThreads), smem_bytes, stream, pdl_enabled(), p);
 }
 
 /// Enough CTAs per (request, layer) to fill the GPU at small B, capped by the work.

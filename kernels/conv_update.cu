@@ -2,6 +2,7 @@
 
 #include "core/cuda_check.h"
 #include "kernels/conv.cuh"
+#include "kernels/launch_pdl.cuh"
 #include "kernels/launch_utils.h"
 
 namespace kda::kernels {
@@ -95,17 +96,9 @@ __global__ void __launch_bounds__(kConvThreads)
 template <typename Kernel, typename Args>
 void launch_per_request(Kernel kernel, const Args& args, int64_t threads, int B,
                         cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim =
-      dim3(static_cast<unsigned>(ceil_div(threads, kConvThreads)), static_cast<unsigned>(B));
-  cfg.blockDim = dim3(kConvThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  KDA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
+  launch_pdl(kernel,
+             dim3(static_cast<unsigned>(ceil_div(threads, kConvThreads)), static_cast<unsigned>(B)),
+             dim3(kConvThreads), 0, stream, pdl_enabled(), args);
 }
 
 }  // namespace

@@ -525,7 +525,7 @@ void launch_verify_tile(const TileArgs& args, cudaStream_t stream);
 
 // ---- launcher definition (instantiated in kernels/inst/*.cu) ----
 
-#include "core/cuda_check.h"
+#include "kernels/launch_pdl.cuh"
 #include "kernels/launch_utils.h"
 #include "kernels/verify_stream.cuh"
 
@@ -534,14 +534,7 @@ namespace kda::kernels {
 template <typename WeightT, int K, int BV, bool FUSED>
 void launch_verify_tile(const TileArgs& args, cudaStream_t stream) {
   const VerifyParams& p = args.p;
-  cudaLaunchConfig_t cfg{};
-  cfg.blockDim = dim3(TileConfig<K, BV>::kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const dim3 block(TileConfig<K, BV>::kThreads);
   const int64_t tiles = ceil_div(p.V, BV);
   if constexpr (BV == 128) {
     const size_t stage_bytes = kVerifyStreamSmemBytes<K, BV>;
@@ -551,16 +544,15 @@ void launch_verify_tile(const TileArgs& args, cudaStream_t stream) {
     const int grid = state_stream_grid(kernel, TileConfig<K, BV>::kThreads, stage_bytes,
                                        tiles * p.HV * p.B, streamable);
     if (grid > 0) {
-      cfg.gridDim = dim3(static_cast<unsigned>(grid));
-      cfg.dynamicSmemBytes = stage_bytes;
-      KDA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, verify_stream_kernel<WeightT, K, BV, FUSED>, args));
+      launch_pdl(verify_stream_kernel<WeightT, K, BV, FUSED>, dim3(static_cast<unsigned>(grid)),
+                 block, stage_bytes, stream, pdl_enabled(), args);
       return;
     }
   }
-  cfg.gridDim =
-      dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.HV), static_cast<unsigned>(p.B));
-  cfg.dynamicSmemBytes = 0;
-  KDA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, verify_tile_kernel<WeightT, K, BV, FUSED>, args));
+  launch_pdl(
+      verify_tile_kernel<WeightT, K, BV, FUSED>,
+      dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.HV), static_cast<unsigned>(p.B)),
+      block, 0, stream, pdl_enabled(), args);
 }
 
 // Instantiations live in kernels/inst/ (one weight type x K per file).

@@ -24,37 +24,21 @@ int32_t accepted_or_flag(const CommitParams& p, int i) {
 void commit_snapshot(const CommitParams& p) {
   detail::validate_commit(p, "kda::host::commit_snapshot", detail::kNeedSnapshot);
   const int64_t state_elems = static_cast<int64_t>(p.HV) * p.V * p.K;
-  for (int i = 0; i < p.B; ++i) {
-    const int32_t slot = p.slots[i];
-    if (slot < 0) {
-      continue;
-    }
-    const int32_t n = detail::accepted_or_flag(p, i);
-    if (n == 0) {
-      continue;
-    }
+  detail::for_each_committed(p, [&](int i, int32_t slot, int32_t n) {
     for (int layer = 0; layer < p.num_layers; ++layer) {
       const float* src = p.snapshots + layer * p.snapshot_layer_stride +
                          p.rows[i] * p.snapshot_row_stride + (n - 1) * state_elems;
       float* dst = p.ssm_state + layer * p.ssm_layer_stride + slot * p.ssm_slot_stride;
       std::copy_n(src, state_elems, dst);
     }
-  }
+  });
 }
 
 void commit_conv(const CommitParams& p) {
   detail::validate_commit(p, "kda::host::commit_conv", detail::kNeedConvCommit);
   const int64_t D = qkv_dim(p);
   const int64_t window_elems = kConvHistory * D;
-  for (int i = 0; i < p.B; ++i) {
-    const int32_t slot = p.slots[i];
-    if (slot < 0) {
-      continue;
-    }
-    const int32_t n = detail::accepted_or_flag(p, i);
-    if (n == 0) {
-      continue;
-    }
+  detail::for_each_committed(p, [&](int i, int32_t slot, int32_t n) {
     for (int layer = 0; layer < p.num_layers; ++layer) {
       const bf16_t* src = p.conv_window + layer * p.conv_window_layer_stride +
                           p.rows[i] * p.conv_window_row_stride +
@@ -63,7 +47,7 @@ void commit_conv(const CommitParams& p) {
           p.conv_state + layer * p.conv_state_layer_stride + slot * p.conv_state_slot_stride;
       std::copy_n(src, window_elems, dst);
     }
-  }
+  });
 }
 
 void commit(const CommitParams& p) {

@@ -50,15 +50,7 @@ void fold_head(const CommitParams& p, const LayerRings& rings, int32_t slot, int
 void fold(const CommitParams& p) {
   detail::validate_commit(p, "kda::host::fold", detail::kNeedFold);
   std::vector<float> S(static_cast<size_t>(p.V) * p.K);
-  for (int i = 0; i < p.B; ++i) {
-    const int32_t slot = p.slots[i];
-    if (slot < 0) {
-      continue;
-    }
-    const int32_t n = detail::accepted_or_flag(p, i);
-    if (n == 0) {
-      continue;
-    }
+  detail::for_each_committed(p, [&](int, int32_t slot, int32_t n) {
     for (int layer = 0; layer < p.num_layers; ++layer) {
       const LayerRings rings = layer_rings(p, layer);
       float* state = p.ssm_state + layer * p.ssm_layer_stride;
@@ -69,7 +61,7 @@ void fold(const CommitParams& p) {
         std::copy(S.begin(), S.end(), head);
       }
     }
-  }
+  });
 }
 
 }  // namespace kda::host

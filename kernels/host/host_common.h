@@ -39,6 +39,22 @@ void validate_commit(const CommitParams& p, const char* op, uint32_t needs);
 /// Accepted length of request i if in [1, T]; else 0 after setting *p.error_flag (if any).
 int32_t accepted_or_flag(const CommitParams& p, int i);
 
+/// Calls f(i, slot, n) for every request i that commits: a real slot (>= 0) and an accepted
+/// length n in [1, T]; a bad length skips the request and sets *p.error_flag (as the GPU).
+template <typename F>
+void for_each_committed(const CommitParams& p, F&& f) {
+  for (int i = 0; i < p.B; ++i) {
+    const int32_t slot = p.slots[i];
+    if (slot < 0) {
+      continue;
+    }
+    const int32_t n = accepted_or_flag(p, i);
+    if (n != 0) {
+      f(i, slot, n);
+    }
+  }
+}
+
 // ---- offsets (elements) ----
 
 inline int64_t qkv_row(const VerifyParams& p, int n, int t) {

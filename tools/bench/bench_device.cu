@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/cuda_check.h"
+#include "kernels/launch_pdl.cuh"
 #include "tools/bench/bench_device.h"
 
 namespace kda::bench {
@@ -164,16 +165,7 @@ __global__ void dependent_load_probe_kernel(int32_t* scratch) {
 template <typename... Args>
 void launch_probe(void (*kernel)(Args...), unsigned grid, unsigned block, bool pdl,
                   cudaStream_t stream, Args... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(block);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  KDA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+  kernels::launch_pdl(kernel, dim3(grid), dim3(block), 0, stream, pdl, args...);
 }
 
 }  // namespace
