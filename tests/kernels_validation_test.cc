@@ -81,6 +81,10 @@ TEST_CASE("kernels: verify entry points validate before launching", "[kernels]")
   p.qkv_act = nullptr;
   CHECK(message_of([&] { kernels::invoke_verify_unfused(p, nullptr); }).find("qkv_act") !=
         std::string::npos);
+  p = snap.params();
+  p.qkv_act = reinterpret_cast<bf16_t*>(reinterpret_cast<char*>(p.qkv_act) + 2);
+  CHECK(message_of([&] { kernels::invoke_conv_update(p, nullptr); }) ==
+        "invoke_conv_update: qkv_act scratch is required (4-byte aligned)");
 }
 
 TEST_CASE("kernels: commit entry points validate before launching", "[kernels]") {
