@@ -156,8 +156,15 @@ struct StagedSource : GlobalSource<Item> {
       }
     }
   }
-  __device__ __forceinline__ float2 hist(const Item& it, int, int j) const {
-    return ld_bf16x2(&cur->x[j][it.ch_local]);
+  /// The conv window of token tt (rows tt .. tt+2: history rows, then earlier tokens).
+  __device__ __forceinline__ void window(const Item& it, int tt, float (&w0)[3],
+                                         float (&w1)[3]) const {
+#pragma unroll
+    for (int j = 0; j < kConvHistory; ++j) {
+      const float2 h = ld_bf16x2(&cur->x[tt + j][it.ch_local]);
+      w0[j] = h.x;
+      w1[j] = h.y;
+    }
   }
   __device__ __forceinline__ float2 x(const Item& it, int64_t, int tt) const {
     return ld_bf16x2(&cur->x[kConvHistory + tt][it.ch_local]);

@@ -138,12 +138,14 @@ struct VerifyItem {
     ghk = static_cast<int64_t>(hv) * K + gk;
   }
 
-  /// Conv taps of the pair and the gate constants (global: before the PDL wait; staged: once
-  /// the stage has landed).
+  /// The gate constants, and the pair's conv taps in the per-item kernel (before the PDL
+  /// wait; the streaming kernel loads its taps in the conv step).
   template <typename Src>
   __device__ __forceinline__ void load_constants(const Src& src) {
-    if (FUSED && gch >= 0) {
-      src.conv_taps(*this, taps0, taps1);
+    if constexpr (!Src::kStaged) {
+      if (FUSED && gch >= 0) {
+        src.conv_taps(*this, taps0, taps1);
+      }
     }
     dt_bias = src.dt_bias(*this);
     exp_a_log = kda_exp(p.A_log[hv]);
@@ -166,7 +168,7 @@ struct VerifyItem {
 #pragma unroll
     for (int tt = 0; tt < Cfg::kChunk; ++tt) {
       in.xs[tt] = make_float2(0.0f, 0.0f);
-      if (gch >= 0 && tt < tc) {
+      if (!(FUSED && Src::kStaged) && gch >= 0 && tt < tc) {
         in.xs[tt] = src.x(*this, r0 + tt, tt);
       }
     }
@@ -226,9 +228,10 @@ struct VerifyItem {
       src.load_state(*this, S, col_ok, s_base);
     }
 
-    // Conv history (raw bf16 values as f32) of the pair (fused only).
+    // Conv history (raw bf16 values as f32) of the pair (fused only; the streaming kernel reads
+    // it per token, below).
     float w0[3], w1[3];
-    if (FUSED && gch >= 0) {
+    if (FUSED && !Src::kStaged && gch >= 0) {
 #pragma unroll
       for (int j = 0; j < 3; ++j) {
         const float2 hp = src.hist(*this, slot, j);
@@ -269,22 +272,25 @@ struct VerifyItem {
 
       // 1. q/k/v of the chunk's tokens for this thread's channel pair.
       if (gch >= 0) {
-#pragma unroll
-        for (int tt = 0; tt < Cfg::kChunk; ++tt) {
-          if (tt >= tc) {
-            break;
-          }
+        // The streaming kernel loads the taps here: held from the item's start they were live
+        // across its item loop and spilled (docs/perf.md v6). The per-item kernel loads them
+        // with the constants, before the PDL wait (at small B: 2-3% faster at T = 4).
+        if constexpr (FUSED && Src::kStaged) {
+          src.conv_taps(*this, taps0, taps1);
+        }
+        // Token tt of the pair: x = its input, (w0, w1) = its conv window, oldest first.
+        const auto token = [&](int tt, float2 x) {
           const int t = t0 + tt;
           float y0, y1;
           if constexpr (FUSED) {
-            const float a0 = conv_acc<WeightT>(taps0, w0[0], w0[1], w0[2], xs[tt].x);
-            const float a1 = conv_acc<WeightT>(taps1, w1[0], w1[1], w1[2], xs[tt].y);
+            const float a0 = conv_acc<WeightT>(taps0, w0[0], w0[1], w0[2], x.x);
+            const float a1 = conv_acc<WeightT>(taps1, w1[0], w1[1], w1[2], x.y);
             w0[0] = w0[1];
             w0[1] = w0[2];
-            w0[2] = xs[tt].x;
+            w0[2] = x.x;
             w1[0] = w1[1];
             w1[1] = w1[2];
-            w1[2] = xs[tt].y;
+            w1[2] = x.y;
             y0 = silu_bf16(a0);
             y1 = silu_bf16(a1);
             if (write_window) {
@@ -294,12 +300,31 @@ struct VerifyItem {
               st_bf16x2(w + 2 * D, w0[2], w1[2]);
             }
           } else {
-            y0 = xs[tt].x;
-            y1 = xs[tt].y;
+            y0 = x.x;
+            y1 = x.y;
           }
           *reinterpret_cast<float2*>(sm_dst + tt * sm_stride) = make_float2(y0, y1);
           if (ring_pair != nullptr && t < p.L) {
             st_bf16x2(ring_pair + t * ring_step, y0, y1);
+          }
+        };
+        if constexpr (FUSED && Src::kStaged) {
+          // Streaming kernel (throughput-bound, 128 registers): one token at a time, its window
+          // re-read from the ItemInputs rows in shared memory. Unrolled, the chunk's tokens and
+          // windows sat in registers and the kernel spilled 70 B (docs/perf.md v6).
+#pragma unroll 1
+          for (int tt = 0; tt < tc; ++tt) {
+            src.window(*this, tt, w0, w1);
+            token(tt, src.x(*this, 0, tt));
+          }
+        } else {
+          // Per-item kernels (latency-bound): every token unrolled, the window in registers.
+#pragma unroll
+          for (int tt = 0; tt < Cfg::kChunk; ++tt) {
+            if (tt >= tc) {
+              break;
+            }
+            token(tt, xs[tt]);
           }
         }
       }
