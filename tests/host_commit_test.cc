@@ -300,12 +300,12 @@ TEST_CASE("host commit: invalid params throw kda::Error naming the field", "[hos
   q = p.commit_params(acc, RecordMode::kSnapshot);
   q.conv_window = nullptr;
   CHECK(error_message([&] { host::commit_conv(q); }) ==
-        "kda::host::commit_conv: conv_window is null, expected a host pointer ([layers, R, "
+        "kda::host::commit_conv: conv_window is null, expected a pointer ([layers, R, "
         "T_alloc, W-1, D] bf16)");
   q = p.commit_params(acc, RecordMode::kSnapshot);
   q.accepted = nullptr;
   CHECK(error_message([&] { host::commit(q); }) ==
-        "kda::host::commit: accepted is null, expected a host pointer ([B] accepted lengths)");
+        "kda::host::commit: accepted is null, expected a pointer ([B] accepted lengths)");
   p.set(Tensor::kSlots, std::vector<int32_t>{2, 2});
   CHECK(error_message([&] { host::commit(p.commit_params(acc, RecordMode::kSnapshot)); }) ==
         "kda::host::commit: slots[0] and slots[1] are both 2: two requests would write one slot");

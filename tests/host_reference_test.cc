@@ -572,7 +572,7 @@ TEST_CASE("host reference: invalid params throw kda::Error naming the field, wri
   CHECK(fused_error([](VerifyParams& q) { q.B = 0; }) ==
         "kda::host::verify_fused: B=0 must be >= 1");
   CHECK(fused_error([](VerifyParams& q) { q.ring_rawk = nullptr; }) ==
-        "kda::host::verify_fused: ring_rawk is null, expected a host pointer (ring mode)");
+        "kda::host::verify_fused: ring_rawk is null, expected a pointer (ring mode)");
   CHECK(fused_error([](VerifyParams& q) { q.L = 12; }) ==
         "kda::host::verify_fused: L=12 must be a power of two (ring mode)");
   CHECK(fused_error([&](VerifyParams& q) { q.qkv_stride = base.D() - 1; }) ==
@@ -589,14 +589,14 @@ TEST_CASE("host reference: invalid params throw kda::Error naming the field, wri
           q.mode = RecordMode::kSnapshot;
           q.snapshots = nullptr;
         }) ==
-        "kda::host::verify_fused: snapshots is null, expected a host pointer "
+        "kda::host::verify_fused: snapshots is null, expected a pointer "
         "(snapshot mode)");
   CHECK(error_message([&] {
           VerifyParams q = good;
           q.qkv_act = nullptr;
           host::verify_unfused(q);
         }) ==
-        "kda::host::verify_unfused: qkv_act is null, expected a host pointer ([N, D] bf16 "
+        "kda::host::verify_unfused: qkv_act is null, expected a pointer ([N, D] bf16 "
         "scratch of the unfused path)");
 
   SECTION("index checks") {
@@ -622,7 +622,7 @@ TEST_CASE("host reference: invalid params throw kda::Error naming the field, wri
     ExtendParams e = p.extend_params();
     e.conv_state_out = nullptr;
     CHECK(error_message([&] { host::extend(e); }) ==
-          "kda::host::extend: conv_state_out is null, expected a host pointer ([S, W-1, D] "
+          "kda::host::extend: conv_state_out is null, expected a pointer ([S, W-1, D] "
           "bf16, may alias conv_state)");
   }
   SECTION("a failed call writes nothing") {

@@ -1,5 +1,6 @@
 // kernels_validation_test.cc: the CUDA entry points reject bad parameters with a precise
 // kda::Error before any CUDA call, so these run on a CPU-only machine (CI) too.
+#include <fmt/format.h>
 #include <catch2/catch.hpp>
 #include <functional>
 #include <string>
@@ -46,37 +47,60 @@ TEST_CASE("kernels: verify entry points validate before launching", "[kernels]")
   CHECK(fused(good, 12) == "KDA_DISPATCH_BV: block_v=12 unsupported (8, 16, 32, 64, 128)");
   VerifyParams p = good;
   p.K = 96;
-  CHECK(fused(p) == "invoke_verify_fused: K (head_k_dim) must be 64 or 128, got 96");
+  CHECK(fused(p) == "invoke_verify_fused: K=96 unsupported, expected 64 or 128");
   p = good;
   p.HV = 3;
-  CHECK(fused(p) == "invoke_verify_fused: HV must be a positive multiple of H, got H=2 HV=3");
+  CHECK(fused(p) == "invoke_verify_fused: HV=3 is not a multiple of H=2");
   p = good;
   p.V = 63;
-  CHECK(fused(p).find("V (head_v_dim) must be") != std::string::npos);
+  CHECK(fused(p) == "invoke_verify_fused: V=63 must be even on CUDA (bf16 channel pairs)");
   p = good;
   p.T = p.T_alloc + 1;
-  CHECK(fused(p) == "invoke_verify_fused: T=5 exceeds the scratch step pitch T_alloc=4");
+  CHECK(fused(p) == "invoke_verify_fused: T=5 exceeds T_alloc=4 (the scratch step pitch)");
   p = good;
   p.L = 12;
-  CHECK(fused(p) == "invoke_verify_fused: ring length L must be a power of two, got 12");
+  CHECK(fused(p) == "invoke_verify_fused: L=12 must be a power of two (ring mode)");
   p = good;
   p.ring_g = nullptr;
-  CHECK(fused(p) == "invoke_verify_fused: ring mode needs all four rings (rawv, rawk, g, beta)");
+  CHECK(fused(p) == "invoke_verify_fused: ring_g is null, expected a pointer (ring mode)");
   p = good;
   p.qkv_stride = qkv_dim(p) - 2;
-  CHECK(fused(p).find("qkv row stride must be >= D=") != std::string::npos);
+  CHECK(fused(p) == fmt::format("invoke_verify_fused: qkv_stride={} is smaller than D = {}",
+                                qkv_dim(p) - 2, qkv_dim(p)));
+  p = good;
+  p.ring_rawk_slot_stride -= 1;
+  CHECK(fused(p).rfind("invoke_verify_fused: ring_rawk_slot_stride=", 0) == 0);
+  // What only a CUDA launch needs: grid limits and the alignment of vector accesses.
+  p = good;
+  p.B = 65536;
+  CHECK(fused(p) == "invoke_verify_fused: B=65536 and HV=4 must be <= 65535 (grid dimensions)");
+  p = good;
+  p.qkv += 1;
+  CHECK(fused(p).rfind("invoke_verify_fused: qkv must be 4-byte aligned", 0) == 0);
+  p = good;
+  p.ssm_state += 1;
+  CHECK(fused(p).rfind("invoke_verify_fused: ssm_state must be 16-byte aligned", 0) == 0);
+  p = good;
+  p.ring_rawv_slot_stride += 1;
+  CHECK(fused(p) ==
+        "invoke_verify_fused: ring_rawk / ring_rawv must be 4-byte aligned with even "
+        "slot strides");
+  p = good;
+  p.conv_window_row_stride += 1;
+  CHECK(fused(p).rfind("invoke_verify_fused: conv_window must be 4-byte aligned", 0) == 0);
   p = good;
   p.gate = GateKind::kSafe;
   p.lower_bound = 0.0f;
-  CHECK(fused(p) == "invoke_verify_fused: safe gate lower_bound=0 must be finite and non-zero");
+  CHECK(fused(p) ==
+        "invoke_verify_fused: lower_bound=0 must be finite and non-zero for the safe gate");
   p = good;
   p.B = 0;
-  CHECK(fused(p) == "invoke_verify_fused: B must be in [1, 65535], got 0");
+  CHECK(fused(p) == "invoke_verify_fused: B=0 must be >= 1");
 
   const VerifyProblem snap = small_problem(RecordMode::kSnapshot);
   p = snap.params();
   p.snapshots = nullptr;
-  CHECK(fused(p) == "invoke_verify_fused: snapshot mode needs snapshots");
+  CHECK(fused(p) == "invoke_verify_fused: snapshots is null, expected a pointer (snapshot mode)");
   p = snap.params();
   p.qkv_act = nullptr;
   CHECK(message_of([&] { kernels::invoke_verify_unfused(p, nullptr); }).find("qkv_act") !=
@@ -84,7 +108,7 @@ TEST_CASE("kernels: verify entry points validate before launching", "[kernels]")
   p = snap.params();
   p.qkv_act = reinterpret_cast<bf16_t*>(reinterpret_cast<char*>(p.qkv_act) + 2);
   CHECK(message_of([&] { kernels::invoke_conv_update(p, nullptr); }) ==
-        "invoke_conv_update: qkv_act scratch is required (4-byte aligned)");
+        "invoke_conv_update: qkv_act must be 4-byte aligned");
 }
 
 TEST_CASE("kernels: commit entry points validate before launching", "[kernels]") {
@@ -94,30 +118,54 @@ TEST_CASE("kernels: commit entry points validate before launching", "[kernels]")
   auto fold = [&](CommitParams p) { return message_of([&] { kernels::invoke_fold(p, nullptr); }); };
   CommitParams p = good;
   p.num_layers = 0;
-  CHECK(fold(p) == "invoke_fold: num_layers*HV must be in [1, 65535], got 0*4");
-  p = good;
-  p.T = p.T_alloc + 1;
-  CHECK(fold(p) == "invoke_fold: T must be in [1, T_alloc=4], got 5");
+  CHECK(fold(p) == "invoke_fold: num_layers=0 must be >= 1");
   p = good;
   p.ring_beta = nullptr;
-  CHECK(fold(p) == "invoke_fold: all four rings are required");
+  CHECK(fold(p) == "invoke_fold: ring_beta is null, expected a pointer (ring mode)");
   p = good;
   p.accepted = nullptr;
-  CHECK(fold(p) == "invoke_fold: slots, rows and accepted are required");
+  CHECK(fold(p) == "invoke_fold: accepted is null, expected a pointer ([B] accepted lengths)");
   p = good;
   p.T = 4;
   p.L = 2;
-  CHECK(fold(p) == "invoke_fold: T=4 exceeds the ring length L=2");
+  CHECK(fold(p) == "invoke_fold: L=2 is smaller than T=4: steps t >= L have no ring records");
   const VerifyProblem snap = small_problem(RecordMode::kSnapshot);
   p = snap.commit_params(accepted);
   p.snapshots = nullptr;
-  CHECK(message_of([&] {
-          kernels::invoke_commit_snapshot(p, nullptr);
-        }).find("snapshots must be 16-byte aligned") != std::string::npos);
+  auto snapshot = [&](CommitParams q) {
+    return message_of([&] { kernels::invoke_commit_snapshot(q, nullptr); });
+  };
+  CHECK(snapshot(p) ==
+        "invoke_commit_snapshot: snapshots is null, expected a pointer (snapshot "
+        "mode)");
+  p = snap.commit_params(accepted);
+  p.T = p.T_alloc + 1;
+  CHECK(snapshot(p) == "invoke_commit_snapshot: T=5 exceeds T_alloc=4 (the scratch step pitch)");
+  p = snap.commit_params(accepted);
+  p.snapshots += 2;
+  CHECK(snapshot(p) ==
+        "invoke_commit_snapshot: snapshots must be 16-byte aligned with row / layer "
+        "strides multiples of 4");
   p = good;
   p.conv_window = nullptr;
   CHECK(message_of([&] { kernels::invoke_commit_conv(p, nullptr); }) ==
-        "invoke_commit_conv: conv_state and conv_window are required");
+        "invoke_commit_conv: conv_window is null, expected a pointer ([layers, R, T_alloc, W-1, "
+        "D] bf16)");
+  // The combined commit checks the conv part before it enqueues the fold.
+  CHECK(message_of([&] { kernels::invoke_commit(p, nullptr); }) ==
+        "invoke_commit: conv_window is null, expected a pointer ([layers, R, T_alloc, W-1, D] "
+        "bf16)");
+  p = good;
+  p.num_layers = 2;
+  p.ssm_layer_stride = p.ssm_slot_stride;  // layer 1 would overlap layer 0's slots
+  CHECK(fold(p).rfind(
+            fmt::format("invoke_fold: ssm_layer_stride={} is smaller than", p.ssm_slot_stride),
+            0) == 0);
+  p = good;
+  p.ssm_state += 1;
+  CHECK(fold(p) ==
+        "invoke_fold: ssm_state must be 16-byte aligned with slot / layer strides "
+        "multiples of 4");
 }
 
 TEST_CASE("kernels: which layouts the streaming kernels take", "[kernels]") {

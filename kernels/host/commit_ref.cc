@@ -22,7 +22,7 @@ int32_t accepted_or_flag(const CommitParams& p, int i) {
 }  // namespace detail
 
 void commit_snapshot(const CommitParams& p) {
-  detail::validate_commit(p, "kda::host::commit_snapshot", detail::kNeedSnapshot);
+  detail::validate_commit(p, "kda::host::commit_snapshot", params::kSnapshot);
   const int64_t state_elems = static_cast<int64_t>(p.HV) * p.V * p.K;
   detail::for_each_committed(p, [&](int i, int32_t slot, int32_t n) {
     for (int layer = 0; layer < p.num_layers; ++layer) {
@@ -35,7 +35,7 @@ void commit_snapshot(const CommitParams& p) {
 }
 
 void commit_conv(const CommitParams& p) {
-  detail::validate_commit(p, "kda::host::commit_conv", detail::kNeedConvCommit);
+  detail::validate_commit(p, "kda::host::commit_conv", params::kConvCommit);
   const int64_t D = qkv_dim(p);
   const int64_t window_elems = kConvHistory * D;
   detail::for_each_committed(p, [&](int i, int32_t slot, int32_t n) {
@@ -52,9 +52,8 @@ void commit_conv(const CommitParams& p) {
 
 void commit(const CommitParams& p) {
   // Everything this commit touches is validated before the first write.
-  const uint32_t state_part =
-      p.mode == RecordMode::kRing ? detail::kNeedFold : detail::kNeedSnapshot;
-  detail::validate_commit(p, "kda::host::commit", state_part | detail::kNeedConvCommit);
+  const uint32_t state_part = p.mode == RecordMode::kRing ? params::kFold : params::kSnapshot;
+  detail::validate_commit(p, "kda::host::commit", state_part | params::kConvCommit);
   if (p.mode == RecordMode::kRing) {
     fold(p);
   } else {

@@ -73,7 +73,7 @@ void zero_out_rows(const VerifyParams& p, int n) {
 
 void conv_update(const VerifyParams& p) {
   detail::validate_verify(p, "kda::host::conv_update",
-                          detail::kNeedConv | detail::kNeedWindows | detail::kNeedAct);
+                          params::kConv | params::kWindows | params::kAct);
   const int64_t D = qkv_dim(p);
   for (int n = 0; n < p.B; ++n) {
     const int32_t slot = p.slots[n];

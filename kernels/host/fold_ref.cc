@@ -48,7 +48,7 @@ void fold_head(const CommitParams& p, const LayerRings& rings, int32_t slot, int
 }  // namespace
 
 void fold(const CommitParams& p) {
-  detail::validate_commit(p, "kda::host::fold", detail::kNeedFold);
+  detail::validate_commit(p, "kda::host::fold", params::kFold);
   std::vector<float> S(static_cast<size_t>(p.V) * p.K);
   detail::for_each_committed(p, [&](int, int32_t slot, int32_t n) {
     for (int layer = 0; layer < p.num_layers; ++layer) {

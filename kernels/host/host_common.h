@@ -9,30 +9,16 @@
 #include "core/dtype.h"
 #include "kernels/host/host_math.h"
 #include "kernels/kda_params.h"
+#include "kernels/params_check.h"
 
 namespace kda::host::detail {
 
-// ---- validation (validate.cc); each throws kda::Error naming op, field, expected, actual ----
-
-/// What a verify-like op reads or writes, beyond the problem sizes and slots.
-enum VerifyNeeds : uint32_t {
-  kNeedConv = 1u << 0,        ///< qkv, conv_weight (+ bias), conv_state
-  kNeedWindows = 1u << 1,     ///< rows, conv_window (writes; T <= T_alloc)
-  kNeedAct = 1u << 2,         ///< qkv_act
-  kNeedRecurrence = 1u << 3,  ///< a, b, A_log, dt_bias, gate kind, ssm_state
-  kNeedOut = 1u << 4,         ///< out
-  kNeedRecords = 1u << 5,     ///< by mode: rows + snapshots, or the four rings (+ L)
-  kWritesSlots = 1u << 6,     ///< writes per-slot data (extend): slots must be distinct
-};
+// ---- validation (validate.cc): params::check_* (kernels/params_check.h) plus the index
+// arrays; each throws kda::Error naming op, field, expected, actual. `needs`: params::VerifyNeeds
+// or params::CommitNeeds bits. ----
 
 void validate_verify(const VerifyParams& p, const char* op, uint32_t needs);
 void validate_extend(const ExtendParams& p, const char* op);
-
-enum CommitNeeds : uint32_t {
-  kNeedFold = 1u << 0,        ///< rings, L >= T
-  kNeedSnapshot = 1u << 1,    ///< rows, snapshots
-  kNeedConvCommit = 1u << 2,  ///< rows, conv_window, conv_state
-};
 
 void validate_commit(const CommitParams& p, const char* op, uint32_t needs);
 

@@ -8,7 +8,7 @@
 namespace kda::host {
 
 Fp64Verify verify_fp64(const VerifyParams& p) {
-  detail::validate_verify(p, "kda::host::verify_fp64", detail::kNeedConv | detail::kNeedRecurrence);
+  detail::validate_verify(p, "kda::host::verify_fp64", params::kConv | params::kRecurrence);
   const int64_t D = qkv_dim(p);
   const int64_t head = static_cast<int64_t>(p.V) * p.K;
   const int64_t token_out = static_cast<int64_t>(p.HV) * p.V;

@@ -130,9 +130,8 @@ class HeadConv {
 }  // namespace detail
 
 void verify_recurrent(const VerifyParams& p) {
-  detail::validate_verify(
-      p, "kda::host::verify_recurrent",
-      detail::kNeedAct | detail::kNeedRecurrence | detail::kNeedOut | detail::kNeedRecords);
+  detail::validate_verify(p, "kda::host::verify_recurrent",
+                          params::kAct | params::kRecurrence | params::kOut | params::kRecords);
   const int64_t D = qkv_dim(p);
   for (int n = 0; n < p.B; ++n) {
     const int32_t slot = p.slots[n];
@@ -156,16 +155,16 @@ void verify_recurrent(const VerifyParams& p) {
 void verify_unfused(const VerifyParams& p) {
   // Validate everything up front so that a bad record pointer cannot leave a half-done call.
   detail::validate_verify(p, "kda::host::verify_unfused",
-                          detail::kNeedConv | detail::kNeedWindows | detail::kNeedAct |
-                              detail::kNeedRecurrence | detail::kNeedOut | detail::kNeedRecords);
+                          params::kConv | params::kWindows | params::kAct | params::kRecurrence |
+                              params::kOut | params::kRecords);
   conv_update(p);
   verify_recurrent(p);
 }
 
 void verify_fused(const VerifyParams& p) {
-  detail::validate_verify(p, "kda::host::verify_fused",
-                          detail::kNeedConv | detail::kNeedWindows | detail::kNeedRecurrence |
-                              detail::kNeedOut | detail::kNeedRecords);
+  detail::validate_verify(
+      p, "kda::host::verify_fused",
+      params::kConv | params::kWindows | params::kRecurrence | params::kOut | params::kRecords);
   for (int n = 0; n < p.B; ++n) {
     const int32_t slot = p.slots[n];
     if (slot < 0) {
