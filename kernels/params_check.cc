@@ -34,6 +34,13 @@ void check_layer_pitch(int num_layers, int64_t stride, int64_t extent, int64_t p
   }
 }
 
+// An op that reads or writes per-request scratch rows (windows, snapshots).
+void check_rows(const char* op, int T, int T_alloc, const int32_t* rows, int num_rows) {
+  KDA_CHECK(T <= T_alloc, "{}: T={} exceeds T_alloc={} (the scratch step pitch)", op, T, T_alloc);
+  check_present(rows, op, "rows", "[B] scratch row per request");
+  check_positive(num_rows, op, "num_rows");
+}
+
 void check_sizes(const char* op, int B, int T, int H, int HV, int K, int V) {
   check_positive(B, op, "B");
   check_positive(T, op, "T");
@@ -71,10 +78,7 @@ void check_verify(const VerifyParams& p, const char* op, uint32_t needs) {
   const bool windows = (needs & kWindows) != 0;
   const bool uses_rows = windows || snapshot;
   if (uses_rows) {
-    KDA_CHECK(p.T <= p.T_alloc, "{}: T={} exceeds T_alloc={} (the scratch step pitch)", op, p.T,
-              p.T_alloc);
-    check_present(p.rows, op, "rows", "[B] scratch row per request");
-    check_positive(p.num_rows, op, "num_rows");
+    check_rows(op, p.T, p.T_alloc, p.rows, p.num_rows);
   }
   if ((needs & kConv) != 0) {
     check_present(p.qkv, op, "qkv", "[N, D] bf16");
@@ -154,10 +158,7 @@ void check_commit(const CommitParams& p, const char* op, uint32_t needs) {
   const bool conv = (needs & kConvCommit) != 0;
   const bool uses_rows = snapshot || conv;
   if (uses_rows) {
-    KDA_CHECK(p.T <= p.T_alloc, "{}: T={} exceeds T_alloc={} (the scratch step pitch)", op, p.T,
-              p.T_alloc);
-    check_present(p.rows, op, "rows", "[B] scratch row per request");
-    check_positive(p.num_rows, op, "num_rows");
+    check_rows(op, p.T, p.T_alloc, p.rows, p.num_rows);
   }
   if (fold || snapshot) {
     check_present(p.ssm_state, op, "ssm_state", "[layers, S, HV, V, K] f32");
