@@ -602,13 +602,15 @@ TEST_CASE("kernels: launch-boundary errors are kda::Error before anything runs",
                     Catch::Contains("block_v=12 unsupported (8, 16, 32, 64, 128)"));
   bad.K = 96;
   CHECK_THROWS_WITH(kernels::invoke_verify_fused(bad, 32, nullptr),
-                    Catch::Contains("K (head_k_dim) must be 64 or 128, got 96"));
+                    Catch::Contains("invoke_verify_fused: K=96 unsupported, expected 64 or 128"));
   bad = p.params();
   bad.T = bad.T_alloc + 1;
-  CHECK_THROWS_WITH(kernels::invoke_verify_unfused(bad, nullptr),
-                    Catch::Contains("exceeds the scratch step pitch"));
+  CHECK_THROWS_WITH(
+      kernels::invoke_verify_unfused(bad, nullptr),
+      Catch::Contains("invoke_verify_unfused: T=5 exceeds T_alloc=4 (the scratch step pitch)"));
   bad = p.params();
   bad.L = 12;
-  CHECK_THROWS_WITH(kernels::invoke_verify_fused(bad, 32, nullptr),
-                    Catch::Contains("ring length L must be a power of two, got 12"));
+  CHECK_THROWS_WITH(
+      kernels::invoke_verify_fused(bad, 32, nullptr),
+      Catch::Contains("invoke_verify_fused: L=12 must be a power of two (ring mode)"));
 }
