@@ -395,9 +395,9 @@ void launch_fold(const CommitParams& p, cudaStream_t stream) {
   const int64_t tiles = ceil_div(p.V, kFoldBlockV);
   const bool streamable = fold_stream_layout_ok(p);
   const size_t stage_bytes = FoldStage<K>::kBytes;
-  const int grid =
-      state_stream_grid(reinterpret_cast<const void*>(fold_stream_kernel<K>), kCopyThreads,
-                        stage_bytes, tiles * p.B * p.num_layers * p.HV, streamable);
+  const int grid = state_stream_grid(reinterpret_cast<const void*>(fold_stream_kernel<K>),
+                                     kCopyThreads, stage_bytes, tiles * p.B * p.num_layers * p.HV,
+                                     streamable, StreamFrom::kBeyondOneWave);
   if (grid > 0) {
     launch(fold_stream_kernel<K>, dim3(static_cast<unsigned>(grid)), p, stream, stage_bytes);
     return;

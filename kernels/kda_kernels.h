@@ -56,8 +56,9 @@ void invoke_commit(const CommitParams& p, cudaStream_t stream);
 /// Whether a verify call's layout lets its BV = 128 tile run as persistent streaming CTAs
 /// (verify_stream.cuh): T <= 8, the state tile one 16-byte-aligned bulk copy per item, and
 /// every input piece 16 bytes aligned (fused: mixed_qkv, conv_state, a; unfused: qkv_act, a).
-/// Streaming also needs sm_90+ and more items than one wave of CTAs (state_stream_mode());
-/// a call that fails any of it runs one CTA per item instead, with the same bits.
+/// Streaming also needs sm_90+ and, for the unfused recurrence, more items than one wave of
+/// CTAs (state_stream_mode(), StreamFrom); a call that fails any of it runs one CTA per item
+/// instead, with the same bits.
 bool verify_stream_layout_ok(const VerifyParams& p, bool fused);
 /// The same for the fold (commit.cu): T <= 8, state and ring records (rawk, g, rawv rows)
 /// copyable as 16-byte-aligned bulk runs.

@@ -19,21 +19,30 @@ namespace kda::kernels {
 
 /// When the large-tile kernels (verify BV = 128, fold) run as persistent CTAs that stream
 /// state tiles through shared memory (state_stream.cuh) instead of one CTA per work item.
-/// kAuto: when the items exceed one wave of resident CTAs (within one wave the per-item
-/// kernel is as fast, and faster for the unfused recurrence). Both schedules give the same
-/// bits; tests force each to prove it, and cap the persistent grid at `max_ctas` (> 0) so that
-/// every CTA walks many items. Not thread-safe to change while other threads launch.
+/// kAuto: as the launch's StreamFrom says (below). Both schedules give the same bits; tests force
+/// each to prove it, and cap the persistent grid at `max_ctas` (> 0) so that every CTA walks many
+/// items. Not thread-safe to change while other threads launch.
 enum class StateStreamMode { kAuto, kAlways, kNever };
 StateStreamMode state_stream_mode();
 void set_state_stream_mode(StateStreamMode mode, int max_ctas = 0);
 
+/// Under StateStreamMode::kAuto: from how many items a streamable launch takes the persistent
+/// kernel. Measured per kernel family (docs/perf.md v4b, v6): within one wave the per-item
+/// kernel is faster for the unfused recurrence (2-9%), while the fused verify streams 6-11%
+/// faster at T = 8 and within 1-4% either way at T = 4. The fold keeps the one-wave rule of
+/// v4 (not re-measured within one wave since).
+enum class StreamFrom {
+  kBeyondOneWave,  ///< more items than one wave of resident CTAs
+  kAnyCount,       ///< every streamable launch
+};
+
 /// Grid size for a persistent streaming launch of `kernel` (`threads` per CTA, `smem_bytes`
 /// dynamic shared memory) over `items` work items on the current device, or 0 when the
 /// one-CTA-per-item kernel should run instead (mode kNever, pre-sm_90 device, `streamable`
-/// false, or kAuto with no more items than one wave of resident CTAs). The first call per
-/// kernel and device raises the kernel's dynamic shared-memory limit and caches its
-/// occupancy (host-only calls, legal during stream capture).
+/// false, or kAuto below `from`). The first call per kernel and device raises the kernel's
+/// dynamic shared-memory limit and caches its occupancy (host-only calls, legal during
+/// stream capture).
 int state_stream_grid(const void* kernel, int threads, size_t smem_bytes, int64_t items,
-                      bool streamable);
+                      bool streamable, StreamFrom from);
 
 }  // namespace kda::kernels

@@ -38,7 +38,7 @@ void set_state_stream_mode(StateStreamMode mode, int max_ctas) {
 }
 
 int state_stream_grid(const void* kernel, int threads, size_t smem_bytes, int64_t items,
-                      bool streamable) {
+                      bool streamable, StreamFrom from) {
   if (g_stream_mode == StateStreamMode::kNever || !streamable || items <= 0) {
     return 0;
   }
@@ -66,8 +66,9 @@ int state_stream_grid(const void* kernel, int threads, size_t smem_bytes, int64_
     k = g_kernels.emplace(key, info).first;
   }
   int64_t resident = static_cast<int64_t>(k->second.ctas_per_sm) * dev->second.sms;
-  if (g_stream_mode == StateStreamMode::kAuto && items <= resident) {
-    return 0;  // one wave: the per-item kernel (measured faster for the unfused recurrence)
+  if (g_stream_mode == StateStreamMode::kAuto && from == StreamFrom::kBeyondOneWave &&
+      items <= resident) {
+    return 0;  // one wave: the per-item kernel
   }
   if (g_stream_max_ctas > 0 && resident > g_stream_max_ctas) {
     resident = g_stream_max_ctas;

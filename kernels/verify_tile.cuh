@@ -566,8 +566,9 @@ void launch_verify_tile(const TileArgs& args, cudaStream_t stream) {
     const bool streamable =
         args.extend == 0 && stream_layout_ok(p, TileConfig<K, BV>::kChunk, FUSED);
     const void* kernel = reinterpret_cast<const void*>(verify_stream_kernel<WeightT, K, BV, FUSED>);
-    const int grid = state_stream_grid(kernel, TileConfig<K, BV>::kThreads, stage_bytes,
-                                       tiles * p.HV * p.B, streamable);
+    const int grid =
+        state_stream_grid(kernel, TileConfig<K, BV>::kThreads, stage_bytes, tiles * p.HV * p.B,
+                          streamable, FUSED ? StreamFrom::kAnyCount : StreamFrom::kBeyondOneWave);
     if (grid > 0) {
       launch_pdl(verify_stream_kernel<WeightT, K, BV, FUSED>, dim3(static_cast<unsigned>(grid)),
                  block, stage_bytes, stream, pdl_enabled(), args);

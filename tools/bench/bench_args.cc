@@ -158,7 +158,8 @@ Other:
                          bound (assumes an H200: 50 MiB L2); needs no GPU
   --no-pdl               launch without programmatic dependent launch (default: with PDL)
   --state-stream MODE    large-tile kernels (BV = 128, fold) as persistent streaming CTAs:
-                         auto (beyond one wave of CTAs; default), always, never
+                         auto (default: fused verify whenever its layout allows; the unfused
+                         recurrence and the fold beyond one wave of CTAs), always, never
   --device N             CUDA device ordinal (default 0)
   --out FILE             also write every row to FILE (.csv or .json)
   -h, --help             this text
