@@ -27,10 +27,10 @@ StateStreamMode state_stream_mode();
 void set_state_stream_mode(StateStreamMode mode, int max_ctas = 0);
 
 /// Under StateStreamMode::kAuto: from how many items a streamable launch takes the persistent
-/// kernel. Measured per kernel family (docs/perf.md v4b, v6): within one wave the per-item
+/// kernel. Measured per kernel family (docs/perf.md v4b, v6b): within one wave the per-item
 /// kernel is faster for the unfused recurrence (2-9%), while the fused verify streams 6-11%
 /// faster at T = 8 and within 1-4% either way at T = 4. The fold keeps the one-wave rule of
-/// v4 (not re-measured within one wave since).
+/// v4 (an all-layer fold of a 20-layer model exceeds one wave already at B = 1).
 enum class StreamFrom {
   kBeyondOneWave,  ///< more items than one wave of resident CTAs
   kAnyCount,       ///< every streamable launch
