@@ -287,16 +287,9 @@ __global__ void __launch_bounds__(256, 2)
 
   const Items items{p, (p.V + kFoldBlockV - 1) / kFoldBlockV};
   BulkStage bulk(stage, &bar);
-  bulk.init();
-  pdl_wait();
-  pdl_launch_dependents();
-  __syncthreads();  // the barrier is initialised
-  if (threadIdx.x < 32) {
-    const int first = next_live_item(items, static_cast<int>(blockIdx.x));
-    if (first < items.count()) {
-      bulk.fill([&](int r) { return items.run(first, r); }, items.run_count(first));
-    }
-  }
+  begin_streaming(bulk, items, [&](int item) {
+    bulk.fill([&](int r) { return items.run(item, r); }, items.run_count(item));
+  });
   for (int i = blockIdx.x; i < items.count(); i += gridDim.x) {
     Item item(p, items.tile_of(i), items.n_of(i), items.layer_of(i), items.hv_of(i));
     item.run(sm, FoldStagedSource<typename Item::Slice, Items>{bulk, stage, items, i, item.c});

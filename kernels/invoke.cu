@@ -1,5 +1,6 @@
 // invoke.cu: the public CUDA entry points (kernels/kda_kernels.h). Each validates what the
 // launch relies on, maps runtime knobs to compile-time configurations and enqueues.
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -238,10 +239,10 @@ void invoke_commit(const CommitParams& p, cudaStream_t stream) {
 }
 
 namespace {
-bool g_pdl_enabled = true;
+std::atomic<bool> g_pdl_enabled{true};
 }  // namespace
 
-bool pdl_enabled() { return g_pdl_enabled; }
-void set_pdl_enabled(bool on) { g_pdl_enabled = on; }
+bool pdl_enabled() { return g_pdl_enabled.load(std::memory_order_relaxed); }
+void set_pdl_enabled(bool on) { g_pdl_enabled.store(on, std::memory_order_relaxed); }
 
 }  // namespace kda::kernels

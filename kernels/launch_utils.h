@@ -8,8 +8,8 @@ namespace kda::kernels {
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /// Programmatic dependent launch on/off for every launcher (default on; it is a no-op
-/// before sm_90). Tests switch it off to compare schedules. Not thread-safe to change
-/// while other threads launch.
+/// before sm_90). Tests switch it off to compare schedules; a launch on another thread sees
+/// the old or the new setting.
 bool pdl_enabled();
 void set_pdl_enabled(bool on);
 
@@ -21,7 +21,7 @@ namespace kda::kernels {
 /// state tiles through shared memory (state_stream.cuh) instead of one CTA per work item.
 /// kAuto: as the launch's StreamFrom says (below). Both schedules give the same bits; tests force
 /// each to prove it, and cap the persistent grid at `max_ctas` (> 0) so that every CTA walks many
-/// items. Not thread-safe to change while other threads launch.
+/// items. A launch on another thread sees the old or the new setting.
 enum class StateStreamMode { kAuto, kAlways, kNever };
 StateStreamMode state_stream_mode();
 void set_state_stream_mode(StateStreamMode mode, int max_ctas = 0);

@@ -20,6 +20,8 @@
 
 #include <cstdint>
 
+#include "kernels/device_math.cuh"
+
 namespace kda::kernels {
 
 /// Shared-memory address (32-bit, .shared::cta window) of a generic pointer to shared memory.
@@ -138,6 +140,24 @@ __device__ __forceinline__ int next_live_item(const Items& items, int item) {
     item += static_cast<int>(gridDim.x);
   }
   return item;
+}
+
+/// Every thread, at the start of a persistent streaming kernel: initialises the stage's
+/// barrier, waits for the previous grid (PDL) and lets the next one launch, then has warp 0
+/// put the fill of this CTA's first live item in flight (`fill_first(item)`, called by the 32
+/// lanes of warp 0). Returns that item, or items.count() when the CTA has none.
+template <typename Items, typename FillFirst>
+__device__ __forceinline__ int begin_streaming(BulkStage& bulk, const Items& items,
+                                               const FillFirst& fill_first) {
+  bulk.init();
+  pdl_wait();
+  pdl_launch_dependents();
+  __syncthreads();  // the barrier is initialised
+  const int first = next_live_item(items, static_cast<int>(blockIdx.x));
+  if (first < items.count() && threadIdx.x < 32) {
+    fill_first(first);
+  }
+  return first;
 }
 
 }  // namespace kda::kernels

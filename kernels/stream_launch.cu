@@ -1,6 +1,7 @@
 // stream_launch.cu: host-side choice and sizing of the persistent streaming launches.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -12,8 +13,9 @@ namespace kda::kernels {
 
 namespace {
 
-StateStreamMode g_stream_mode = StateStreamMode::kAuto;
-int g_stream_max_ctas = 0;
+// Test / bench knobs, read on every launch (atomics: a change races with no launch).
+std::atomic<StateStreamMode> g_stream_mode{StateStreamMode::kAuto};
+std::atomic<int> g_stream_max_ctas{0};
 
 struct DeviceInfo {
   int sms = 0;
@@ -31,15 +33,17 @@ std::map<std::pair<const void*, int>, KernelInfo> g_kernels;
 
 }  // namespace
 
-StateStreamMode state_stream_mode() { return g_stream_mode; }
+StateStreamMode state_stream_mode() { return g_stream_mode.load(std::memory_order_relaxed); }
 void set_state_stream_mode(StateStreamMode mode, int max_ctas) {
-  g_stream_mode = mode;
-  g_stream_max_ctas = max_ctas > 0 ? max_ctas : 0;
+  g_stream_max_ctas.store(max_ctas > 0 ? max_ctas : 0, std::memory_order_relaxed);
+  g_stream_mode.store(mode, std::memory_order_relaxed);
 }
 
 int state_stream_grid(const void* kernel, int threads, size_t smem_bytes, int64_t items,
                       bool streamable, StreamFrom from) {
-  if (g_stream_mode == StateStreamMode::kNever || !streamable || items <= 0) {
+  const StateStreamMode mode = g_stream_mode.load(std::memory_order_relaxed);
+  const int max_ctas = g_stream_max_ctas.load(std::memory_order_relaxed);
+  if (mode == StateStreamMode::kNever || !streamable || items <= 0) {
     return 0;
   }
   int device = 0;
@@ -66,12 +70,11 @@ int state_stream_grid(const void* kernel, int threads, size_t smem_bytes, int64_
     k = g_kernels.emplace(key, info).first;
   }
   int64_t resident = static_cast<int64_t>(k->second.ctas_per_sm) * dev->second.sms;
-  if (g_stream_mode == StateStreamMode::kAuto && from == StreamFrom::kBeyondOneWave &&
-      items <= resident) {
+  if (mode == StateStreamMode::kAuto && from == StreamFrom::kBeyondOneWave && items <= resident) {
     return 0;  // one wave: the per-item kernel
   }
-  if (g_stream_max_ctas > 0 && resident > g_stream_max_ctas) {
-    resident = g_stream_max_ctas;
+  if (max_ctas > 0 && resident > max_ctas) {
+    resident = max_ctas;
   }
   if (resident <= 0) {
     return 0;

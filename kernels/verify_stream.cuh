@@ -205,15 +205,9 @@ __global__ void __launch_bounds__(256, 2)
   Inputs* inputs = reinterpret_cast<Inputs*>(dyn_smem + kStateStageBytes<K, BV>);  // [2]
   const typename Src::Items items{p, (p.V + BV - 1) / BV};
   BulkStage bulk(stage, &bar);
-  bulk.init();
-  pdl_wait();
-  pdl_launch_dependents();
-  __syncthreads();  // the barrier is initialised
-  const int first = next_live_item(items, static_cast<int>(blockIdx.x));
+  const int first = begin_streaming(
+      bulk, items, [&](int item) { bulk.fill([&](int) { return items.state_run(item); }, 1); });
   if (first < items.count()) {
-    if (threadIdx.x < 32) {
-      bulk.fill([&](int) { return items.state_run(first); }, 1);
-    }
     prefetch_item_inputs<FUSED, K, BV, Item::Cfg::kChunk>(inputs[0], p, items.n_of(first),
                                                           items.hv_of(first), items.tile_of(first),
                                                           p.slots[items.n_of(first)]);
