@@ -1,7 +1,6 @@
 // invoke.cu: the public CUDA entry points (kernels/kda_kernels.h). Each validates what the
 // launch relies on, maps runtime knobs to compile-time configurations and enqueues.
 #include <atomic>
-#include <cmath>
 #include <cstdint>
 
 #include "core/error.h"
@@ -147,22 +146,33 @@ bool verify_stream_layout_ok(const VerifyParams& p, bool fused) {
   return stream_layout_ok(p, TileConfig<128, 128>::kChunk, fused);
 }
 
+// Enqueue only (the invoke_* entry points check first; the combined ones check once for both
+// launches).
+namespace {
+void enqueue_conv_update(const VerifyParams& p, cudaStream_t stream) {
+  dispatch_weight(p.conv_weight_type, [&](auto w) { launch_conv_update<decltype(w)>(p, stream); });
+}
+void enqueue_verify_recurrent(const VerifyParams& p, cudaStream_t stream) {
+  const TileArgs args{p, nullptr, 0};
+  KDA_DISPATCH_K(p.K, K, { launch_verify_tile<float, K, kRecurrentBlockV, false>(args, stream); })
+}
+}  // namespace
+
 void invoke_conv_update(const VerifyParams& p, cudaStream_t stream) {
   check_verify_launch(p, "invoke_conv_update", kConvUpdateNeeds);
-  dispatch_weight(p.conv_weight_type, [&](auto w) { launch_conv_update<decltype(w)>(p, stream); });
+  enqueue_conv_update(p, stream);
 }
 
 void invoke_verify_recurrent(const VerifyParams& p, cudaStream_t stream) {
   check_verify_launch(p, "invoke_verify_recurrent", kRecurrentNeeds);
-  const TileArgs args{p, nullptr, 0};
-  KDA_DISPATCH_K(p.K, K, { launch_verify_tile<float, K, kRecurrentBlockV, false>(args, stream); })
+  enqueue_verify_recurrent(p, stream);
 }
 
 void invoke_verify_unfused(const VerifyParams& p, cudaStream_t stream) {
   // Everything both kernels rely on is checked before the first one is enqueued.
   check_verify_launch(p, "invoke_verify_unfused", kConvUpdateNeeds | kRecurrentNeeds);
-  invoke_conv_update(p, stream);
-  invoke_verify_recurrent(p, stream);
+  enqueue_conv_update(p, stream);
+  enqueue_verify_recurrent(p, stream);
 }
 
 void invoke_verify_fused(const VerifyParams& p, int block_v, cudaStream_t stream) {
@@ -209,11 +219,15 @@ void check_commit_launch(const CommitParams& p, const char* who, uint32_t needs)
               "{}: snapshots must be 16-byte aligned with row / layer strides multiples of 4", who);
   }
 }
+
+void enqueue_fold(const CommitParams& p, cudaStream_t stream) {
+  KDA_DISPATCH_K(p.K, K, { launch_fold<K>(p, stream); })
+}
 }  // namespace
 
 void invoke_fold(const CommitParams& p, cudaStream_t stream) {
   check_commit_launch(p, "invoke_fold", params::kFold);
-  KDA_DISPATCH_K(p.K, K, { launch_fold<K>(p, stream); })
+  enqueue_fold(p, stream);
 }
 
 void invoke_commit_snapshot(const CommitParams& p, cudaStream_t stream) {
@@ -231,11 +245,11 @@ void invoke_commit(const CommitParams& p, cudaStream_t stream) {
   const uint32_t state = p.mode == RecordMode::kRing ? params::kFold : params::kSnapshot;
   check_commit_launch(p, "invoke_commit", state | params::kConvCommit);
   if (p.mode == RecordMode::kRing) {
-    invoke_fold(p, stream);
+    enqueue_fold(p, stream);
   } else {
-    invoke_commit_snapshot(p, stream);
+    launch_commit_snapshot(p, stream);
   }
-  invoke_commit_conv(p, stream);
+  launch_commit_conv(p, stream);
 }
 
 namespace {
