@@ -117,7 +117,7 @@ struct FoldItem {
         }
       }
       for (int tt = tid; tt < tc; tt += Cfg::kThreads) {
-        sm.beta[tt] = ring.beta[t0 + tt];
+        sm.beta[tt] = src.beta(ring, t0 + tt, tt);
       }
       __syncthreads();
       for (int tt = warp; tt < tc; tt += Cfg::kWarps) {
@@ -163,6 +163,7 @@ struct FoldGlobalSource {
   __device__ __forceinline__ float rawv(const FoldRing& r, int t, int, int v0_, int j) const {
     return ld_bf16(r.rawv + static_cast<int64_t>(t) * r.v_pitch + v0_ + j);
   }
+  __device__ __forceinline__ float beta(const FoldRing& r, int t, int) const { return r.beta[t]; }
   __device__ __forceinline__ void load_state(ColRegs<Slice> (&S)[Slice::CPT],
                                              const bool (&ok)[Slice::CPT], const float* head,
                                              int col) const {
@@ -183,14 +184,20 @@ __global__ void __launch_bounds__(256, 2) fold_kernel(const __grid_constant__ Co
 
 /// The fold's stage: the state tile (kFoldBlockV x K f32), then the item's ring records for
 /// its accepted steps: rawk [kChunk][K] bf16, g [kChunk][K] f32, rawv [kChunk][kFoldBlockV]
-/// bf16 (the tile's columns). One fill = up to 3 + kChunk bulk runs (rawv one per step).
+/// bf16 (the tile's columns), beta [kChunk] f32. One fill = up to 3 + kChunk bulk runs (rawv
+/// one per step) and one 4-byte cp.async per step for beta (a run of n floats is neither a
+/// multiple of 16 bytes nor 16-byte aligned in general). Staging beta took a dependent global
+/// load (~1 us, the ring was written a launch ago) off every item's prologue (docs/perf.md v7).
 template <int K>
 struct FoldStage {
   static constexpr int kChunk = TileConfig<K, kFoldBlockV>::kChunk;
   static constexpr uint32_t kRawk = kFoldBlockV * K * 4;
   static constexpr uint32_t kG = kRawk + kChunk * K * 2;
   static constexpr uint32_t kRawv = kG + kChunk * K * 4;
-  static constexpr uint32_t kBytes = kRawv + kChunk * kFoldBlockV * 2;
+  static constexpr uint32_t kBeta = kRawv + kChunk * kFoldBlockV * 2;
+  static constexpr uint32_t kBytes = kBeta + kChunk * 4;
+  static_assert(kBeta % 16 == 0 && kBytes % 16 == 0, "16-byte aligned regions");
+  static_assert(3 + kChunk <= 32, "one warp issues a fill, one run per lane");
 };
 
 /// Fold items in a persistent CTA's order: item = ((layer*HV + hv)*B + n)*tiles + tile; live
@@ -209,8 +216,29 @@ struct FoldStreamItems {
     const int acc = p.accepted[n];
     return p.slots[n] >= 0 && acc >= 1 && acc <= p.T;
   }
-  /// Bulk runs of a live item's fill: 3 + its accepted steps.
-  __device__ int run_count(int item) const { return 3 + p.accepted[n_of(item)]; }
+  /// Warp 0, all 32 lanes: the whole fill of live item `item` — its 3 + n bulk runs (one per
+  /// lane), and lane t copies step t's beta (cp.async). Thread t is the one that reads beta[t]
+  /// in the item's prologue, so its own cp_async_wait_all() is all the ordering it needs.
+  /// (The beta copies go first: issued after the bulk runs' asm, the index loads were redone
+  /// and the kernel spilled 16 B.)
+  __device__ void fill(BulkStage& bulk, unsigned char* stage, int item) const {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const int n = n_of(item);
+    const int steps = p.accepted[n];
+    if (lane < steps) {
+      const float* beta = p.ring_beta + layer_of(item) * p.ring_beta_layer_stride +
+                          p.slots[n] * p.ring_beta_slot_stride +
+                          static_cast<int64_t>(hv_of(item)) * p.L;
+      cp_async4(stage + FoldStage<K>::kBeta + lane * 4, beta + lane);
+    }
+    if (lane < 3 + steps) {
+      bulk.issue(run(item, lane));
+    }
+    __syncwarp();
+    if (lane == 0) {
+      bulk.arrive();
+    }
+  }
   /// Run r of a live item's fill: 0 the state tile, 1 rawk, 2 g, 3 + t rawv of step t.
   __device__ BulkRun run(int item, int r) const {
     using St = FoldStage<K>;
@@ -240,18 +268,21 @@ struct FoldStreamItems {
   }
 };
 
-/// The state tile and rawk / g / rawv from the stage; beta from global memory. The stage is
-/// refilled with the next live item's runs once the state is in registers.
+/// The state tile and the ring records (rawk / g / rawv / beta) from the stage. The stage is
+/// refilled with the next live item's once the state is in registers.
 template <typename Slice, typename Items>
 struct FoldStagedSource {
   static constexpr bool kStaged = true;
   using St = FoldStage<Slice::K>;
   BulkStage& bulk;
-  const unsigned char* stage;
+  unsigned char* stage;
   const Items& items;
   int item;
   int c;  // lane within the column's P lanes
-  __device__ __forceinline__ void wait_records() const { bulk.wait(); }
+  __device__ __forceinline__ void wait_records() const {
+    bulk.wait();
+    cp_async_wait_all();  // beta (Items::fill)
+  }
   __device__ __forceinline__ float rawk(const FoldRing&, int, int tt, int k) const {
     return ld_bf16(reinterpret_cast<const bf16_t*>(stage + St::kRawk) + tt * Slice::K + k);
   }
@@ -261,6 +292,9 @@ struct FoldStagedSource {
   __device__ __forceinline__ float rawv(const FoldRing&, int, int tt, int, int j) const {
     return ld_bf16(reinterpret_cast<const bf16_t*>(stage + St::kRawv) + tt * kFoldBlockV + j);
   }
+  __device__ __forceinline__ float beta(const FoldRing&, int, int tt) const {
+    return reinterpret_cast<const float*>(stage + St::kBeta)[tt];
+  }
   __device__ __forceinline__ void load_state(ColRegs<Slice> (&S)[Slice::CPT],
                                              const bool (&ok)[Slice::CPT], const float*,
                                              int col) const {
@@ -269,7 +303,7 @@ struct FoldStagedSource {
     if (threadIdx.x < 32) {
       const int next = next_live_item(items, item + static_cast<int>(gridDim.x));
       if (next < items.count()) {
-        bulk.fill([&](int r) { return items.run(next, r); }, items.run_count(next));
+        items.fill(bulk, stage, next);
       }
     }
   }
@@ -287,9 +321,7 @@ __global__ void __launch_bounds__(256, 2)
 
   const Items items{p, (p.V + kFoldBlockV - 1) / kFoldBlockV};
   BulkStage bulk(stage, &bar);
-  begin_streaming(bulk, items, [&](int item) {
-    bulk.fill([&](int r) { return items.run(item, r); }, items.run_count(item));
-  });
+  begin_streaming(bulk, items, [&](int item) { items.fill(bulk, stage, item); });
   for (int i = blockIdx.x; i < items.count(); i += gridDim.x) {
     Item item(p, items.tile_of(i), items.n_of(i), items.layer_of(i), items.hv_of(i));
     item.run(sm, FoldStagedSource<typename Item::Slice, Items>{bulk, stage, items, i, item.c});

@@ -5,8 +5,8 @@
 //   bitwise the snapshot the verify kernel would have stored. Per request: S = state[slot],
 //   replay ring steps 0..n-1 (k normalised from rawk, EXP(g), beta, rawv), store S back.
 //   Above one wave of CTAs: fold_stream_kernel, persistent CTAs whose shared-memory stage
-//   receives the next item's state tile and rawk / g / rawv rows (TMA bulk copies) while the
-//   current item computes; same arithmetic, same bits.
+//   receives the next item's state tile and ring records (TMA bulk copies; beta by cp.async)
+//   while the current item computes; same arithmetic, same bits.
 // commit_snapshot_kernel: state[layer][slot] <- snapshots[layer][row][n-1] (float4 copies).
 // commit_conv_kernel: conv_state[layer][slot] <- conv_window[layer][row][n-1] (W-1 rows of D).
 // slot < 0: skipped. n outside [1, T]: skipped, *error_flag = 1.

@@ -132,6 +132,39 @@ class BulkStage {
   uint32_t phase_ = 0;
 };
 
+/// 16-byte global -> shared copy that bypasses the registers (and L1: inputs are read once).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(smem)), "l"(gmem)
+               : "memory");
+#else
+  (void)smem;
+  (void)gmem;
+  __trap();  // launchers only stream on sm_90+
+#endif
+}
+
+/// 4-byte global -> shared copy that bypasses the registers (small scalars staged with a
+/// bulk fill whose size or alignment the TMA copy cannot take).
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(smem)), "l"(gmem)
+               : "memory");
+#else
+  (void)smem;
+  (void)gmem;
+  __trap();  // launchers only stream on sm_90+
+#endif
+}
+
+/// Waits for all of this thread's cp.async copies (a __syncthreads must follow before other
+/// threads read them).
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
 /// First live item at or after `item` in this CTA's walk (stride gridDim.x), or count().
 /// Items: `int count() const`, `bool live(int) const`.
 template <typename Items>

@@ -51,26 +51,6 @@ struct NextRun {
   int slot;
 };
 
-/// 16-byte global -> shared copy that bypasses the registers (and L1: inputs are read once).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(smem)), "l"(gmem)
-               : "memory");
-#else
-  (void)smem;
-  (void)gmem;
-  __trap();  // launchers only stream on sm_90+
-#endif
-}
-
-/// Waits for all of this thread's cp.async copies (a __syncthreads must follow before other
-/// threads read them).
-__device__ __forceinline__ void cp_async_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
-
 /// The raw inputs of one live verify item in shared memory. Row j < 3: conv history row j
 /// (fused only); row 3 + t: token t. A row holds the item's channels in VerifyItem's local
 /// order — q of k-head h (K) | k of k-head h (K) | the V tile (BV) — so a thread's channel pair
