@@ -103,25 +103,39 @@ struct FoldItem {
     const int t_limit = Src::kStaged ? 1 : steps;
     for (int t0 = 0; t0 < t_limit; t0 += Cfg::kChunk) {
       const int tc = min(Cfg::kChunk, steps - t0);
-      for (int idx = tid; idx < tc * K; idx += Cfg::kThreads) {
-        const int tt = idx / K;
-        const int k = idx % K;
-        sm.qk[tt][1][k] = src.rawk(ring, t0 + tt, tt, k);
-        sm.decay[tt][k] = kda_exp(src.g(ring, t0 + tt, tt, k));
-      }
-      for (int idx = tid; idx < tc * kFoldBlockV; idx += Cfg::kThreads) {
-        const int tt = idx / kFoldBlockV;
-        const int j = idx % kFoldBlockV;
-        if (v0 + j < p.V) {
-          sm.v[tt][j] = src.rawv(ring, t0 + tt, tt, v0, j);
+      // The chunk's step rows, one job per warp and no barrier between loading a key row and
+      // normalising it: job t < tc loads key row t into registers (lane j: k = j*E ..) and
+      // normalises it there; job tc + t fills step t's decay EXP(g) and value row. At tc = 8
+      // each warp takes one row of each kind; at tc <= 4 half the warps take key rows, the
+      // other half decay rows. (Before: every thread took a share of every row, then a barrier,
+      // then one warp per key row normalised it: docs/perf.md v7.)
+      for (int job = warp; job < 2 * tc; job += Cfg::kWarps) {
+        if (job < tc) {
+          constexpr int E = K / 32;
+          float x[E];
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            x[e] = src.rawk(ring, t0 + job, job, lane * E + e);
+          }
+          l2_normalize_regs<K>(x, 1.0f, false);
+          store_vec<E>(&sm.qk[job][1][lane * E], x);
+        } else {
+          const int tt = job - tc;
+#pragma unroll
+          for (int k = lane; k < K; k += 32) {
+            sm.decay[tt][k] = kda_exp(src.g(ring, t0 + tt, tt, k));
+          }
+#pragma unroll
+          for (int j = lane; j < kFoldBlockV; j += 32) {
+            if (v0 + j < p.V) {
+              sm.v[tt][j] = src.rawv(ring, t0 + tt, tt, v0, j);
+            }
+          }
         }
       }
+      // Thread t reads step t's beta (the staged source's cp.async of it was thread t's own).
       for (int tt = tid; tt < tc; tt += Cfg::kThreads) {
         sm.beta[tt] = src.beta(ring, t0 + tt, tt);
-      }
-      __syncthreads();
-      for (int tt = warp; tt < tc; tt += Cfg::kWarps) {
-        l2_normalize_warp<K>(sm.qk[tt][1], 1.0f, false, lane);
       }
       __syncthreads();
       if constexpr (Src::kStaged) {
@@ -216,55 +230,55 @@ struct FoldStreamItems {
     const int acc = p.accepted[n];
     return p.slots[n] >= 0 && acc >= 1 && acc <= p.T;
   }
-  /// Warp 0, all 32 lanes: the whole fill of live item `item` — its 3 + n bulk runs (one per
-  /// lane), and lane t copies step t's beta (cp.async). Thread t is the one that reads beta[t]
-  /// in the item's prologue, so its own cp_async_wait_all() is all the ordering it needs.
-  /// (The beta copies go first: issued after the bulk runs' asm, the index loads were redone
-  /// and the kernel spilled 16 B.)
+  /// Warp 0, all 32 lanes: the whole fill of live item `item`, one bulk run per lane — 0 the
+  /// state tile, 1 rawk, 2 g, then rawv: one run when the tile spans whole rows (V ==
+  /// kFoldBlockV: the steps' rows are contiguous and the stage's row pitch), else one per step
+  /// — and lane t copies step t's beta (cp.async). Thread t is the one that reads beta[t] in
+  /// the item's prologue, so its own cp_async_wait_all() is all the ordering it needs.
+  /// Cheap on purpose: warp 0 starts its recurrence steps only after the fill, and the other
+  /// seven warps wait for it at the item's closing barrier (docs/perf.md v7).
   __device__ void fill(BulkStage& bulk, unsigned char* stage, int item) const {
+    using St = FoldStage<K>;
     const int lane = static_cast<int>(threadIdx.x % 32);
-    const int n = n_of(item);
+    const int tile = item % tiles;
+    const int nl = item / tiles;  // (layer*HV + hv)*B + n
+    const int n = nl % p.B;
+    const int layer_hv = nl / p.B;
+    const int hv = layer_hv % p.HV;
+    const int layer = layer_hv / p.HV;
     const int steps = p.accepted[n];
+    const int slot = p.slots[n];
+    const FoldRing ring(p, layer, slot, hv / (p.HV / p.H), hv);
     if (lane < steps) {
-      const float* beta = p.ring_beta + layer_of(item) * p.ring_beta_layer_stride +
-                          p.slots[n] * p.ring_beta_slot_stride +
-                          static_cast<int64_t>(hv_of(item)) * p.L;
-      cp_async4(stage + FoldStage<K>::kBeta + lane * 4, beta + lane);
+      cp_async4(stage + St::kBeta + lane * 4, ring.beta + lane);
     }
-    if (lane < 3 + steps) {
-      bulk.issue(run(item, lane));
+    const int v0 = tile * kFoldBlockV;
+    const int cols = min(kFoldBlockV, p.V - v0);
+    const bool whole_rows = p.V == kFoldBlockV;
+    BulkRun r{};
+    if (lane == 0) {
+      r = {0u,
+           p.ssm_state + layer * p.ssm_layer_stride + slot * p.ssm_slot_stride +
+               (static_cast<int64_t>(hv) * p.V + v0) * K,
+           static_cast<uint32_t>(cols * K * sizeof(float))};
+    } else if (lane == 1) {
+      r = {St::kRawk, ring.rawk, static_cast<uint32_t>(steps * K * 2)};
+    } else if (lane == 2) {
+      r = {St::kG, ring.g, static_cast<uint32_t>(steps * K * 4)};
+    } else if (whole_rows) {
+      r = {St::kRawv, ring.rawv, static_cast<uint32_t>(steps * kFoldBlockV * 2)};
+    } else {
+      const int t = lane - 3;
+      r = {St::kRawv + static_cast<uint32_t>(t * kFoldBlockV * 2),
+           ring.rawv + static_cast<int64_t>(t) * p.V + v0, static_cast<uint32_t>(cols * 2)};
+    }
+    if (lane < (whole_rows ? 4 : 3 + steps)) {
+      bulk.issue(r);
     }
     __syncwarp();
     if (lane == 0) {
       bulk.arrive();
     }
-  }
-  /// Run r of a live item's fill: 0 the state tile, 1 rawk, 2 g, 3 + t rawv of step t.
-  __device__ BulkRun run(int item, int r) const {
-    using St = FoldStage<K>;
-    const int n = n_of(item);
-    const int v0 = tile_of(item) * kFoldBlockV;
-    const int cols = min(kFoldBlockV, p.V - v0);
-    const int steps = p.accepted[n];
-    const int slot = p.slots[n];
-    const int layer = layer_of(item);
-    const int hv = hv_of(item);
-    if (r == 0) {
-      return {0u,
-              p.ssm_state + layer * p.ssm_layer_stride + slot * p.ssm_slot_stride +
-                  (static_cast<int64_t>(hv) * p.V + v0) * K,
-              static_cast<uint32_t>(cols * K * sizeof(float))};
-    }
-    const FoldRing ring(p, layer, slot, hv / (p.HV / p.H), hv);
-    if (r == 1) {
-      return {St::kRawk, ring.rawk, static_cast<uint32_t>(steps * K * 2)};
-    }
-    if (r == 2) {
-      return {St::kG, ring.g, static_cast<uint32_t>(steps * K * 4)};
-    }
-    const int t = r - 3;
-    return {St::kRawv + static_cast<uint32_t>(t * kFoldBlockV * 2),
-            ring.rawv + static_cast<int64_t>(t) * p.V + v0, static_cast<uint32_t>(cols * 2)};
   }
 };
 

@@ -201,20 +201,34 @@ __device__ __forceinline__ void output_dot(const ColRegs<Slice> (&S)[Slice::CPT]
 ///   x[k] = DIV(x[k], SQRT(sum x^2 + 1e-6)) * scale     (scale = 1 for k, K^-0.5 for q)
 template <int K>
 __device__ __forceinline__ void l2_normalize_warp(float* vec, float scale, bool apply_scale,
-                                                  int lane) {
+                                                  int lane);
+
+/// The same normalisation on a vector already in the warp's registers: lane j holds
+/// x[k = j*E .. j*E+E-1], E = K/32 (every lane gets the same denominator bits).
+template <int K>
+__device__ __forceinline__ void l2_normalize_regs(float (&x)[K / 32], float scale,
+                                                  bool apply_scale) {
   constexpr int E = K / 32;
-  float x[1][E];
-  load_vec<E>(x[0], vec + lane * E);
-  const float sumsq = tree_dot<32, 1, E>(x, x);
+  const float(&row)[1][E] = reinterpret_cast<const float(&)[1][E]>(x);
+  const float sumsq = tree_dot<32, 1, E>(row, row);
   const float denom = kda_sqrt(__fadd_rn(sumsq, 1e-6f));
 #pragma unroll
   for (int e = 0; e < E; ++e) {
-    x[0][e] = kda_div(x[0][e], denom);
+    x[e] = kda_div(x[e], denom);
     if (apply_scale) {
-      x[0][e] = __fmul_rn(x[0][e], scale);
+      x[e] = __fmul_rn(x[e], scale);
     }
   }
-  store_vec<E>(vec + lane * E, x[0]);
+}
+
+template <int K>
+__device__ __forceinline__ void l2_normalize_warp(float* vec, float scale, bool apply_scale,
+                                                  int lane) {
+  constexpr int E = K / 32;
+  float x[E];
+  load_vec<E>(x, vec + lane * E);
+  l2_normalize_regs<K>(x, scale, apply_scale);
+  store_vec<E>(vec + lane * E, x);
 }
 
 /// K^-0.5 as f32 (0x3DB504F3 for K = 128).
