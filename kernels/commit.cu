@@ -137,9 +137,12 @@ struct FoldItem {
       for (int tt = tid; tt < tc; tt += Cfg::kThreads) {
         sm.beta[tt] = src.beta(ring, t0 + tt, tt);
       }
-      __syncthreads();
       if constexpr (Src::kStaged) {
+        // The state tile to registers, then the barrier inside load_state serves both: the
+        // rows above are complete for every warp, and the stage is free to refill.
         src.load_state(S, col_ok, s_base, col0 - v0);
+      } else {
+        __syncthreads();
       }
       for (int tt = 0; tt < tc; ++tt) {
         float vv[CPT];
@@ -313,7 +316,9 @@ struct FoldStagedSource {
                                              const bool (&ok)[Slice::CPT], const float*,
                                              int col) const {
     load_state_columns<Slice>(S, ok, reinterpret_cast<const float*>(stage), col, c);
-    __syncthreads();  // every thread is done with the stage: refill it
+    // Every thread is done with the stage, and (FoldItem::run relies on this barrier) the
+    // item's step rows are complete in shared memory: refill the stage.
+    __syncthreads();
     if (threadIdx.x < 32) {
       const int next = next_live_item(items, item + static_cast<int>(gridDim.x));
       if (next < items.count()) {

@@ -164,7 +164,9 @@ struct StagedSource : GlobalSource<Item> {
                                              const bool (&ok)[Slice::CPT], const float*) const {
     bulk.wait();
     load_state_columns<Slice>(S, ok, stage, it.col0 - it.v0, it.c);
-    __syncthreads();  // every thread is done with the stage (and `next` is written): refill
+    // Every thread is done with the stage, `next` is written, and (VerifyItem::run relies on
+    // this barrier) the item's q/k norms are complete: refill.
+    __syncthreads();
     bulk.fill_one_if(threadIdx.x == 0 && next.valid != 0, next.run);
   }
 };

@@ -361,9 +361,12 @@ struct VerifyItem {
         const int which = job & 1;
         l2_normalize_warp<K>(sm.qk[job >> 1][which], kQkScale<K>, which == 0, lane);
       }
-      __syncthreads();
       if constexpr (Src::kStaged) {
+        // The state tile to registers; the barrier inside load_state also completes the norms
+        // (one barrier where there were two, docs/perf.md v7).
         src.load_state(*this, S, col_ok, s_base);
+      } else {
+        __syncthreads();
       }
 
       // 4. The recurrence.
