@@ -68,8 +68,9 @@ struct FoldItem {
                                       int hv_)
       : p(p_), tile(tile_), n(n_), layer(layer_), hv(hv_), tid(threadIdx.x), c(threadIdx.x % P) {}
 
+  /// Returns whether the item was live (padding requests and bad accepted lengths are not).
   template <typename Src>
-  __device__ __forceinline__ void run(TileSmem<Cfg>& sm, const Src& src) {
+  __device__ __forceinline__ bool run(TileSmem<Cfg>& sm, const Src& src) {
     const int lane = tid & 31;
     const int warp = tid >> 5;
     const int h = hv / (p.HV / p.H);
@@ -78,11 +79,11 @@ struct FoldItem {
     const int col0 = v0 + group * CPT;
     const int slot = p.slots[n];
     if (slot < 0) {
-      return;
+      return false;
     }
     const int steps = accepted_or_flag(p, n, tile == 0 && hv == 0 && layer == 0 && tid == 0);
     if (steps == 0) {
-      return;
+      return false;
     }
     const FoldRing ring(p, layer, slot, h, hv);
     float* s_base = p.ssm_state + layer * p.ssm_layer_stride + slot * p.ssm_slot_stride +
@@ -152,7 +153,14 @@ struct FoldItem {
         }
         delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
       }
-      __syncthreads();  // the next chunk (or item) overwrites shared memory
+      if constexpr (!Src::kStaged) {
+        __syncthreads();  // the next chunk (or item) overwrites shared memory
+      }
+      // Staged: no closing barrier. The streaming kernel gives consecutive live items
+      // alternate TileSmem buffers, and a warp can reach the next item's rows only after
+      // every warp has passed this item's load_state barrier, i.e. finished the previous
+      // item's steps (the last reader of that buffer). Fast warps start the next item's
+      // prologue while slow ones finish their steps (docs/perf.md v7).
     }
 #pragma unroll
     for (int j = 0; j < CPT; ++j) {
@@ -160,6 +168,7 @@ struct FoldItem {
         store_column<Slice>(s_base + static_cast<int64_t>(col0 + j) * K, S[j], c);
       }
     }
+    return true;
   }
 };
 
@@ -196,7 +205,7 @@ __global__ void __launch_bounds__(256, 2) fold_kernel(const __grid_constant__ Co
   pdl_wait();
   pdl_launch_dependents();
   Item item(p, blockIdx.x, blockIdx.y, blockIdx.z / p.HV, blockIdx.z % p.HV);
-  item.run(sm, FoldGlobalSource<typename Item::Slice>{item.c, item.tile * kFoldBlockV});
+  (void)item.run(sm, FoldGlobalSource<typename Item::Slice>{item.c, item.tile * kFoldBlockV});
 }
 
 /// The fold's stage: the state tile (kFoldBlockV x K f32), then the item's ring records for
@@ -334,16 +343,18 @@ __global__ void __launch_bounds__(256, 2)
     fold_stream_kernel(const __grid_constant__ CommitParams p) {
   using Item = FoldItem<K>;
   using Items = FoldStreamItems<K>;
-  __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
+  __shared__ __align__(16) TileSmem<typename Item::Cfg> sm[2];  // alternate per live item
   __shared__ uint64_t bar;
   extern __shared__ __align__(128) unsigned char stage[];  // FoldStage<K>
 
   const Items items{p, (p.V + kFoldBlockV - 1) / kFoldBlockV};
   BulkStage bulk(stage, &bar);
   begin_streaming(bulk, items, [&](int item) { items.fill(bulk, stage, item); });
+  int live = 0;  // live items done: they alternate between the two TileSmem buffers
   for (int i = blockIdx.x; i < items.count(); i += gridDim.x) {
     Item item(p, items.tile_of(i), items.n_of(i), items.layer_of(i), items.hv_of(i));
-    item.run(sm, FoldStagedSource<typename Item::Slice, Items>{bulk, stage, items, i, item.c});
+    const FoldStagedSource<typename Item::Slice, Items> src{bulk, stage, items, i, item.c};
+    live += item.run(sm[live & 1], src) ? 1 : 0;
   }
 }
 
