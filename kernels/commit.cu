@@ -262,7 +262,7 @@ struct FoldStreamItems {
     const int slot = p.slots[n];
     const FoldRing ring(p, layer, slot, hv / (p.HV / p.H), hv);
     if (lane < steps) {
-      cp_async4(stage + St::kBeta + lane * 4, ring.beta + lane);
+      cp_async<4>(stage + St::kBeta + lane * 4, ring.beta + lane);
     }
     const int v0 = tile * kFoldBlockV;
     const int cols = min(kFoldBlockV, p.V - v0);

@@ -132,24 +132,21 @@ class BulkStage {
   uint32_t phase_ = 0;
 };
 
-/// 16-byte global -> shared copy that bypasses the registers (and L1: inputs are read once).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+/// Global -> shared copy of BYTES (4, 8 or 16) that bypasses the registers. 16-byte pieces
+/// also bypass L1 (.cg: the verify inputs are read once); .cg takes only 16, so the smaller
+/// ones (the fold's beta scalars) go through it (.ca).
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
+  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(smem)), "l"(gmem)
-               : "memory");
-#else
-  (void)smem;
-  (void)gmem;
-  __trap();  // launchers only stream on sm_90+
-#endif
-}
-
-/// 4-byte global -> shared copy that bypasses the registers (small scalars staged with a
-/// bulk fill whose size or alignment the TMA copy cannot take).
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(smem)), "l"(gmem)
-               : "memory");
+  if constexpr (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(smem)), "l"(gmem)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(smem_addr(smem)), "l"(gmem),
+                 "n"(BYTES)
+                 : "memory");
+  }
 #else
   (void)smem;
   (void)gmem;

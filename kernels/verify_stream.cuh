@@ -92,14 +92,14 @@ __device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& 
                             ? p.conv_state + slot * p.conv_state_slot_stride + row * D + gch
                         : FUSED ? p.qkv + r * p.qkv_stride + gch
                                 : p.qkv_act + r * D + gch;
-    cp_async16(&dst.x[row][off], src);
+    cp_async<16>(&dst.x[row][off], src);
   }
   for (int idx = static_cast<int>(threadIdx.x); idx < p.T * (K / 8);
        idx += static_cast<int>(blockDim.x)) {
     const int t = idx / (K / 8);
     const int off = idx % (K / 8) * 8;
-    cp_async16(&dst.a[t][off], p.a + (static_cast<int64_t>(n) * p.T + t) * p.a_stride +
-                                   static_cast<int64_t>(hv) * K + off);
+    cp_async<16>(&dst.a[t][off], p.a + (static_cast<int64_t>(n) * p.T + t) * p.a_stride +
+                                     static_cast<int64_t>(hv) * K + off);
   }
 }
 
