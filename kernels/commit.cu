@@ -210,10 +210,11 @@ __global__ void __launch_bounds__(256, 2) fold_kernel(const __grid_constant__ Co
 
 /// The fold's stage: the state tile (kFoldBlockV x K f32), then the item's ring records for
 /// its accepted steps: rawk [kChunk][K] bf16, g [kChunk][K] f32, rawv [kChunk][kFoldBlockV]
-/// bf16 (the tile's columns), beta [kChunk] f32. One fill = up to 3 + kChunk bulk runs (rawv
-/// one per step) and one 4-byte cp.async per step for beta (a run of n floats is neither a
-/// multiple of 16 bytes nor 16-byte aligned in general). Staging beta took a dependent global
-/// load (~1 us, the ring was written a launch ago) off every item's prologue (docs/perf.md v7).
+/// bf16 (the tile's columns), beta [kChunk] f32. One fill = 4 bulk runs when the tile spans
+/// whole rows (V == kFoldBlockV), else up to 3 + kChunk (rawv one per step), and one 4-byte
+/// cp.async per step for beta (a run of n floats is neither a multiple of 16 bytes nor 16-byte
+/// aligned in general). Staging beta takes a dependent global load of data written a launch
+/// ago off every item's prologue (docs/perf.md v7).
 template <int K>
 struct FoldStage {
   static constexpr int kChunk = TileConfig<K, kFoldBlockV>::kChunk;
@@ -247,8 +248,7 @@ struct FoldStreamItems {
   /// kFoldBlockV: the steps' rows are contiguous and the stage's row pitch), else one per step
   /// — and lane t copies step t's beta (cp.async). Thread t is the one that reads beta[t] in
   /// the item's prologue, so its own cp_async_wait_all() is all the ordering it needs.
-  /// Cheap on purpose: warp 0 starts its recurrence steps only after the fill, and the other
-  /// seven warps wait for it at the item's closing barrier (docs/perf.md v7).
+  /// Kept short: warp 0 starts its recurrence steps only after the fill.
   __device__ void fill(BulkStage& bulk, unsigned char* stage, int item) const {
     using St = FoldStage<K>;
     const int lane = static_cast<int>(threadIdx.x % 32);

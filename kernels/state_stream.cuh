@@ -154,8 +154,8 @@ __device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
 #endif
 }
 
-/// Waits for all of this thread's cp.async copies (a __syncthreads must follow before other
-/// threads read them).
+/// Waits for all of this thread's cp.async copies (before another thread reads them, a
+/// __syncthreads must follow).
 __device__ __forceinline__ void cp_async_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_all;" ::: "memory");
