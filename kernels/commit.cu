@@ -225,6 +225,9 @@ struct FoldStage {
   static constexpr uint32_t kBytes = kBeta + kChunk * 4;
   static_assert(kBeta % 16 == 0 && kBytes % 16 == 0, "16-byte aligned regions");
   static_assert(3 + kChunk <= 32, "one warp issues a fill, one run per lane");
+  static_assert(two_ctas_fit_per_sm(kBytes + 2 * sizeof(TileSmem<TileConfig<K, kFoldBlockV>>) +
+                                    sizeof(uint64_t)),
+                "fold_stream_kernel (stage + two TileSmem): two CTAs per SM");
 };
 
 /// Fold items in a persistent CTA's order: item = ((layer*HV + hv)*B + n)*tiles + tile; live

@@ -18,6 +18,7 @@
 // (launchers check the tensors' alignment and fall back to the per-item kernels otherwise).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/device_math.cuh"
@@ -160,6 +161,14 @@ __device__ __forceinline__ void cp_async_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
+}
+
+/// Whether two CTAs of a streaming kernel (the 2 of its __launch_bounds__(256, 2)) fit one
+/// SM's shared memory on sm_90 / sm_100 (228 KiB, of which each CTA reserves 1 KiB), given a
+/// CTA's static plus dynamic bytes. The launchers size the grid from the occupancy API, so a
+/// miss would not fail — it would halve the resident CTAs; the kernels assert it instead.
+constexpr bool two_ctas_fit_per_sm(size_t smem_per_cta) {
+  return 2 * (smem_per_cta + 1024) <= 228 * 1024;
 }
 
 /// First live item at or after `item` in this CTA's walk (stride gridDim.x), or count().

@@ -214,6 +214,10 @@ __global__ void __launch_bounds__(256, 2)
 template <int K, int BV>
 inline constexpr size_t kVerifyStreamSmemBytes =
     kStateStageBytes<K, BV> + 2 * sizeof(ItemInputs<K, BV, TileConfig<K, BV>::kChunk>);
+static_assert(two_ctas_fit_per_sm(kVerifyStreamSmemBytes<128, 128> +
+                                  sizeof(TileSmem<TileConfig<128, 128>>) + sizeof(uint64_t) +
+                                  sizeof(NextRun)),
+              "verify_stream_kernel: two CTAs per SM (the largest tile, K = BV = 128)");
 
 /// Host: whether a verify call can take the streaming kernel (besides sm_90+ and the grid):
 /// one token chunk, the state tile one bulk copy, every input piece 16 bytes (8 bf16) aligned.
