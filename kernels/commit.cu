@@ -255,12 +255,10 @@ struct FoldStreamItems {
   __device__ void fill(BulkStage& bulk, unsigned char* stage, int item) const {
     using St = FoldStage<K>;
     const int lane = static_cast<int>(threadIdx.x % 32);
-    const int tile = item % tiles;
-    const int nl = item / tiles;  // (layer*HV + hv)*B + n
-    const int n = nl % p.B;
-    const int layer_hv = nl / p.B;
-    const int hv = layer_hv % p.HV;
-    const int layer = layer_hv / p.HV;
+    const int tile = tile_of(item);
+    const int n = n_of(item);
+    const int hv = hv_of(item);
+    const int layer = layer_of(item);
     const int steps = p.accepted[n];
     const int slot = p.slots[n];
     const FoldRing ring(p, layer, slot, hv / (p.HV / p.H), hv);
