@@ -3,6 +3,7 @@
 #include "kernels/kda_kernels.h"
 
 #include "core/cuda_check.h"
+#include "kernels/fast_divisor.h"
 #include "kernels/launch_pdl.cuh"
 #include "kernels/launch_utils.h"
 #include "kernels/state_stream.cuh"
@@ -47,6 +48,20 @@ struct FoldRing {
   }
 };
 
+/// The fold launch's divisors (fast_divisor.h), set by launch_fold: item index -> coordinates
+/// and v-head -> k-head without a runtime division in the kernels.
+struct FoldDivisors {
+  FastDivisor tiles;     ///< ceil(V / kFoldBlockV)
+  FastDivisor requests;  ///< B
+  FastDivisor heads;     ///< HV
+  FastDivisor group;     ///< HV / H: v-heads per k-head
+};
+
+/// Where a fold item sits: V tile, request n, layer, v-head hv of k-head h.
+struct FoldCoords {
+  int tile, n, layer, hv, h;
+};
+
 /// One fold work item: (V tile, request n, layer, v-head). run() replays the accepted ring
 /// steps onto the state tile and stores it back. The source `Src` hands over the ring records
 /// and the state tile: FoldGlobalSource (global memory, one CTA per item, the state loaded
@@ -61,19 +76,24 @@ struct FoldItem {
   static constexpr int CPT = Cfg::CPT;
 
   const CommitParams& p;
-  int tile, n, layer, hv;
+  int tile, n, layer, hv, h;
   int tid, c;
 
-  __device__ __forceinline__ FoldItem(const CommitParams& p_, int tile_, int n_, int layer_,
-                                      int hv_)
-      : p(p_), tile(tile_), n(n_), layer(layer_), hv(hv_), tid(threadIdx.x), c(threadIdx.x % P) {}
+  __device__ __forceinline__ FoldItem(const CommitParams& p_, const FoldCoords& at)
+      : p(p_),
+        tile(at.tile),
+        n(at.n),
+        layer(at.layer),
+        hv(at.hv),
+        h(at.h),
+        tid(threadIdx.x),
+        c(threadIdx.x % P) {}
 
   /// Returns whether the item was live (padding requests and bad accepted lengths are not).
   template <typename Src>
   __device__ __forceinline__ bool run(TileSmem<Cfg>& sm, const Src& src) {
     const int lane = tid & 31;
     const int warp = tid >> 5;
-    const int h = hv / (p.HV / p.H);
     const int v0 = tile * kFoldBlockV;
     const int group = tid / P;
     const int col0 = v0 + group * CPT;
@@ -199,12 +219,16 @@ struct FoldGlobalSource {
 
 /// grid (ceil(V/128), B, layers*HV): one CTA per item.
 template <int K>
-__global__ void __launch_bounds__(256, 2) fold_kernel(const __grid_constant__ CommitParams p) {
+__global__ void __launch_bounds__(256, 2)
+    fold_kernel(const __grid_constant__ CommitParams p, const __grid_constant__ FoldDivisors div) {
   using Item = FoldItem<K>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
   pdl_wait();
   pdl_launch_dependents();
-  Item item(p, blockIdx.x, blockIdx.y, blockIdx.z / p.HV, blockIdx.z % p.HV);
+  uint32_t layer, hv;
+  div.heads.divmod(blockIdx.z, layer, hv);
+  Item item(p, {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(layer),
+                static_cast<int>(hv), static_cast<int>(div.group.div(hv))});
   (void)item.run(sm, FoldGlobalSource<typename Item::Slice>{item.c, item.tile * kFoldBlockV});
 }
 
@@ -235,12 +259,23 @@ struct FoldStage {
 template <int K>
 struct FoldStreamItems {
   const CommitParams& p;
-  int tiles;
-  __device__ int count() const { return p.num_layers * p.HV * p.B * tiles; }
-  __device__ int tile_of(int item) const { return item % tiles; }
-  __device__ int n_of(int item) const { return item / tiles % p.B; }
-  __device__ int layer_of(int item) const { return item / tiles / p.B / p.HV; }
-  __device__ int hv_of(int item) const { return item / tiles / p.B % p.HV; }
+  const FoldDivisors& div;
+  __device__ int count() const {
+    return p.num_layers * p.HV * p.B * static_cast<int>(div.tiles.divisor);
+  }
+  __device__ int n_of(int item) const {
+    uint32_t rest, n;
+    div.requests.divmod(div.tiles.div(static_cast<uint32_t>(item)), rest, n);
+    return static_cast<int>(n);
+  }
+  __device__ FoldCoords coords(int item) const {
+    uint32_t rest, tile, n, layer, hv;
+    div.tiles.divmod(static_cast<uint32_t>(item), rest, tile);
+    div.requests.divmod(rest, rest, n);
+    div.heads.divmod(rest, layer, hv);
+    return {static_cast<int>(tile), static_cast<int>(n), static_cast<int>(layer),
+            static_cast<int>(hv), static_cast<int>(div.group.div(hv))};
+  }
   __device__ bool live(int item) const {
     const int n = n_of(item);
     const int acc = p.accepted[n];
@@ -255,13 +290,13 @@ struct FoldStreamItems {
   __device__ void fill(BulkStage& bulk, unsigned char* stage, int item) const {
     using St = FoldStage<K>;
     const int lane = static_cast<int>(threadIdx.x % 32);
-    const int tile = tile_of(item);
-    const int n = n_of(item);
-    const int hv = hv_of(item);
-    const int layer = layer_of(item);
-    const int steps = p.accepted[n];
-    const int slot = p.slots[n];
-    const FoldRing ring(p, layer, slot, hv / (p.HV / p.H), hv);
+    const FoldCoords at = coords(item);
+    const int tile = at.tile;
+    const int hv = at.hv;
+    const int layer = at.layer;
+    const int steps = p.accepted[at.n];
+    const int slot = p.slots[at.n];
+    const FoldRing ring(p, layer, slot, at.h, hv);
     if (lane < steps) {
       cp_async<4>(stage + St::kBeta + lane * 4, ring.beta + lane);
     }
@@ -341,19 +376,20 @@ struct FoldStagedSource {
 /// Persistent streaming fold (state_stream.cuh): grid = resident CTAs.
 template <int K>
 __global__ void __launch_bounds__(256, 2)
-    fold_stream_kernel(const __grid_constant__ CommitParams p) {
+    fold_stream_kernel(const __grid_constant__ CommitParams p,
+                       const __grid_constant__ FoldDivisors div) {
   using Item = FoldItem<K>;
   using Items = FoldStreamItems<K>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm[2];  // alternate per live item
   __shared__ uint64_t bar;
   extern __shared__ __align__(128) unsigned char stage[];  // FoldStage<K>
 
-  const Items items{p, (p.V + kFoldBlockV - 1) / kFoldBlockV};
+  const Items items{p, div};
   BulkStage bulk(stage, &bar);
   begin_streaming(bulk, items, [&](int item) { items.fill(bulk, stage, item); });
   int live = 0;  // live items done: they alternate between the two TileSmem buffers
   for (int i = blockIdx.x; i < items.count(); i += gridDim.x) {
-    Item item(p, items.tile_of(i), items.n_of(i), items.layer_of(i), items.hv_of(i));
+    Item item(p, items.coords(i));
     const FoldStagedSource<typename Item::Slice, Items> src{bulk, stage, items, i, item.c};
     live += item.run(sm[live & 1], src) ? 1 : 0;
   }
@@ -454,13 +490,17 @@ void launch_fold(const CommitParams& p, cudaStream_t stream) {
   const int grid = state_stream_grid(reinterpret_cast<const void*>(fold_stream_kernel<K>),
                                      kCopyThreads, stage_bytes, tiles * p.B * p.num_layers * p.HV,
                                      streamable, StreamFrom::kBeyondOneWave);
+  const FoldDivisors div{
+      FastDivisor(static_cast<uint32_t>(tiles)), FastDivisor(static_cast<uint32_t>(p.B)),
+      FastDivisor(static_cast<uint32_t>(p.HV)), FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
   if (grid > 0) {
-    launch(fold_stream_kernel<K>, dim3(static_cast<unsigned>(grid)), p, stream, stage_bytes);
+    launch_pdl(fold_stream_kernel<K>, dim3(static_cast<unsigned>(grid)), dim3(kCopyThreads),
+               stage_bytes, stream, pdl_enabled(), p, div);
     return;
   }
   const dim3 grid3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.B),
                    static_cast<unsigned>(p.num_layers * p.HV));
-  launch(fold_kernel<K>, grid3, p, stream);
+  launch_pdl(fold_kernel<K>, grid3, dim3(kCopyThreads), 0, stream, pdl_enabled(), p, div);
 }
 template void launch_fold<64>(const CommitParams&, cudaStream_t);
 template void launch_fold<128>(const CommitParams&, cudaStream_t);

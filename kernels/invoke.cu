@@ -153,7 +153,7 @@ void enqueue_conv_update(const VerifyParams& p, cudaStream_t stream) {
   dispatch_weight(p.conv_weight_type, [&](auto w) { launch_conv_update<decltype(w)>(p, stream); });
 }
 void enqueue_verify_recurrent(const VerifyParams& p, cudaStream_t stream) {
-  const TileArgs args{p, nullptr, 0};
+  const TileArgs args{p, nullptr, 0, {}};  // divisors: set by launch_verify_tile
   KDA_DISPATCH_K(p.K, K, { launch_verify_tile<float, K, kRecurrentBlockV, false>(args, stream); })
 }
 }  // namespace
@@ -177,7 +177,7 @@ void invoke_verify_unfused(const VerifyParams& p, cudaStream_t stream) {
 
 void invoke_verify_fused(const VerifyParams& p, int block_v, cudaStream_t stream) {
   check_verify_launch(p, "invoke_verify_fused", kFusedNeeds);
-  const TileArgs args{p, nullptr, 0};
+  const TileArgs args{p, nullptr, 0, {}};  // divisors: set by launch_verify_tile
   dispatch_weight(p.conv_weight_type, [&](auto w) {
     using W = decltype(w);
     KDA_DISPATCH_K(
@@ -190,7 +190,7 @@ void invoke_extend(const ExtendParams& e, cudaStream_t stream) {
   params::check_extend(e, "invoke_extend");
   check_cuda_layout(e.v, "invoke_extend", params::kConv | params::kRecurrence | params::kOut);
   KDA_CHECK(aligned(e.ssm_state_out, 16), "invoke_extend: ssm_state_out must be 16-byte aligned");
-  const TileArgs args{e.v, e.ssm_state_out, 1};
+  const TileArgs args{e.v, e.ssm_state_out, 1, {}};  // divisors: set by launch_verify_tile
   constexpr int kExtendBlockV = 32;
   dispatch_weight(e.v.conv_weight_type, [&](auto w) {
     using W = decltype(w);

@@ -25,18 +25,24 @@ inline constexpr size_t kStateStageBytes = static_cast<size_t>(BV) * K * sizeof(
 template <int K, int BV>
 struct VerifyStreamItems {
   const VerifyParams& p;
-  int tiles;
-  __device__ int count() const { return p.B * p.HV * tiles; }
-  __device__ int n_of(int item) const { return item / tiles / p.HV; }
-  __device__ int hv_of(int item) const { return item / tiles % p.HV; }
-  __device__ int tile_of(int item) const { return item % tiles; }
+  const ItemDivisors& div;
+  __device__ int count() const { return p.B * p.HV * static_cast<int>(div.tiles.divisor); }
+  __device__ int n_of(int item) const {
+    return static_cast<int>(div.heads.div(div.tiles.div(static_cast<uint32_t>(item))));
+  }
+  __device__ ItemCoords coords(int item) const {
+    uint32_t rest, tile, n, hv;
+    div.tiles.divmod(static_cast<uint32_t>(item), rest, tile);
+    div.heads.divmod(rest, n, hv);
+    return {static_cast<int>(n), static_cast<int>(hv), static_cast<int>(div.group.div(hv)),
+            static_cast<int>(tile)};
+  }
   __device__ bool live(int item) const { return p.slots[n_of(item)] >= 0; }
   /// The item's state tile: min(BV, V - v0) columns x K f32, contiguous.
-  __device__ BulkRun state_run(int item) const {
-    const int v0 = tile_of(item) * BV;
+  __device__ BulkRun state_run(const ItemCoords& at, int slot) const {
+    const int v0 = at.tile * BV;
     return {0u,
-            p.ssm_state + p.slots[n_of(item)] * p.ssm_slot_stride +
-                (static_cast<int64_t>(hv_of(item)) * p.V + v0) * K,
+            p.ssm_state + slot * p.ssm_slot_stride + (static_cast<int64_t>(at.hv) * p.V + v0) * K,
             static_cast<uint32_t>(min(BV, p.V - v0) * K * sizeof(float))};
   }
 };
@@ -47,7 +53,7 @@ struct VerifyStreamItems {
 struct NextRun {
   BulkRun run;
   int valid;
-  int item;
+  ItemCoords at;
   int slot;
 };
 
@@ -63,17 +69,19 @@ struct ItemInputs {
   bf16_t a[kChunk][K];
 };
 
-/// Every thread: puts the copies of item (n, hv, tile)'s inputs into `dst` in flight
-/// (pieces past V are skipped; they are never read).
+/// Every thread: puts the copies of item `at`'s inputs into `dst` in flight (pieces past V
+/// are skipped; they are never read).
 template <bool FUSED, int K, int BV, int kChunk>
 __device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& dst,
-                                                     const VerifyParams& p, int n, int hv, int tile,
+                                                     const VerifyParams& p, const ItemCoords& at,
                                                      int slot) {
   using In = ItemInputs<K, BV, kChunk>;
   const int64_t D = qkv_dim(p);
   const int64_t HK = static_cast<int64_t>(p.H) * K;
-  const int h = hv / (p.HV / p.H);
-  const int v0 = tile * BV;
+  const int n = at.n;
+  const int hv = at.hv;
+  const int h = at.h;
+  const int v0 = at.tile * BV;
   const int first_row = FUSED ? 0 : kConvHistory;
   for (int idx = static_cast<int>(threadIdx.x) + first_row * In::kPieces;
        idx < (kConvHistory + p.T) * In::kPieces; idx += static_cast<int>(blockDim.x)) {
@@ -130,9 +138,9 @@ struct StagedSource : GlobalSource<Item> {
       const int nx = next_live_item(items, item + static_cast<int>(gridDim.x));
       next.valid = nx < items.count();
       if (next.valid) {
-        next.run = items.state_run(nx);
-        next.item = nx;
-        next.slot = items.p.slots[items.n_of(nx)];
+        next.at = items.coords(nx);
+        next.slot = items.p.slots[next.at.n];
+        next.run = items.state_run(next.at, next.slot);
       }
     }
   }
@@ -155,9 +163,8 @@ struct StagedSource : GlobalSource<Item> {
   /// After the barrier that follows the last read of `cur` (every thread; `next` is visible).
   __device__ __forceinline__ void inputs_consumed(const Item& it) const {
     if (next.valid != 0) {
-      const int nx = next.item;
-      prefetch_item_inputs<Item::kFused, Cfg::K, Cfg::BV, Cfg::kChunk>(
-          *nxt, it.p, items.n_of(nx), items.hv_of(nx), items.tile_of(nx), next.slot);
+      prefetch_item_inputs<Item::kFused, Cfg::K, Cfg::BV, Cfg::kChunk>(*nxt, it.p, next.at,
+                                                                       next.slot);
     }
   }
   __device__ __forceinline__ void load_state(const Item& it, ColRegs<Slice> (&S)[Slice::CPT],
@@ -185,18 +192,19 @@ __global__ void __launch_bounds__(256, 2)
   using Inputs = typename Src::Inputs;
   float* stage = reinterpret_cast<float*>(dyn_smem);                               // BV x K f32
   Inputs* inputs = reinterpret_cast<Inputs*>(dyn_smem + kStateStageBytes<K, BV>);  // [2]
-  const typename Src::Items items{p, (p.V + BV - 1) / BV};
+  const typename Src::Items items{p, args.div};
   BulkStage bulk(stage, &bar);
-  const int first = begin_streaming(
-      bulk, items, [&](int item) { bulk.fill([&](int) { return items.state_run(item); }, 1); });
+  const int first = begin_streaming(bulk, items, [&](int item) {
+    const ItemCoords at = items.coords(item);
+    bulk.fill([&](int) { return items.state_run(at, p.slots[at.n]); }, 1);
+  });
   if (first < items.count()) {
-    prefetch_item_inputs<FUSED, K, BV, Item::Cfg::kChunk>(inputs[0], p, items.n_of(first),
-                                                          items.hv_of(first), items.tile_of(first),
-                                                          p.slots[items.n_of(first)]);
+    const ItemCoords at = items.coords(first);
+    prefetch_item_inputs<FUSED, K, BV, Item::Cfg::kChunk>(inputs[0], p, at, p.slots[at.n]);
   }
   int live = 0;  // live items done: their inputs alternate between the two buffers
   for (int i = blockIdx.x; i < items.count(); i += gridDim.x) {
-    Item item(args, items.tile_of(i), items.hv_of(i), items.n_of(i));
+    Item item(args, items.coords(i));
     const int slot = p.slots[item.n];
     if (slot >= 0) {
       cp_async_wait_all();

@@ -29,15 +29,30 @@
 
 #include "kernels/conv.cuh"
 #include "kernels/delta_rule.cuh"
+#include "kernels/fast_divisor.h"
 #include "kernels/kda_params.h"
 
 namespace kda::kernels {
 
+/// The launch's divisors (set by launch_verify_tile): item index -> coordinates and v-head ->
+/// k-head without a runtime division in the kernels (fast_divisor.h).
+struct ItemDivisors {
+  FastDivisor tiles;  ///< ceil(V / BV): V tiles per v-head
+  FastDivisor heads;  ///< HV
+  FastDivisor group;  ///< HV / H: v-heads per k-head
+};
+
 /// Kernel argument: the layer's params plus what extend adds.
 struct TileArgs {
   VerifyParams p;
-  float* ssm_out;  ///< extend only: [S, HV, V, K] final state
-  int32_t extend;  ///< 1: extend (no records, final state to ssm_out); 0: verify
+  float* ssm_out;    ///< extend only: [S, HV, V, K] final state
+  int32_t extend;    ///< 1: extend (no records, final state to ssm_out); 0: verify
+  ItemDivisors div;  ///< callers leave it default: launch_verify_tile sets it
+};
+
+/// Where a work item sits: request n, v-head hv (of k-head h), V tile.
+struct ItemCoords {
+  int n, hv, h, tile;
 };
 
 template <int K_, int BV_>
@@ -91,8 +106,8 @@ struct VerifyItem {
 
   const TileArgs& args;
   const VerifyParams& p;
-  int tile, hv, n;
-  int tid, lane, warp, G, h, v0, group, c, col0;
+  int tile, hv, n, h;
+  int tid, lane, warp, v0, group, c, col0;
   int64_t D, HK;
   int ch_local;
   int64_t gch;  // global channel of this thread's pair, or -1
@@ -107,13 +122,11 @@ struct VerifyItem {
   static constexpr int kGateIters = Cfg::kChunk / kGateStep;
   static_assert(Cfg::kThreads % K == 0 && Cfg::kChunk % kGateStep == 0, "gate work split");
 
-  __device__ __forceinline__ VerifyItem(const TileArgs& a, int tile_, int hv_, int n_)
-      : args(a), p(a.p), tile(tile_), hv(hv_), n(n_) {
+  __device__ __forceinline__ VerifyItem(const TileArgs& a, const ItemCoords& at)
+      : args(a), p(a.p), tile(at.tile), hv(at.hv), n(at.n), h(at.h) {
     tid = threadIdx.x;
     lane = tid & 31;
     warp = tid >> 5;
-    G = p.HV / p.H;
-    h = hv / G;
     v0 = tile * BV;
     group = tid / P;
     c = tid % P;
@@ -198,7 +211,8 @@ struct VerifyItem {
     const bool ring = !extend && p.mode == RecordMode::kRing;
     const bool snap = !extend && p.mode == RecordMode::kSnapshot;
     const int64_t row = extend ? 0 : p.rows[n];
-    const bool qk_owner = tile == 0 && hv % G == 0;
+    // The first v-head of k-head h (h * HV/H) writes the head's q/k records.
+    const bool qk_owner = tile == 0 && hv == h * static_cast<int>(args.div.group.divisor);
     const bool gate_owner = tile == 0;
     const bool write_window = !extend && FUSED && gch >= 0 && (is_qk ? qk_owner : true);
 
@@ -536,7 +550,9 @@ __global__ void __launch_bounds__(256, 2)
     verify_tile_kernel(const __grid_constant__ TileArgs args) {
   using Item = VerifyItem<WeightT, K, BV, FUSED>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
-  Item item(args, blockIdx.x, blockIdx.y, blockIdx.z);
+  const int hv = static_cast<int>(blockIdx.y);
+  Item item(args, {static_cast<int>(blockIdx.z), hv, static_cast<int>(args.div.group.div(hv)),
+                   static_cast<int>(blockIdx.x)});
   GlobalSource<Item> src;
   item.load_constants(src);  // weights and gate constants: before the PDL wait
   // The committed state and the activations come from earlier kernels: wait for them.
@@ -560,10 +576,13 @@ void launch_verify_tile(const TileArgs& args, cudaStream_t stream);
 namespace kda::kernels {
 
 template <typename WeightT, int K, int BV, bool FUSED>
-void launch_verify_tile(const TileArgs& args, cudaStream_t stream) {
-  const VerifyParams& p = args.p;
+void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
+  const VerifyParams& p = call.p;
   const dim3 block(TileConfig<K, BV>::kThreads);
   const int64_t tiles = ceil_div(p.V, BV);
+  TileArgs args = call;
+  args.div = {FastDivisor(static_cast<uint32_t>(tiles)), FastDivisor(static_cast<uint32_t>(p.HV)),
+              FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
   if constexpr (BV == 128) {
     const size_t stage_bytes = kVerifyStreamSmemBytes<K, BV>;
     const bool streamable =
