@@ -70,6 +70,12 @@ void check_cuda_layout(const VerifyParams& p, const char* who, uint32_t needs) {
   KDA_CHECK(p.B <= kMaxGridDim && p.HV <= kMaxGridDim,
             "{}: B={} and HV={} must be <= {} (grid dimensions)", who, p.B, p.HV, kMaxGridDim);
   KDA_CHECK(p.V % 2 == 0, "{}: V={} must be even on CUDA (bf16 channel pairs)", who, p.V);
+  if ((needs & params::kOut) != 0) {
+    const int64_t out_elems = int64_t{p.B} * p.T * p.HV * p.V;
+    KDA_CHECK(out_elems < (int64_t{1} << 31),
+              "{}: out has B*T*HV*V = {} elements, the CUDA kernels index it in 32 bits (< 2^31)",
+              who, out_elems);
+  }
   if ((needs & params::kConv) != 0) {
     KDA_CHECK(p.conv_weight_type != ConvWeightType::kF32 || aligned(p.conv_weight, 16),
               "{}: f32 conv_weight must be 16-byte aligned (one float4 per channel)", who);

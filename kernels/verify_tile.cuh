@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/conv.cuh"
 #include "kernels/delta_rule.cuh"
@@ -393,9 +394,13 @@ struct VerifyItem {
       // Lane 0 of the group writes its CPT columns (every lane holds every column's bits):
       // bf16 pairs, no per-lane column select (which nvcc lowered to a local-memory array).
       // Pairs are whole: V, v0 and col0 are even when CPT >= 2.
+      // Per-item kernels (latency-bound) index the output in 32 bits (the launchers check
+      // that `out` has fewer than 2^31 elements): B = 1..4 1-3% faster (docs/perf.md v8e). The
+      // streaming kernel keeps 64-bit math: with 32 bits ptxas spilled 32 B there.
+      using OutIndex = std::conditional_t<Src::kStaged, int64_t, uint32_t>;
       const auto store_outputs = [&](int t, const float* o) {
         if (c == 0) {
-          bf16_t* orow = p.out + ((static_cast<int64_t>(n) * T + t) * p.HV + hv) * p.V + col0;
+          bf16_t* orow = p.out + ((static_cast<OutIndex>(n) * T + t) * p.HV + hv) * p.V + col0;
           if constexpr (CPT == 1) {
             if (col_ok[0]) {
               orow[0] = to_bf16(o[0]);

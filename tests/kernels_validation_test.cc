@@ -75,6 +75,13 @@ TEST_CASE("kernels: verify entry points validate before launching", "[kernels]")
   p.B = 65536;
   CHECK(fused(p) == "invoke_verify_fused: B=65536 and HV=4 must be <= 65535 (grid dimensions)");
   p = good;
+  p.B = 65535;
+  p.T = p.T_alloc = 256;  // 65535 * 256 * HV 4 * V 64 elements: past 2^31
+  p.conv_window_row_stride = int64_t{p.T_alloc} * kConvHistory * qkv_dim(p);
+  CHECK(fused(p) == fmt::format("invoke_verify_fused: out has B*T*HV*V = {} elements, the CUDA "
+                                "kernels index it in 32 bits (< 2^31)",
+                                int64_t{65535} * 256 * 4 * 64));
+  p = good;
   p.qkv += 1;
   CHECK(fused(p).rfind("invoke_verify_fused: qkv must be 4-byte aligned", 0) == 0);
   p = good;
