@@ -163,6 +163,19 @@ __device__ __forceinline__ void cp_async_wait_all() {
 #endif
 }
 
+/// Every thread: zero-fills `bytes` (a multiple of 16) of 16-byte aligned shared memory that
+/// bulk copies write later, and orders these generic-proxy stores before those async-proxy
+/// writes (fence.proxy.async). A __syncthreads must follow before the first bulk copy.
+__device__ __forceinline__ void clear_shared_before_bulk(void* smem, size_t bytes) {
+  float4* p = static_cast<float4*>(smem);
+  for (size_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) {
+    p[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
 /// Whether two CTAs of a streaming kernel (the 2 of its __launch_bounds__(256, 2)) fit one
 /// SM's shared memory on sm_90 / sm_100 (228 KiB, of which each CTA reserves 1 KiB), given a
 /// CTA's static plus dynamic bytes. The launchers size the grid from the occupancy API, so a

@@ -167,10 +167,17 @@ struct StagedSource : GlobalSource<Item> {
                                                                        next.slot);
     }
   }
+  /// The stage always holds BV columns, so every column is copied: the ones past V hold zeros
+  /// (verify_stream_kernel clears the stage first) or an earlier item's state, and they are
+  /// never stored (columns do not mix in the recurrence). Zeroing them in registers instead
+  /// cost 32 instructions per warp and item (docs/perf.md v8f).
   __device__ __forceinline__ void load_state(const Item& it, ColRegs<Slice> (&S)[Slice::CPT],
-                                             const bool (&ok)[Slice::CPT], const float*) const {
+                                             const bool (&)[Slice::CPT], const float*) const {
     bulk.wait();
-    load_state_columns<Slice>(S, ok, stage, it.col0 - it.v0, it.c);
+#pragma unroll
+    for (int j = 0; j < Slice::CPT; ++j) {
+      load_column<Slice>(S[j], stage + static_cast<int64_t>(it.col0 - it.v0 + j) * Slice::K, it.c);
+    }
     // Every thread is done with the stage, `next` is written, and (VerifyItem::run relies on
     // this barrier) the item's q/k norms are complete: refill.
     __syncthreads();
@@ -193,6 +200,7 @@ __global__ void __launch_bounds__(256, 2)
   float* stage = reinterpret_cast<float*>(dyn_smem);                               // BV x K f32
   Inputs* inputs = reinterpret_cast<Inputs*>(dyn_smem + kStateStageBytes<K, BV>);  // [2]
   const typename Src::Items items{p, args.div};
+  clear_shared_before_bulk(stage, kStateStageBytes<K, BV>);  // see StagedSource::load_state
   BulkStage bulk(stage, &bar);
   const int first = begin_streaming(bulk, items, [&](int item) {
     const ItemCoords at = items.coords(item);

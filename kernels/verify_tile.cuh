@@ -293,6 +293,12 @@ struct VerifyItem {
         if constexpr (FUSED && Src::kStaged) {
           src.conv_taps(*this, taps0, taps1);
         }
+        // The fused streaming kernel's one-token-at-a-time loop (below) advances the token's
+        // record offsets from win_base / ring_pair by one step per token (no 64-bit multiply
+        // per token, docs/perf.md v8f); the unrolled loops compute them per token.
+        constexpr bool kTokenLoop = FUSED && Src::kStaged;
+        int64_t win_off = 0;
+        int64_t ring_off = 0;
         // Token tt of the pair: x = its input, (w0, w1) = its conv window, oldest first.
         const auto token = [&](int tt, float2 x) {
           const int t = t0 + tt;
@@ -309,7 +315,7 @@ struct VerifyItem {
             y0 = silu_bf16(a0);
             y1 = silu_bf16(a1);
             if (write_window) {
-              bf16_t* w = win_base + static_cast<int64_t>(t) * 3 * D;
+              bf16_t* w = win_base + (kTokenLoop ? win_off : static_cast<int64_t>(t) * 3 * D);
               st_bf16x2(w, w0[0], w1[0]);
               st_bf16x2(w + D, w0[1], w1[1]);
               st_bf16x2(w + 2 * D, w0[2], w1[2]);
@@ -320,17 +326,19 @@ struct VerifyItem {
           }
           *reinterpret_cast<float2*>(sm_dst + tt * sm_stride) = make_float2(y0, y1);
           if (ring_pair != nullptr && t < p.L) {
-            st_bf16x2(ring_pair + t * ring_step, y0, y1);
+            st_bf16x2(ring_pair + (kTokenLoop ? ring_off : t * ring_step), y0, y1);
           }
         };
-        if constexpr (FUSED && Src::kStaged) {
+        if constexpr (kTokenLoop) {
           // Streaming kernel (throughput-bound, 128 registers): one token at a time, its window
           // re-read from the ItemInputs rows in shared memory. Unrolled, the chunk's tokens and
           // windows sat in registers and the kernel spilled 70 B (docs/perf.md v6).
 #pragma unroll 1
-          for (int tt = 0; tt < tc; ++tt) {
+          for (int tt = 0; tt < tc; ++tt) {  // t0 = 0: one chunk
             src.window(*this, tt, w0, w1);
             token(tt, src.x(*this, 0, tt));
+            win_off += 3 * D;
+            ring_off += ring_step;
           }
         } else {
           // Per-item kernels (latency-bound): every token unrolled, the window in registers.
