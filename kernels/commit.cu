@@ -357,10 +357,17 @@ struct FoldStagedSource {
   __device__ __forceinline__ float beta(const FoldRing&, int, int tt) const {
     return reinterpret_cast<const float*>(stage + St::kBeta)[tt];
   }
+  /// Every column is copied (as in the streaming verify's StagedSource::load_state): the stage
+  /// holds kFoldBlockV columns, those past V zeros (fold_stream_kernel clears the state region
+  /// first) or an earlier item's, never stored and never mixed with another column.
   __device__ __forceinline__ void load_state(ColRegs<Slice> (&S)[Slice::CPT],
-                                             const bool (&ok)[Slice::CPT], const float*,
+                                             const bool (&)[Slice::CPT], const float*,
                                              int col) const {
-    load_state_columns<Slice>(S, ok, reinterpret_cast<const float*>(stage), col, c);
+    const float* tile = reinterpret_cast<const float*>(stage);
+#pragma unroll
+    for (int j = 0; j < Slice::CPT; ++j) {
+      load_column<Slice>(S[j], tile + static_cast<int64_t>(col + j) * Slice::K, c);
+    }
     // Every thread is done with the stage, and (FoldItem::run relies on this barrier) the
     // item's step rows are complete in shared memory: refill the stage.
     __syncthreads();
@@ -385,6 +392,7 @@ __global__ void __launch_bounds__(256, 2)
   extern __shared__ __align__(128) unsigned char stage[];  // FoldStage<K>
 
   const Items items{p, div};
+  clear_shared_before_bulk(stage, FoldStage<K>::kRawk);  // the state tile region
   BulkStage bulk(stage, &bar);
   begin_streaming(bulk, items, [&](int item) { items.fill(bulk, stage, item); });
   int live = 0;  // live items done: they alternate between the two TileSmem buffers
