@@ -22,7 +22,8 @@
 // slot < 0: the CTA zeroes its output rows and reads nothing else of the request.
 // Alignment (checked by the launchers): V even, every bf16 row/slot stride even and bf16
 // base pointers 4-byte aligned (channel pairs), conv weights 16-byte aligned.
-// Offsets are 64-bit.
+// Offsets are 64-bit, except the per-item kernels' output index (32 bits; the launchers check
+// that `out` has fewer than 2^31 elements).
 #pragma once
 
 #include <cstdint>
