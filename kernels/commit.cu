@@ -366,7 +366,7 @@ struct FoldStagedSource {
     const float* tile = reinterpret_cast<const float*>(stage);
 #pragma unroll
     for (int j = 0; j < Slice::CPT; ++j) {
-      load_column<Slice>(S[j], tile + static_cast<int64_t>(col + j) * Slice::K, c);
+      load_slice<Slice>(S[j], tile + static_cast<int64_t>(col + j) * Slice::K, c);
     }
     // Every thread is done with the stage, and (FoldItem::run relies on this barrier) the
     // item's step rows are complete in shared memory: refill the stage.

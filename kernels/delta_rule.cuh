@@ -32,7 +32,8 @@ struct ColumnSlice {
 template <typename Slice>
 using ColRegs = float[Slice::NPT][Slice::E];
 
-/// Loads a [K] smem vector at this lane's k positions.
+/// Loads this lane's slice of a [K] vector in shared memory (the per-step kn / decay / qs, a
+/// staged state column).
 template <typename Slice>
 __device__ __forceinline__ void load_slice(ColRegs<Slice>& dst, const float* vec, int c) {
 #pragma unroll
@@ -41,18 +42,35 @@ __device__ __forceinline__ void load_slice(ColRegs<Slice>& dst, const float* vec
   }
 }
 
-/// Loads this lane's slice of a [K] column from global memory (16/8-byte vector loads).
+/// Loads this lane's slice of a [K] column from global memory (16/8-byte vector loads). The
+/// lane's first k is added once; partial i is then a constant offset P*E*i from it, so the
+/// loads take immediate offsets instead of one 64-bit address each.
 template <typename Slice>
 __device__ __forceinline__ void load_column(ColRegs<Slice>& dst, const float* col, int c) {
+  const float* lane = col + Slice::k_of(c, 0);
 #pragma unroll
   for (int i = 0; i < Slice::NPT; ++i) {
-    load_vec<Slice::E>(dst[i], col + Slice::k_of(c, i));
+    load_vec<Slice::E>(dst[i], lane + Slice::k_of(0, i));
   }
 }
 
-/// Stores this lane's slice to a [K] column in global memory (16/8-byte vector stores).
+/// Stores this lane's slice to a [K] column in global memory (16/8-byte vector stores;
+/// addressed as in load_column).
 template <typename Slice>
 __device__ __forceinline__ void store_column(float* col, const ColRegs<Slice>& src, int c) {
+  float* lane = col + Slice::k_of(c, 0);
+#pragma unroll
+  for (int i = 0; i < Slice::NPT; ++i) {
+    store_vec_global<Slice::E>(lane + Slice::k_of(0, i), src[i]);
+  }
+}
+
+/// The same stores as store_column, each with its own address: the streaming verify's
+/// snapshots use this form, with which ptxas allocates that kernel without spills at the
+/// 128-register cap (the lane-base form spilled 16 B there, docs/perf.md v9a).
+template <typename Slice>
+__device__ __forceinline__ void store_column_per_partial(float* col, const ColRegs<Slice>& src,
+                                                         int c) {
 #pragma unroll
   for (int i = 0; i < Slice::NPT; ++i) {
     store_vec_global<Slice::E>(col + Slice::k_of(c, i), src[i]);

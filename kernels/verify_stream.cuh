@@ -112,11 +112,12 @@ __device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& 
 }
 
 /// A verify item's inputs: the state tile from the stage, the token channels, conv history
-/// and gate logits from `cur` (ItemInputs), the rest as GlobalSource.
+/// and gate logits from `cur` (ItemInputs), the weights as GlobalSource, the slot and the beta
+/// logits from global memory.
 /// begin() plans the next live item; inputs_consumed() prefetches its inputs into `nxt`;
 /// load_state() waits for this item's tile, copies it to registers and refills the stage.
 template <typename Item>
-struct StagedSource : GlobalSource<Item> {
+struct StagedSource : WeightReads<Item> {
   static constexpr bool kStaged = true;
   using Slice = typename Item::Slice;
   using Cfg = typename Item::Cfg;
@@ -133,6 +134,7 @@ struct StagedSource : GlobalSource<Item> {
   Inputs* nxt;
 
   __device__ __forceinline__ int slot(const Item&) const { return slot_; }
+  /// Start of a live item's work: plans the next live item (thread 0).
   __device__ __forceinline__ void begin(const Item&) const {
     if (threadIdx.x == 0) {
       const int nx = next_live_item(items, item + static_cast<int>(gridDim.x));
@@ -154,11 +156,16 @@ struct StagedSource : GlobalSource<Item> {
       w1[j] = h.y;
     }
   }
-  __device__ __forceinline__ float2 x(const Item& it, int64_t, int tt) const {
+  __device__ __forceinline__ float2 x(const Item& it, int, int tt) const {
     return ld_bf16x2(&cur->x[kConvHistory + tt][it.ch_local]);
   }
-  __device__ __forceinline__ float a(const Item& it, int64_t, int tt) const {
+  __device__ __forceinline__ float a(const Item& it, int, int tt) const {
     return ld_bf16(&cur->a[tt][it.gk]);
+  }
+  /// Beta logit of token t0 + tid, from global memory (one scalar per token).
+  __device__ __forceinline__ float b(const Item& it, int t0) const {
+    return ld_bf16(it.p.b + (static_cast<int64_t>(it.n) * it.p.T + t0 + it.tid) * it.p.b_stride +
+                   it.hv);
   }
   /// After the barrier that follows the last read of `cur` (every thread; `next` is visible).
   __device__ __forceinline__ void inputs_consumed(const Item& it) const {
@@ -176,7 +183,7 @@ struct StagedSource : GlobalSource<Item> {
     bulk.wait();
 #pragma unroll
     for (int j = 0; j < Slice::CPT; ++j) {
-      load_column<Slice>(S[j], stage + static_cast<int64_t>(it.col0 - it.v0 + j) * Slice::K, it.c);
+      load_slice<Slice>(S[j], stage + static_cast<int64_t>(it.col0 - it.v0 + j) * Slice::K, it.c);
     }
     // Every thread is done with the stage, `next` is written, and (VerifyItem::run relies on
     // this barrier) the item's q/k norms are complete: refill.

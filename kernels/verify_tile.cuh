@@ -27,7 +27,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/conv.cuh"
 #include "kernels/delta_rule.cuh"
@@ -179,20 +178,19 @@ struct VerifyItem {
   template <typename Src>
   __device__ __forceinline__ void load_chunk(const Src& src, int t0, int tc,
                                              ChunkInputs& in) const {
-    const int64_t r0 = static_cast<int64_t>(n) * p.T + t0;
 #pragma unroll
     for (int tt = 0; tt < Cfg::kChunk; ++tt) {
       in.xs[tt] = make_float2(0.0f, 0.0f);
       if (!(FUSED && Src::kStaged) && gch >= 0 && tt < tc) {
-        in.xs[tt] = src.x(*this, r0 + tt, tt);
+        in.xs[tt] = src.x(*this, t0 + tt, tt);
       }
     }
 #pragma unroll
     for (int j = 0; j < kGateIters; ++j) {
       const int tt = gt0 + j * kGateStep;
-      in.as[j] = tt < tc ? src.a(*this, r0 + tt, tt) : 0.0f;
+      in.as[j] = tt < tc ? src.a(*this, t0 + tt, tt) : 0.0f;
     }
-    in.bs = tid < tc ? ld_bf16(p.b + (r0 + tid) * p.b_stride + hv) : 0.0f;
+    in.bs = tid < tc ? src.b(*this, t0) : 0.0f;
   }
 
   template <typename Src>
@@ -247,12 +245,14 @@ struct VerifyItem {
     // Conv history (raw bf16 values as f32) of the pair (fused only; the streaming kernel reads
     // it per token, below).
     float w0[3], w1[3];
-    if (FUSED && !Src::kStaged && gch >= 0) {
+    if constexpr (FUSED && !Src::kStaged) {
+      if (gch >= 0) {
 #pragma unroll
-      for (int j = 0; j < 3; ++j) {
-        const float2 hp = src.hist(*this, slot, j);
-        w0[j] = hp.x;
-        w1[j] = hp.y;
+        for (int j = 0; j < 3; ++j) {
+          const float2 hp = src.hist(*this, slot, j);
+          w0[j] = hp.x;
+          w1[j] = hp.y;
+        }
       }
     }
 
@@ -294,12 +294,11 @@ struct VerifyItem {
         if constexpr (FUSED && Src::kStaged) {
           src.conv_taps(*this, taps0, taps1);
         }
-        // The fused streaming kernel's one-token-at-a-time loop (below) advances the token's
-        // record offsets from win_base / ring_pair by one step per token (no 64-bit multiply
-        // per token, docs/perf.md v8f); the unrolled loops compute them per token.
+        // Token t's record offsets from win_base / ring_pair advance by one step per token
+        // (no 64-bit multiply per token, docs/perf.md v8f, v9a).
         constexpr bool kTokenLoop = FUSED && Src::kStaged;
-        int64_t win_off = 0;
-        int64_t ring_off = 0;
+        int64_t win_off = static_cast<int64_t>(t0) * 3 * D;
+        int64_t ring_off = t0 * ring_step;
         // Token tt of the pair: x = its input, (w0, w1) = its conv window, oldest first.
         const auto token = [&](int tt, float2 x) {
           const int t = t0 + tt;
@@ -316,7 +315,7 @@ struct VerifyItem {
             y0 = silu_bf16(a0);
             y1 = silu_bf16(a1);
             if (write_window) {
-              bf16_t* w = win_base + (kTokenLoop ? win_off : static_cast<int64_t>(t) * 3 * D);
+              bf16_t* w = win_base + win_off;
               st_bf16x2(w, w0[0], w1[0]);
               st_bf16x2(w + D, w0[1], w1[1]);
               st_bf16x2(w + 2 * D, w0[2], w1[2]);
@@ -327,7 +326,7 @@ struct VerifyItem {
           }
           *reinterpret_cast<float2*>(sm_dst + tt * sm_stride) = make_float2(y0, y1);
           if (ring_pair != nullptr && t < p.L) {
-            st_bf16x2(ring_pair + (kTokenLoop ? ring_off : t * ring_step), y0, y1);
+            st_bf16x2(ring_pair + ring_off, y0, y1);
           }
         };
         if constexpr (kTokenLoop) {
@@ -337,7 +336,7 @@ struct VerifyItem {
 #pragma unroll 1
           for (int tt = 0; tt < tc; ++tt) {  // t0 = 0: one chunk
             src.window(*this, tt, w0, w1);
-            token(tt, src.x(*this, 0, tt));
+            token(tt, src.x(*this, tt, tt));
             win_off += 3 * D;
             ring_off += ring_step;
           }
@@ -349,6 +348,8 @@ struct VerifyItem {
               break;
             }
             token(tt, xs[tt]);
+            win_off += 3 * D;
+            ring_off += ring_step;
           }
         }
       }
@@ -404,12 +405,16 @@ struct VerifyItem {
       // bf16 pairs, no per-lane column select (which nvcc lowered to a local-memory array).
       // Pairs are whole: V, v0 and col0 are even when CPT >= 2.
       // Per-item kernels (latency-bound) index the output in 32 bits (the launchers check
-      // that `out` has fewer than 2^31 elements): B = 1..4 1-3% faster (docs/perf.md v8e). The
-      // streaming kernel keeps 64-bit math: with 32 bits ptxas spilled 32 B there.
-      using OutIndex = std::conditional_t<Src::kStaged, int64_t, uint32_t>;
+      // that `out` has fewer than 2^31 elements), from the item's token-0 index plus t rows
+      // of HV*V: B = 1..4 1-3% faster (docs/perf.md v8e, v9a). The streaming kernel keeps
+      // 64-bit math: with 32 bits ptxas spilled 32 B there.
+      const uint32_t out_item = (static_cast<uint32_t>(n) * T * p.HV + hv) * p.V + col0;
+      const uint32_t out_token = static_cast<uint32_t>(p.HV) * p.V;
       const auto store_outputs = [&](int t, const float* o) {
         if (c == 0) {
-          bf16_t* orow = p.out + ((static_cast<OutIndex>(n) * T + t) * p.HV + hv) * p.V + col0;
+          bf16_t* orow = Src::kStaged
+                             ? p.out + ((static_cast<int64_t>(n) * T + t) * p.HV + hv) * p.V + col0
+                             : p.out + (out_item + t * out_token);
           if constexpr (CPT == 1) {
             if (col_ok[0]) {
               orow[0] = to_bf16(o[0]);
@@ -431,7 +436,12 @@ struct VerifyItem {
 #pragma unroll
           for (int j = 0; j < CPT; ++j) {
             if (col_ok[j]) {
-              store_column<Slice>(dst + static_cast<int64_t>(col0 + j) * K, S[j], c);
+              float* col = dst + static_cast<int64_t>(col0 + j) * K;
+              if constexpr (Src::kStaged) {
+                store_column_per_partial<Slice>(col, S[j], c);
+              } else {
+                store_column<Slice>(col, S[j], c);
+              }
             }
           }
         }
@@ -522,33 +532,68 @@ __device__ __forceinline__ void load_state_columns(ColRegs<Slice> (&S)[Slice::CP
   }
 }
 
-/// A verify item's inputs straight from global memory.
+/// What both sources read from global memory the same way: the layer's weights.
 template <typename Item>
-struct GlobalSource {
+struct WeightReads {
+  __device__ __forceinline__ void conv_taps(const Item& it, ConvTaps& t0, ConvTaps& t1) const {
+    load_conv_pair<typename Item::Weight>(it.p.conv_weight, it.p.conv_bias, it.gch, t0, t1);
+  }
+  __device__ __forceinline__ float dt_bias(const Item& it) const { return it.p.dt_bias[it.ghk]; }
+};
+
+/// A verify item's inputs straight from global memory. for_item() computes the request's row
+/// addresses from the params alone, so the per-item kernel does that arithmetic before its PDL
+/// wait and issues the input loads as soon as the slot check passes (docs/perf.md v9a).
+template <typename Item>
+struct GlobalSource : WeightReads<Item> {
   static constexpr bool kStaged = false;
   using Slice = typename Item::Slice;
+
+  const bf16_t* x_row;  ///< token 0 of the request at the thread's channel pair: mixed_qkv
+                        ///< (fused) or qkv_act (unfused); token t at x_row + t * x_step
+  const bf16_t* a_row;  ///< token 0's gate logit of (v-head hv, key gk); token t + t * a_step
+  const bf16_t* b_row;  ///< token `tid`'s beta logit of v-head hv; tokens t0 + tid + t0 * b_step
+  int64_t x_step, a_step, b_step;
+
+  static __device__ __forceinline__ GlobalSource for_item(const Item& it) {
+    const VerifyParams& p = it.p;
+    const int64_t row0 = static_cast<int64_t>(it.n) * p.T;  // the request's first row
+    const int64_t pair = it.gch >= 0 ? it.gch : 0;          // no pair: never read
+    GlobalSource s{};
+    if constexpr (Item::kFused) {
+      s.x_row = p.qkv + row0 * p.qkv_stride + pair;
+      s.x_step = p.qkv_stride;
+    } else {
+      s.x_row = p.qkv_act + row0 * it.D + pair;
+      s.x_step = it.D;
+    }
+    s.a_row = p.a + row0 * p.a_stride + it.ghk;
+    s.a_step = p.a_stride;
+    s.b_row = p.b + (row0 + it.tid) * p.b_stride + it.hv;
+    s.b_step = p.b_stride;
+    return s;
+  }
 
   __device__ __forceinline__ int slot(const Item& it) const { return it.p.slots[it.n]; }
   /// Start of a live item's work (after the padding check).
   __device__ __forceinline__ void begin(const Item&) const {}
   /// The item's token inputs have been read by every thread (streaming prefetch point).
   __device__ __forceinline__ void inputs_consumed(const Item&) const {}
-  __device__ __forceinline__ void conv_taps(const Item& it, ConvTaps& t0, ConvTaps& t1) const {
-    load_conv_pair<typename Item::Weight>(it.p.conv_weight, it.p.conv_bias, it.gch, t0, t1);
-  }
-  __device__ __forceinline__ float dt_bias(const Item& it) const { return it.p.dt_bias[it.ghk]; }
   /// Conv history row j (oldest first) of the pair.
   __device__ __forceinline__ float2 hist(const Item& it, int slot, int j) const {
     return ld_bf16x2(it.p.conv_state + slot * it.p.conv_state_slot_stride + it.gch + j * it.D);
   }
-  /// The pair's raw input (fused: mixed_qkv) or activation (unfused: qkv_act) of row r.
-  __device__ __forceinline__ float2 x(const Item& it, int64_t r, int) const {
-    return Item::kFused ? ld_bf16x2(it.p.qkv + r * it.p.qkv_stride + it.gch)
-                        : ld_bf16x2(it.p.qkv_act + r * it.D + it.gch);
+  /// The pair's raw input (fused: mixed_qkv) or activation (unfused: qkv_act) of token t.
+  __device__ __forceinline__ float2 x(const Item&, int t, int) const {
+    return ld_bf16x2(x_row + t * x_step);
   }
-  /// Gate logit of row r, key channel gk.
-  __device__ __forceinline__ float a(const Item& it, int64_t r, int) const {
-    return ld_bf16(it.p.a + r * it.p.a_stride + it.ghk);
+  /// Gate logit of token t, key channel gk.
+  __device__ __forceinline__ float a(const Item&, int t, int) const {
+    return ld_bf16(a_row + t * a_step);
+  }
+  /// Beta logit of token t0 + tid (threads tid < the chunk's tokens).
+  __device__ __forceinline__ float b(const Item&, int t0) const {
+    return ld_bf16(b_row + t0 * b_step);
   }
   __device__ __forceinline__ void load_state(const Item& it, ColRegs<Slice> (&S)[Slice::CPT],
                                              const bool (&ok)[Slice::CPT],
@@ -567,7 +612,7 @@ __global__ void __launch_bounds__(256, 2)
   const int hv = static_cast<int>(blockIdx.y);
   Item item(args, {static_cast<int>(blockIdx.z), hv, static_cast<int>(args.div.group.div(hv)),
                    static_cast<int>(blockIdx.x)});
-  GlobalSource<Item> src;
+  const auto src = GlobalSource<Item>::for_item(item);  // row addresses: before the PDL wait
   item.load_constants(src);  // weights and gate constants: before the PDL wait
   // The committed state and the activations come from earlier kernels: wait for them.
   pdl_wait();
