@@ -62,6 +62,17 @@ bool aligned(const void* ptr, int64_t bytes) {
 
 constexpr int kMaxGridDim = 65535;  ///< gridDim.y / gridDim.z limit (B, HV, layers * HV)
 
+/// Row pitches of the token inputs (qkv, a, b; qkv_act's is D, an int32): the per-item verify
+/// kernels hold them in 32 bits and step through a chunk's gate rows with 32-bit offsets
+/// (verify_tile.cuh GlobalSource), so kChunk pitches must fit.
+constexpr int64_t kMaxRowPitch = int64_t{1} << 28;
+
+void check_row_pitch(int64_t pitch, const char* who, const char* name) {
+  KDA_CHECK(pitch < kMaxRowPitch,
+            "{}: {}={} is too large, the CUDA kernels need token row pitches below 2^28 elements",
+            who, name, pitch);
+}
+
 /// What a CUDA verify / extend launch relies on beyond the structural checks
 /// (params::check_verify): grid limits, and the alignment of its vector accesses. Channels
 /// move in pairs (bf16x2), so V is even, bf16 bases are 4-byte aligned and bf16 pitches even;
@@ -77,6 +88,7 @@ void check_cuda_layout(const VerifyParams& p, const char* who, uint32_t needs) {
               who, out_elems);
   }
   if ((needs & params::kConv) != 0) {
+    check_row_pitch(p.qkv_stride, who, "qkv_stride");
     KDA_CHECK(p.conv_weight_type != ConvWeightType::kF32 || aligned(p.conv_weight, 16),
               "{}: f32 conv_weight must be 16-byte aligned (one float4 per channel)", who);
     KDA_CHECK(aligned(p.qkv, 4) && p.qkv_stride % 2 == 0,
@@ -95,6 +107,8 @@ void check_cuda_layout(const VerifyParams& p, const char* who, uint32_t needs) {
     KDA_CHECK(aligned(p.qkv_act, 4), "{}: qkv_act must be 4-byte aligned", who);
   }
   if ((needs & params::kRecurrence) != 0) {
+    check_row_pitch(p.a_stride, who, "a_stride");
+    check_row_pitch(p.b_stride, who, "b_stride");
     KDA_CHECK(aligned(p.ssm_state, 16) && p.ssm_slot_stride % 4 == 0,
               "{}: ssm_state must be 16-byte aligned with ssm_slot_stride a multiple of 4, got {}",
               who, p.ssm_slot_stride);

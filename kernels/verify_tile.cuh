@@ -182,13 +182,13 @@ struct VerifyItem {
     for (int tt = 0; tt < Cfg::kChunk; ++tt) {
       in.xs[tt] = make_float2(0.0f, 0.0f);
       if (!(FUSED && Src::kStaged) && gch >= 0 && tt < tc) {
-        in.xs[tt] = src.x(*this, t0 + tt, tt);
+        in.xs[tt] = src.x(*this, t0, tt);
       }
     }
 #pragma unroll
     for (int j = 0; j < kGateIters; ++j) {
       const int tt = gt0 + j * kGateStep;
-      in.as[j] = tt < tc ? src.a(*this, t0 + tt, tt) : 0.0f;
+      in.as[j] = tt < tc ? src.a(*this, t0, tt) : 0.0f;
     }
     in.bs = tid < tc ? src.b(*this, t0) : 0.0f;
   }
@@ -216,8 +216,22 @@ struct VerifyItem {
     const bool gate_owner = tile == 0;
     const bool write_window = !extend && FUSED && gch >= 0 && (is_qk ? qk_owner : true);
 
+    // Conv history (raw bf16 values as f32) of the pair (fused only; the streaming kernel reads
+    // it per token, below). Issued first: the conv waits for it (docs/perf.md v9b).
+    float w0[3], w1[3];
+    if constexpr (FUSED && !Src::kStaged) {
+      if (gch >= 0) {
+#pragma unroll
+        for (int j = 0; j < 3; ++j) {
+          const float2 hp = src.hist(*this, slot, j);
+          w0[j] = hp.x;
+          w1[j] = hp.y;
+        }
+      }
+    }
+
     // Narrow tiles (BV <= 64: the small-B path) issue the first chunk's inputs here, with the
-    // state tile and the conv history, before any of them is used — one memory round trip
+    // conv history and the state tile, before any of them is used — one memory round trip
     // after the slot, not three (the chunk loop would otherwise keep the input loads behind
     // the history's conversion): B = 1..4 6-12% faster. BV = 128 tiles load them in the
     // loop: there the early loads cost spills (per-item kernel, B = 8: 12.3 -> 13.7 us) or
@@ -240,20 +254,6 @@ struct VerifyItem {
         p.ssm_state + slot * p.ssm_slot_stride + static_cast<int64_t>(hv) * p.V * K;
     if constexpr (!Src::kStaged) {
       src.load_state(*this, S, col_ok, s_base);
-    }
-
-    // Conv history (raw bf16 values as f32) of the pair (fused only; the streaming kernel reads
-    // it per token, below).
-    float w0[3], w1[3];
-    if constexpr (FUSED && !Src::kStaged) {
-      if (gch >= 0) {
-#pragma unroll
-        for (int j = 0; j < 3; ++j) {
-          const float2 hp = src.hist(*this, slot, j);
-          w0[j] = hp.x;
-          w1[j] = hp.y;
-        }
-      }
     }
 
     // Per-pair destinations that do not depend on the token.
@@ -336,7 +336,7 @@ struct VerifyItem {
 #pragma unroll 1
           for (int tt = 0; tt < tc; ++tt) {  // t0 = 0: one chunk
             src.window(*this, tt, w0, w1);
-            token(tt, src.x(*this, tt, tt));
+            token(tt, src.x(*this, 0, tt));
             win_off += 3 * D;
             ring_off += ring_step;
           }
@@ -544,16 +544,21 @@ struct WeightReads {
 /// A verify item's inputs straight from global memory. for_item() computes the request's row
 /// addresses from the params alone, so the per-item kernel does that arithmetic before its PDL
 /// wait and issues the input loads as soon as the slot check passes (docs/perf.md v9a).
+/// Token t0 + tt of a chunk (t0 a multiple of kChunk) is row + (t0 + tt) * step in 64 bits for
+/// the channel pairs and beta logits, and row + t0 * step + tt * step with the chunk-relative
+/// part in 32 bits for the gate logits (the launchers check that every row pitch is below 2^28
+/// elements, so kChunk pitches fit; the mixed form made ptxas spill in the unfused BV = 128
+/// tile, docs/perf.md v9b).
 template <typename Item>
 struct GlobalSource : WeightReads<Item> {
   static constexpr bool kStaged = false;
   using Slice = typename Item::Slice;
 
   const bf16_t* x_row;  ///< token 0 of the request at the thread's channel pair: mixed_qkv
-                        ///< (fused) or qkv_act (unfused); token t at x_row + t * x_step
-  const bf16_t* a_row;  ///< token 0's gate logit of (v-head hv, key gk); token t + t * a_step
-  const bf16_t* b_row;  ///< token `tid`'s beta logit of v-head hv; tokens t0 + tid + t0 * b_step
-  int64_t x_step, a_step, b_step;
+                        ///< (fused) or qkv_act (unfused)
+  const bf16_t* a_row;  ///< token 0's gate logit of (v-head hv, key gk)
+  const bf16_t* b_row;  ///< token `tid`'s beta logit of v-head hv
+  int32_t x_step, a_step, b_step;  ///< row pitches (elements)
 
   static __device__ __forceinline__ GlobalSource for_item(const Item& it) {
     const VerifyParams& p = it.p;
@@ -562,15 +567,15 @@ struct GlobalSource : WeightReads<Item> {
     GlobalSource s{};
     if constexpr (Item::kFused) {
       s.x_row = p.qkv + row0 * p.qkv_stride + pair;
-      s.x_step = p.qkv_stride;
+      s.x_step = static_cast<int32_t>(p.qkv_stride);
     } else {
       s.x_row = p.qkv_act + row0 * it.D + pair;
-      s.x_step = it.D;
+      s.x_step = static_cast<int32_t>(it.D);
     }
     s.a_row = p.a + row0 * p.a_stride + it.ghk;
-    s.a_step = p.a_stride;
+    s.a_step = static_cast<int32_t>(p.a_stride);
     s.b_row = p.b + (row0 + it.tid) * p.b_stride + it.hv;
-    s.b_step = p.b_stride;
+    s.b_step = static_cast<int32_t>(p.b_stride);
     return s;
   }
 
@@ -583,17 +588,18 @@ struct GlobalSource : WeightReads<Item> {
   __device__ __forceinline__ float2 hist(const Item& it, int slot, int j) const {
     return ld_bf16x2(it.p.conv_state + slot * it.p.conv_state_slot_stride + it.gch + j * it.D);
   }
-  /// The pair's raw input (fused: mixed_qkv) or activation (unfused: qkv_act) of token t.
-  __device__ __forceinline__ float2 x(const Item&, int t, int) const {
-    return ld_bf16x2(x_row + t * x_step);
+  /// The pair's raw input (fused: mixed_qkv) or activation (unfused: qkv_act) of token
+  /// t0 + tt.
+  __device__ __forceinline__ float2 x(const Item&, int t0, int tt) const {
+    return ld_bf16x2(x_row + (t0 + tt) * static_cast<int64_t>(x_step));
   }
-  /// Gate logit of token t, key channel gk.
-  __device__ __forceinline__ float a(const Item&, int t, int) const {
-    return ld_bf16(a_row + t * a_step);
+  /// Gate logit of token t0 + tt, key channel gk.
+  __device__ __forceinline__ float a(const Item&, int t0, int tt) const {
+    return ld_bf16(a_row + static_cast<int64_t>(t0) * a_step + tt * a_step);
   }
   /// Beta logit of token t0 + tid (threads tid < the chunk's tokens).
   __device__ __forceinline__ float b(const Item&, int t0) const {
-    return ld_bf16(b_row + t0 * b_step);
+    return ld_bf16(b_row + static_cast<int64_t>(t0) * b_step);
   }
   __device__ __forceinline__ void load_state(const Item& it, ColRegs<Slice> (&S)[Slice::CPT],
                                              const bool (&ok)[Slice::CPT],

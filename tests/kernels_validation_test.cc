@@ -82,6 +82,21 @@ TEST_CASE("kernels: verify entry points validate before launching", "[kernels]")
                                 "kernels index it in 32 bits (< 2^31)",
                                 int64_t{65535} * 256 * 4 * 64));
   p = good;
+  p.qkv_stride = int64_t{1} << 28;
+  CHECK(fused(p) ==
+        "invoke_verify_fused: qkv_stride=268435456 is too large, the CUDA kernels "
+        "need token row pitches below 2^28 elements");
+  p = good;
+  p.a_stride = int64_t{1} << 28;
+  CHECK(fused(p) ==
+        "invoke_verify_fused: a_stride=268435456 is too large, the CUDA kernels "
+        "need token row pitches below 2^28 elements");
+  p = good;
+  p.b_stride = (int64_t{1} << 28) + 2;
+  CHECK(fused(p) ==
+        "invoke_verify_fused: b_stride=268435458 is too large, the CUDA kernels "
+        "need token row pitches below 2^28 elements");
+  p = good;
   p.qkv += 1;
   CHECK(fused(p).rfind("invoke_verify_fused: qkv must be 4-byte aligned", 0) == 0);
   p = good;
