@@ -56,8 +56,14 @@ __device__ __forceinline__ float silu_bf16(float acc) {
 
 // ---- bf16 storage <-> f32 ----
 
+__device__ __forceinline__ float bf16_bits_to_float(uint32_t bits) {
+  return __uint_as_float(bits << 16);
+}
+/// The load alone (raw bits); bf16_bits_to_float converts at the use, so that a warp does not
+/// stall on the data right after issuing the load while it still has loads to issue.
+__device__ __forceinline__ uint32_t ld_bf16_bits(const bf16_t* p) { return p->bits; }
 __device__ __forceinline__ float ld_bf16(const bf16_t* p) {
-  return __uint_as_float(static_cast<uint32_t>(p->bits) << 16);
+  return bf16_bits_to_float(ld_bf16_bits(p));
 }
 __device__ __forceinline__ bf16_t to_bf16(float x) {
   return bf16_t{__bfloat16_as_ushort(__float2bfloat16_rn(x))};
@@ -191,9 +197,15 @@ __device__ __forceinline__ void store_vec_global(float* dst, const float (&src)[
 
 // ---- bf16 pairs (two adjacent channels, 4-byte aligned) ----
 
-__device__ __forceinline__ float2 ld_bf16x2(const bf16_t* p) {
-  const uint32_t u = *reinterpret_cast<const uint32_t*>(p);
+__device__ __forceinline__ float2 bf16x2_bits_to_float2(uint32_t u) {
   return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+/// The load alone (raw bits of the pair, low channel in the low half); see ld_bf16_bits.
+__device__ __forceinline__ uint32_t ld_bf16x2_bits(const bf16_t* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+__device__ __forceinline__ float2 ld_bf16x2(const bf16_t* p) {
+  return bf16x2_bits_to_float2(ld_bf16x2_bits(p));
 }
 __device__ __forceinline__ void st_bf16x2(bf16_t* p, float lo, float hi) {
   const uint32_t u = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |

@@ -158,15 +158,15 @@ struct StagedSource : WeightReads<Item> {
   }
   /// Token tt's channels and gate logits from `cur` (t0 = 0: one chunk); the beta logit of
   /// token t0 + tid from global memory (one scalar per token).
-  __device__ __forceinline__ float2 x(const Item& it, int, int tt) const {
-    return ld_bf16x2(&cur->x[kConvHistory + tt][it.ch_local]);
+  __device__ __forceinline__ uint32_t x(const Item& it, int, int tt) const {
+    return ld_bf16x2_bits(&cur->x[kConvHistory + tt][it.ch_local]);
   }
-  __device__ __forceinline__ float a(const Item& it, int, int tt) const {
-    return ld_bf16(&cur->a[tt][it.gk]);
+  __device__ __forceinline__ uint32_t a(const Item& it, int, int tt) const {
+    return ld_bf16_bits(&cur->a[tt][it.gk]);
   }
-  __device__ __forceinline__ float b(const Item& it, int t0) const {
-    return ld_bf16(it.p.b + (static_cast<int64_t>(it.n) * it.p.T + t0 + it.tid) * it.p.b_stride +
-                   it.hv);
+  __device__ __forceinline__ uint32_t b(const Item& it, int t0) const {
+    return ld_bf16_bits(
+        it.p.b + (static_cast<int64_t>(it.n) * it.p.T + t0 + it.tid) * it.p.b_stride + it.hv);
   }
   /// After the barrier that follows the last read of `cur` (every thread; `next` is visible).
   __device__ __forceinline__ void inputs_consumed(const Item& it) const {

@@ -165,12 +165,13 @@ struct VerifyItem {
     exp_a_log = kda_exp(p.A_log[hv]);
   }
 
-  /// The global inputs of one token chunk: the pair's x (q/k/v raw or activation), the gate
-  /// logits of key gk, the beta logit of token tid.
+  /// The global inputs of one token chunk as raw bf16 bits (converted where they are used, so
+  /// the loads that follow are not held up by the first ones' data): the pair's x (q/k/v raw
+  /// or activation), the gate logits of key gk, the beta logit of token tid.
   struct ChunkInputs {
-    float2 xs[Cfg::kChunk];
-    float as[kGateIters];
-    float bs;
+    uint32_t xs[Cfg::kChunk];  ///< channel pair, low channel in the low half
+    uint32_t as[kGateIters];
+    uint32_t bs;
   };
 
   /// Issues every load of the chunk [t0, t0 + tc) (before any dependent arithmetic: the stores
@@ -180,7 +181,7 @@ struct VerifyItem {
                                              ChunkInputs& in) const {
 #pragma unroll
     for (int tt = 0; tt < Cfg::kChunk; ++tt) {
-      in.xs[tt] = make_float2(0.0f, 0.0f);
+      in.xs[tt] = 0u;
       if (!(FUSED && Src::kStaged) && gch >= 0 && tt < tc) {
         in.xs[tt] = src.x(*this, t0, tt);
       }
@@ -188,9 +189,9 @@ struct VerifyItem {
 #pragma unroll
     for (int j = 0; j < kGateIters; ++j) {
       const int tt = gt0 + j * kGateStep;
-      in.as[j] = tt < tc ? src.a(*this, t0, tt) : 0.0f;
+      in.as[j] = tt < tc ? src.a(*this, t0, tt) : 0u;
     }
-    in.bs = tid < tc ? src.b(*this, t0) : 0.0f;
+    in.bs = tid < tc ? src.b(*this, t0) : 0u;
   }
 
   template <typename Src>
@@ -216,16 +217,15 @@ struct VerifyItem {
     const bool gate_owner = tile == 0;
     const bool write_window = !extend && FUSED && gch >= 0 && (is_qk ? qk_owner : true);
 
-    // Conv history (raw bf16 values as f32) of the pair (fused only; the streaming kernel reads
-    // it per token, below). Issued first: the conv waits for it (docs/perf.md v9b).
-    float w0[3], w1[3];
+    // Conv history of the pair (fused only; the streaming kernel reads it per token, below).
+    // Issued first: the conv waits for it (docs/perf.md v9b). Raw bits until every load of
+    // the item is in flight (converted below, v9c).
+    uint32_t hist_bits[kConvHistory];
     if constexpr (FUSED && !Src::kStaged) {
       if (gch >= 0) {
 #pragma unroll
-        for (int j = 0; j < 3; ++j) {
-          const float2 hp = src.hist(*this, slot, j);
-          w0[j] = hp.x;
-          w1[j] = hp.y;
+        for (int j = 0; j < kConvHistory; ++j) {
+          hist_bits[j] = src.hist(*this, slot, j);
         }
       }
     }
@@ -255,6 +255,18 @@ struct VerifyItem {
     if constexpr (!Src::kStaged) {
       src.load_state(*this, S, col_ok, s_base);
     }
+    // The history as f32: the conv window, oldest first.
+    float w0[kConvHistory], w1[kConvHistory];
+    if constexpr (FUSED && !Src::kStaged) {
+      if (gch >= 0) {
+#pragma unroll
+        for (int j = 0; j < kConvHistory; ++j) {
+          const float2 hp = bf16x2_bits_to_float2(hist_bits[j]);
+          w0[j] = hp.x;
+          w1[j] = hp.y;
+        }
+      }
+    }
 
     // Per-pair destinations that do not depend on the token.
     float* sm_dst = is_qk ? &sm.qk[0][ch_local / K][ch_local % K] : &sm.v[0][ch_local - 2 * K];
@@ -282,9 +294,8 @@ struct VerifyItem {
       if (!kEarlyInputs || t0 > 0) {
         load_chunk(src, t0, tc, in);
       }
-      const float2(&xs)[Cfg::kChunk] = in.xs;
-      const float(&as)[kGateIters] = in.as;
-      const float bs = in.bs;
+      const uint32_t(&xs)[Cfg::kChunk] = in.xs;
+      const uint32_t(&as)[kGateIters] = in.as;
 
       // 1. q/k/v of the chunk's tokens for this thread's channel pair.
       if (gch >= 0) {
@@ -336,7 +347,7 @@ struct VerifyItem {
 #pragma unroll 1
           for (int tt = 0; tt < tc; ++tt) {  // t0 = 0: one chunk
             src.window(*this, tt, w0, w1);
-            token(tt, src.x(*this, 0, tt));
+            token(tt, bf16x2_bits_to_float2(src.x(*this, 0, tt)));
             win_off += 3 * D;
             ring_off += ring_step;
           }
@@ -347,7 +358,7 @@ struct VerifyItem {
             if (tt >= tc) {
               break;
             }
-            token(tt, xs[tt]);
+            token(tt, bf16x2_bits_to_float2(xs[tt]));
             win_off += 3 * D;
             ring_off += ring_step;
           }
@@ -362,7 +373,7 @@ struct VerifyItem {
           break;
         }
         const int t = t0 + tt;
-        const float x = __fadd_rn(as[j], dt_bias);
+        const float x = __fadd_rn(bf16_bits_to_float(as[j]), dt_bias);
         const float g = p.gate == GateKind::kStandard ? gate_standard(x, exp_a_log)
                                                       : gate_safe(x, exp_a_log, p.lower_bound);
         sm.decay[tt][gk] = kda_exp(g);
@@ -372,7 +383,7 @@ struct VerifyItem {
       }
       if (tid < tc) {
         const int t = t0 + tid;
-        const float beta = kda_sigmoid(bs);
+        const float beta = kda_sigmoid(bf16_bits_to_float(in.bs));
         sm.beta[tid] = beta;
         if (ring && gate_owner && t < p.L) {
           p.ring_beta[slot * p.ring_beta_slot_stride + static_cast<int64_t>(hv) * p.L + t] = beta;
@@ -584,22 +595,22 @@ struct GlobalSource : WeightReads<Item> {
   __device__ __forceinline__ void begin(const Item&) const {}
   /// The item's token inputs have been read by every thread (streaming prefetch point).
   __device__ __forceinline__ void inputs_consumed(const Item&) const {}
-  /// Conv history row j (oldest first) of the pair.
-  __device__ __forceinline__ float2 hist(const Item& it, int slot, int j) const {
-    return ld_bf16x2(it.p.conv_state + slot * it.p.conv_state_slot_stride + it.gch + j * it.D);
+  /// Conv history row j (oldest first) of the pair (raw bits).
+  __device__ __forceinline__ uint32_t hist(const Item& it, int slot, int j) const {
+    return ld_bf16x2_bits(it.p.conv_state + slot * it.p.conv_state_slot_stride + it.gch + j * it.D);
   }
   /// The pair's raw input (fused: mixed_qkv) or activation (unfused: qkv_act) of token
   /// t0 + tt.
-  __device__ __forceinline__ float2 x(const Item&, int t0, int tt) const {
-    return ld_bf16x2(x_row + (t0 + tt) * static_cast<int64_t>(x_step));
+  __device__ __forceinline__ uint32_t x(const Item&, int t0, int tt) const {
+    return ld_bf16x2_bits(x_row + (t0 + tt) * static_cast<int64_t>(x_step));
   }
   /// Gate logit of token t0 + tt, key channel gk.
-  __device__ __forceinline__ float a(const Item&, int t0, int tt) const {
-    return ld_bf16(a_row + static_cast<int64_t>(t0) * a_step + tt * a_step);
+  __device__ __forceinline__ uint32_t a(const Item&, int t0, int tt) const {
+    return ld_bf16_bits(a_row + static_cast<int64_t>(t0) * a_step + tt * a_step);
   }
   /// Beta logit of token t0 + tid (threads tid < the chunk's tokens).
-  __device__ __forceinline__ float b(const Item&, int t0) const {
-    return ld_bf16(b_row + static_cast<int64_t>(t0) * b_step);
+  __device__ __forceinline__ uint32_t b(const Item&, int t0) const {
+    return ld_bf16_bits(b_row + static_cast<int64_t>(t0) * b_step);
   }
   __device__ __forceinline__ void load_state(const Item& it, ColRegs<Slice> (&S)[Slice::CPT],
                                              const bool (&ok)[Slice::CPT],
