@@ -5,6 +5,14 @@
 // synchronises, allocates or reads device memory on the host: all are graph-capturable.
 // The numerics are contract.md §3 exactly; every family shares the device functions of
 // kernels/device_math.cuh, so results are bitwise identical across paths.
+//
+// Programmatic dependent launch (sm_90+, on unless set_pdl_enabled(false)): a kernel may start
+// while the kernel before it on the stream is finishing, and waits for it (griddepcontrol.wait)
+// before reading activations, state or records. Before that wait the verify kernels read the
+// layer weights (conv_weight, conv_bias, dt_bias, A_log) and the index arrays (slots, rows), so
+// those must not be written by the kernel launched just before the call on the same stream
+// (write them earlier, or with a copy: the backend uploads the indices with a cudaMemcpyAsync in
+// prepare(); weights do not change between calls).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -75,6 +75,7 @@ struct VerifyParams {
   int64_t ssm_slot_stride = 0;
 
   // ---- indices (device memory for CUDA) ----
+  // Read by the verify kernels before their PDL wait (kda_kernels.h): complete at enqueue.
   const int32_t* slots = nullptr;  ///< [B] slot per request; -1 = padding row
   const int32_t* rows = nullptr;   ///< [B] scratch row per request (windows, snapshots)
 

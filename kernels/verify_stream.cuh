@@ -134,6 +134,7 @@ struct StagedSource : WeightReads<Item> {
   Inputs* nxt;
 
   __device__ __forceinline__ int slot(const Item&) const { return slot_; }
+  __device__ __forceinline__ int row(const Item& it) const { return it.p.rows[it.n]; }
   /// Start of a live item's work: plans the next live item (thread 0).
   __device__ __forceinline__ void begin(const Item&) const {
     if (threadIdx.x == 0) {

@@ -211,7 +211,7 @@ struct VerifyItem {
     const bool extend = args.extend != 0;
     const bool ring = !extend && p.mode == RecordMode::kRing;
     const bool snap = !extend && p.mode == RecordMode::kSnapshot;
-    const int64_t row = extend ? 0 : p.rows[n];
+    const int64_t row = extend ? 0 : src.row(*this);
     // The first v-head of k-head h (h * HV/H) writes the head's q/k records.
     const bool qk_owner = tile == 0 && hv == h * static_cast<int>(args.div.group.divisor);
     const bool gate_owner = tile == 0;
@@ -570,6 +570,7 @@ struct GlobalSource : WeightReads<Item> {
   const bf16_t* a_row;  ///< token 0's gate logit of (v-head hv, key gk)
   const bf16_t* b_row;  ///< token `tid`'s beta logit of v-head hv
   int32_t x_step, a_step, b_step;  ///< row pitches (elements)
+  int32_t slot_, row_;             ///< the request's slot and scratch row (load_indices)
 
   static __device__ __forceinline__ GlobalSource for_item(const Item& it) {
     const VerifyParams& p = it.p;
@@ -590,7 +591,17 @@ struct GlobalSource : WeightReads<Item> {
     return s;
   }
 
-  __device__ __forceinline__ int slot(const Item& it) const { return it.p.slots[it.n]; }
+  /// The request's slot and scratch row, read before the PDL wait: the index arrays are
+  /// inputs of the call that the kernel launched just before on the stream does not write
+  /// (kda_kernels.h), so their load latency overlaps that kernel's tail instead of adding a
+  /// memory round trip before every other load (docs/perf.md v9d). rows[n] of a padding row is
+  /// read (an in-bounds int) but never used.
+  __device__ __forceinline__ void load_indices(const Item& it) {
+    slot_ = it.p.slots[it.n];
+    row_ = it.args.extend != 0 ? 0 : it.p.rows[it.n];
+  }
+  __device__ __forceinline__ int slot(const Item&) const { return slot_; }
+  __device__ __forceinline__ int row(const Item&) const { return row_; }
   /// Start of a live item's work (after the padding check).
   __device__ __forceinline__ void begin(const Item&) const {}
   /// The item's token inputs have been read by every thread (streaming prefetch point).
@@ -629,8 +640,11 @@ __global__ void __launch_bounds__(256, 2)
   const int hv = static_cast<int>(blockIdx.y);
   Item item(args, {static_cast<int>(blockIdx.z), hv, static_cast<int>(args.div.group.div(hv)),
                    static_cast<int>(blockIdx.x)});
-  const auto src = GlobalSource<Item>::for_item(item);  // row addresses: before the PDL wait
-  item.load_constants(src);  // weights and gate constants: before the PDL wait
+  // Before the PDL wait (overlapping the previous kernel's tail): the row addresses, the
+  // weights and gate constants, the slot and scratch-row indices.
+  auto src = GlobalSource<Item>::for_item(item);
+  item.load_constants(src);
+  src.load_indices(item);
   // The committed state and the activations come from earlier kernels: wait for them.
   pdl_wait();
   pdl_launch_dependents();
