@@ -394,7 +394,8 @@ __global__ void __launch_bounds__(256, 2)
   const Items items{p, div};
   clear_shared_before_bulk(stage, FoldStage<K>::kRawk);  // the state tile region
   BulkStage bulk(stage, &bar);
-  begin_streaming(bulk, items, [&](int item) { items.fill(bulk, stage, item); });
+  begin_streaming</*kFirstBeforeWait=*/false>(bulk, items,
+                                              [&](int item) { items.fill(bulk, stage, item); });
   int live = 0;  // live items done: they alternate between the two TileSmem buffers
   for (int i = blockIdx.x; i < items.count(); i += gridDim.x) {
     Item item(p, items.coords(i));

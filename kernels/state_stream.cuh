@@ -198,14 +198,25 @@ __device__ __forceinline__ int next_live_item(const Items& items, int item) {
 /// barrier, waits for the previous grid (PDL) and lets the next one launch, then has warp 0
 /// put the fill of this CTA's first live item in flight (`fill_first(item)`, called by the 32
 /// lanes of warp 0). Returns that item, or items.count() when the CTA has none.
-template <typename Items, typename FillFirst>
+/// kFirstBeforeWait: the items' liveness reads only inputs that the previous kernel on the
+/// stream does not write (verify: the slot indices, kda_kernels.h), so the first live item is
+/// found before the PDL wait and that load overlaps the previous kernel's tail (docs/perf.md
+/// v9e). The fold's liveness reads the accepted lengths, which the kernel before the commit
+/// (sampling) may write: it finds its first item after the wait.
+template <bool kFirstBeforeWait, typename Items, typename FillFirst>
 __device__ __forceinline__ int begin_streaming(BulkStage& bulk, const Items& items,
                                                const FillFirst& fill_first) {
   bulk.init();
+  int first = 0;
+  if constexpr (kFirstBeforeWait) {
+    first = next_live_item(items, static_cast<int>(blockIdx.x));
+  }
   pdl_wait();
   pdl_launch_dependents();
   __syncthreads();  // the barrier is initialised
-  const int first = next_live_item(items, static_cast<int>(blockIdx.x));
+  if constexpr (!kFirstBeforeWait) {
+    first = next_live_item(items, static_cast<int>(blockIdx.x));
+  }
   if (first < items.count() && threadIdx.x < 32) {
     fill_first(first);
   }

@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(256, 2)
   const typename Src::Items items{p, args.div};
   clear_shared_before_bulk(stage, kStateStageBytes<K, BV>);  // see StagedSource::load_state
   BulkStage bulk(stage, &bar);
-  const int first = begin_streaming(bulk, items, [&](int item) {
+  const int first = begin_streaming</*kFirstBeforeWait=*/true>(bulk, items, [&](int item) {
     const ItemCoords at = items.coords(item);
     bulk.fill([&](int) { return items.state_run(at, p.slots[at.n]); }, 1);
   });
