@@ -19,11 +19,15 @@
 // race of upstream is impossible by construction). Extend writes the final state of its own
 // columns to ssm_out (race-free: each CTA reads and writes only its own columns); the conv
 // state of extend is updated by a separate kernel afterwards.
-// slot < 0: the CTA zeroes its output rows and reads nothing else of the request.
+// slot < 0: the CTA zeroes its output rows and reads nothing else of the request (the
+// per-item kernel reads its rows[n] entry with the slot and never uses it).
+// Before its PDL wait the per-item kernel reads the weights and the slot / row indices and
+// computes the request's row addresses (kda_kernels.h states what that asks of callers).
 // Alignment (checked by the launchers): V even, every bf16 row/slot stride even and bf16
 // base pointers 4-byte aligned (channel pairs), conv weights 16-byte aligned.
 // Offsets are 64-bit, except the per-item kernels' output index (32 bits; the launchers check
-// that `out` has fewer than 2^31 elements).
+// that `out` has fewer than 2^31 elements) and a chunk's gate-row offsets (32 bits; token row
+// pitches below 2^28 elements, checked).
 #pragma once
 
 #include <cstdint>
@@ -232,8 +236,9 @@ struct VerifyItem {
 
     // Narrow tiles (BV <= 64: the small-B path) issue the first chunk's inputs here, with the
     // conv history and the state tile, before any of them is used — one memory round trip
-    // after the slot, not three (the chunk loop would otherwise keep the input loads behind
-    // the history's conversion): B = 1..4 6-12% faster. BV = 128 tiles load them in the
+    // after the PDL wait (the per-item kernel has read the slot before it, v9d), not three
+    // (the chunk loop would otherwise keep the input loads behind the history's conversion):
+    // B = 1..4 6-12% faster (docs/perf.md v4b). BV = 128 tiles load them in the
     // loop: there the early loads cost spills (per-item kernel, B = 8: 12.3 -> 13.7 us) or
     // registers (streaming kernel: 1-2% slower at B = 64), and other CTAs hide the latency.
     constexpr bool kEarlyInputs = !Src::kStaged && BV <= 64;
