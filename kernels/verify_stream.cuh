@@ -112,7 +112,7 @@ __device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& 
 }
 
 /// A verify item's inputs: the state tile from the stage, the token channels, conv history
-/// and gate logits from `cur` (ItemInputs), the weights as GlobalSource, the slot and the beta
+/// and gate logits from `cur` (ItemInputs), the weights through WeightReads, the slot and the beta
 /// logits from global memory.
 /// begin() plans the next live item; inputs_consumed() prefetches its inputs into `nxt`;
 /// load_state() waits for this item's tile, copies it to registers and refills the stage.
