@@ -29,8 +29,9 @@ constexpr int kDefaultFusedBlockV = 64;
 /// whose grid B*HV*ceil(V/BV) still has >= 96 CTAs, BV = 128 only from 192 CTAs (its CTAs are
 /// the heaviest and run 2 per SM), never below 16. Narrow tiles buy CTAs for small calls; wide
 /// tiles avoid recomputing the q/k conv per tile. Fitted to the H200 (132 SMs) measurements of
-/// kernel v4 (docs/perf.md): the measured best tile for Kimi-Linear (HV = 32) and Kimi-K3
-/// TP8 (HV = 12) at every B in 1..64, T = 4 and 8.
+/// kernel v4 (docs/perf.md); at kernel v9 it is the measured best tile for Kimi-Linear
+/// (HV = 32) at every B in 1..64, T = 4 and 8, and within 4.2% of the best for Kimi-K3 TP8
+/// (HV = 12; ties at B = 1 and 16, BV = 64 ahead at B = 32).
 constexpr int default_block_v(int B, int HV, int V) {
   for (int bv = 128; bv > 16; bv /= 2) {
     const long long ctas = static_cast<long long>(B) * HV * ((V + bv - 1) / bv);
