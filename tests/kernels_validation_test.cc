@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "kernels/kda_kernels.h"
@@ -81,21 +82,16 @@ TEST_CASE("kernels: verify entry points validate before launching", "[kernels]")
   CHECK(fused(p) == fmt::format("invoke_verify_fused: out has B*T*HV*V = {} elements, the CUDA "
                                 "kernels index it in 32 bits (< 2^31)",
                                 int64_t{65535} * 256 * 4 * 64));
-  p = good;
-  p.qkv_stride = int64_t{1} << 28;
-  CHECK(fused(p) ==
-        "invoke_verify_fused: qkv_stride=268435456 is too large, the CUDA kernels "
-        "need token row pitches below 2^28 elements");
-  p = good;
-  p.a_stride = int64_t{1} << 28;
-  CHECK(fused(p) ==
-        "invoke_verify_fused: a_stride=268435456 is too large, the CUDA kernels "
-        "need token row pitches below 2^28 elements");
-  p = good;
-  p.b_stride = (int64_t{1} << 28) + 2;
-  CHECK(fused(p) ==
-        "invoke_verify_fused: b_stride=268435458 is too large, the CUDA kernels "
-        "need token row pitches below 2^28 elements");
+  // Token row pitches: the per-item kernels step through a chunk's rows in 32 bits.
+  for (auto [field, name] : {std::pair{&VerifyParams::qkv_stride, "qkv_stride"},
+                             std::pair{&VerifyParams::a_stride, "a_stride"},
+                             std::pair{&VerifyParams::b_stride, "b_stride"}}) {
+    p = good;
+    p.*field = int64_t{1} << 28;  // the first pitch refused
+    CHECK(fused(p) == fmt::format("invoke_verify_fused: {}=268435456 is too large, the CUDA "
+                                  "kernels need token row pitches below 2^28 elements",
+                                  name));
+  }
   p = good;
   p.qkv += 1;
   CHECK(fused(p).rfind("invoke_verify_fused: qkv must be 4-byte aligned", 0) == 0);
