@@ -47,15 +47,24 @@ struct VerifyStreamItems {
   }
 };
 
-/// The next live item, planned by thread 0 at the start of an item (when no state is live in
-/// registers): its state run is issued once the stage is free, its inputs once this item has
-/// read its own (VerifyItem::run calls src.inputs_consumed()).
+/// The next live item, planned by the planner thread (kPlanner) at the start of an item (when
+/// no state is live in registers): its state run is issued once the stage is free, its inputs
+/// once this item has read its own (VerifyItem::run calls src.inputs_consumed()), and every
+/// thread takes its coordinates and slot from here when it gets to it (no division and no
+/// dependent slot load at the item's top, docs/perf.md v10a). Written after an item's first
+/// barrier, read until the next live item's first barrier.
 struct NextRun {
   BulkRun run;
   int valid;
+  int item;  ///< its index (valid != 0)
   ItemCoords at;
   int slot;
 };
+
+/// The thread that plans the next item: lane 0 of the last warp, which has no conv channel pair
+/// at K = 128 (192 pairs) or K = 64 (kPairs <= 224), so the planning's dependent slot loads do
+/// not delay a conv warp (the gate barrier waits for the slowest conv warp).
+inline constexpr int kPlanner = 224;
 
 /// The raw inputs of one live verify item in shared memory. Row j < 3: conv history row j
 /// (fused only); row 3 + t: token t. A row holds the item's channels in VerifyItem's local
@@ -123,6 +132,8 @@ struct StagedSource : WeightReads<Item> {
   using Cfg = typename Item::Cfg;
   using Items = VerifyStreamItems<Cfg::K, Cfg::BV>;
   using Inputs = ItemInputs<Cfg::K, Cfg::BV, Cfg::kChunk>;
+  static_assert(kPlanner >= Cfg::kPairs && kPlanner < Cfg::kThreads,
+                "the planner thread has no channel pair");
 
   const float* stage;
   BulkStage& bulk;
@@ -135,12 +146,13 @@ struct StagedSource : WeightReads<Item> {
 
   __device__ __forceinline__ int slot(const Item&) const { return slot_; }
   __device__ __forceinline__ int row(const Item& it) const { return it.p.rows[it.n]; }
-  /// Start of a live item's work: plans the next live item (thread 0).
+  /// Start of a live item's work: plans the next live item (kPlanner).
   __device__ __forceinline__ void begin(const Item&) const {
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == kPlanner) {
       const int nx = next_live_item(items, item + static_cast<int>(gridDim.x));
       next.valid = nx < items.count();
       if (next.valid) {
+        next.item = nx;
         next.at = items.coords(nx);
         next.slot = items.p.slots[next.at.n];
         next.run = items.state_run(next.at, next.slot);
@@ -157,6 +169,7 @@ struct StagedSource : WeightReads<Item> {
       w1[j] = h.y;
     }
   }
+
   /// Token tt's channels and gate logits from `cur` (t0 = 0: one chunk); the beta logit of
   /// token t0 + tid from global memory (one scalar per token).
   __device__ __forceinline__ uint32_t x(const Item& it, int, int tt) const {
@@ -221,15 +234,22 @@ __global__ void __launch_bounds__(256, 2)
   }
   int live = 0;  // live items done: their inputs alternate between the two buffers
   for (int i = blockIdx.x; i < items.count(); i += gridDim.x) {
-    Item item(args, items.coords(i));
-    const int slot = p.slots[item.n];
+    // A live item after the first was planned during the previous live item (NextRun); the
+    // others (the first, padding) are decoded here.
+    const bool planned = live > 0 && next.valid != 0 && next.item == i;
+    Item item(args, planned ? next.at : items.coords(i));
+    const int slot = planned ? next.slot : p.slots[item.n];
+    const Src src{
+        {}, stage, bulk, next, items, i, slot, &inputs[live & 1], &inputs[(live + 1) & 1]};
+    // The gate constants before the barrier: their loads overlap the wait for the slowest warp
+    // instead of stalling every warp after it (docs/perf.md v10a). The conv taps and the
+    // scratch row stay after it: read here, ptxas spilled 16-24 B in the fused and unfused
+    // kernels.
+    item.load_constants(src);
     if (slot >= 0) {
       cp_async_wait_all();
       __syncthreads();  // every thread's copies of this item's inputs have landed
     }
-    const Src src{
-        {}, stage, bulk, next, items, i, slot, &inputs[live & 1], &inputs[(live + 1) & 1]};
-    item.load_constants(src);
     item.run(sm, src);
     live += slot >= 0 ? 1 : 0;
   }

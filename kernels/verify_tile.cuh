@@ -505,7 +505,13 @@ struct VerifyItem {
           store_snapshot(t0 + tt);
         }
       }
-      __syncthreads();  // the next chunk (or item) overwrites shared memory
+      // The next chunk overwrites shared memory. The streaming kernel runs one chunk per item,
+      // and its next live item passes a barrier before it writes shared memory (after its
+      // input copies land), so it ends the item without one: fast warps start the next item's
+      // set-up while slow ones finish their steps (docs/perf.md v10b).
+      if constexpr (!Src::kStaged) {
+        __syncthreads();
+      }
     }
 
     if (extend) {
