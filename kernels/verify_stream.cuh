@@ -169,7 +169,6 @@ struct StagedSource : WeightReads<Item> {
       w1[j] = h.y;
     }
   }
-
   /// Token tt's channels and gate logits from `cur` (t0 = 0: one chunk); the beta logit of
   /// token t0 + tid from global memory (one scalar per token).
   __device__ __forceinline__ uint32_t x(const Item& it, int, int tt) const {
