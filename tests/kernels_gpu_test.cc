@@ -98,10 +98,17 @@ std::vector<VerifyCase> base_cases() {
   add(2, 2, 2, 4, 64, true, true, -5.0f, false);     // T = 2
   add(2, 6, 1, 16, 128, true, true, -5.0f, true);    // many v-heads per k-head
   add(2, 12, 2, 2, 64, true, false, 0, false);       // two token chunks
+  // Padding at either end of the item walk: the streaming CTAs (3 in the schedules below) start
+  // on padding items before their first live one, or end on padding after their last live one.
+  add(3, 4, 4, 4, 128, true, false, 0, true);
+  cs.back().pad_at = 0;
+  add(4, 4, 2, 4, 128, true, false, 0, true);
+  cs.back().pad_at = 3;
   // KDA_TEST_QUICK=1 (compute-sanitizer runs, tools/gpu_bundle.sh run_all.sh --sanitize):
-  // a padding row, GQA, the safe gate, two chunks and a model shape, in a few seconds.
+  // a padding row (also the first request), GQA, the safe gate, two chunks and a model shape,
+  // in a few seconds.
   if (std::getenv("KDA_TEST_QUICK") != nullptr) {
-    return {cs[4], cs[10], cs[13], cs[16], cs[17]};
+    return {cs[4], cs[10], cs[13], cs[16], cs[17], cs[18]};
   }
   return cs;
 }

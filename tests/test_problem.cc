@@ -129,11 +129,11 @@ std::vector<float> randn_f32(Rng& rng, int64_t n, float scale) {
 std::string describe(const VerifyCase& c) {
   return fmt::format(
       "B={} T={} H={} HV={} K={} V={} bias={} gate={}{} wtype={} neg_slot={} "
-      "reversed={} mode={} L={} T_alloc={} qkv_pad={} pitch_pad={} seed={} "
+      "pad_at={} reversed={} mode={} L={} T_alloc={} qkv_pad={} pitch_pad={} seed={} "
       "extra_slots={}",
       c.B, c.T, c.H, c.HV, c.K, c.V, c.bias, c.safe_gate ? "safe" : "standard",
       c.safe_gate ? fmt::format("({})", c.lower_bound) : "",
-      c.wtype == ConvWeightType::kF32 ? "f32" : "bf16", c.neg_slot, c.reversed,
+      c.wtype == ConvWeightType::kF32 ? "f32" : "bf16", c.neg_slot, c.pad_at, c.reversed,
       c.mode == RecordMode::kRing ? "ring" : "snapshot", c.L, c.T_alloc, c.qkv_pad, c.pitch_pad,
       c.seed, c.extra_slots);
 }
@@ -194,7 +194,7 @@ VerifyProblem::VerifyProblem(const VerifyCase& c, Device device, bool fill_value
   KDA_CHECK(c.B >= 1 && c.T >= 1 && c.H >= 1 && c.HV >= 1 && c.K >= 32 && c.V >= 1,
             "VerifyProblem: bad sizes in case {{{}}}", describe(c));
   KDA_CHECK(c.HV % c.H == 0 && c.L >= 1 && T_alloc() >= c.T && c.extra_slots >= 0 &&
-                c.qkv_pad >= 0 && c.pitch_pad >= 0,
+                c.qkv_pad >= 0 && c.pitch_pad >= 0 && c.pad_at >= 0 && (c.B == 1 || c.pad_at < c.B),
             "VerifyProblem: inconsistent case {{{}}}", describe(c));
   allocate();
   if (fill_values) {
@@ -206,7 +206,7 @@ int VerifyProblem::pad_request() const {
   if (!c_.neg_slot) {
     return -1;
   }
-  return c_.B == 1 ? 0 : 1;
+  return c_.B == 1 ? 0 : c_.pad_at;
 }
 
 void VerifyProblem::allocate() {

@@ -37,7 +37,8 @@ struct VerifyCase {
   bool safe_gate = false;                       ///< GateKind::kSafe with lower_bound
   float lower_bound = -5.0f;                    ///< safe gate only
   ConvWeightType wtype = ConvWeightType::kF32;  ///< conv weight / bias dtype
-  bool neg_slot = false;  ///< request 1 (or 0 if B == 1) is a padding request (slot -1)
+  bool neg_slot = false;  ///< request pad_at (0 if B == 1) is a padding request (slot -1)
+  int pad_at = 1;         ///< with neg_slot: which request pads when B > 1
   bool reversed = false;  ///< slots and rows assigned from the top down (rows != position)
   RecordMode mode = RecordMode::kRing;
   int L = 16;       ///< ring length

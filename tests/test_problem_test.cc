@@ -69,6 +69,18 @@ TEST_CASE("test_problem: slots, rows and params layout", "[host][test_problem]")
   CHECK(sp.ring_rawk == nullptr);
 }
 
+TEST_CASE("test_problem: the padding request is pad_at, inside the batch", "[host][test_problem]") {
+  VerifyCase c = padded_case();
+  c.pad_at = 0;
+  CHECK(VerifyProblem(c).slots() == std::vector<int32_t>{-1, 3, 2});
+  c.pad_at = 2;
+  CHECK(VerifyProblem(c).slots() == std::vector<int32_t>{4, 3, -1});
+  c.pad_at = 3;  // past the batch
+  CHECK_THROWS_AS(VerifyProblem(c), Error);
+  c.pad_at = -1;
+  CHECK_THROWS_AS(VerifyProblem(c), Error);
+}
+
 TEST_CASE("test_problem: NaN where nothing may be read, garbage in every output",
           "[host][test_problem]") {
   const VerifyProblem p(padded_case());
