@@ -24,7 +24,7 @@ class KernelSet {
   /// Conv + gate + recurrence in one pass, V tile block_v.
   virtual void verify_fused(const VerifyParams& p, int block_v, cudaStream_t stream) = 0;
   virtual void extend(const ExtendParams& p, cudaStream_t stream) = 0;
-  /// Fold or snapshot copy (by p.mode), then conv commit; all layers.
+  /// Fold or snapshot copy (by p.mode) and the conv commit; all layers.
   virtual void commit(const CommitParams& p, cudaStream_t stream) = 0;
 };
 

@@ -1,5 +1,7 @@
 #include "kernels/commit.cuh"
 
+#include <algorithm>
+
 #include "kernels/kda_kernels.h"
 
 #include "core/cuda_check.h"
@@ -14,6 +16,7 @@ namespace kda::kernels {
 namespace {
 
 constexpr int kCopyThreads = 256;
+constexpr int kCopyInFlight = 4;  ///< 16-byte loads per thread issued before their stores
 
 /// The accepted length of request n, or 0 after flagging an out-of-range value.
 __device__ __forceinline__ int accepted_or_flag(const CommitParams& p, int n, bool reporter) {
@@ -25,6 +28,57 @@ __device__ __forceinline__ int accepted_or_flag(const CommitParams& p, int n, bo
     return 0;
   }
   return acc;
+}
+
+/// dst[i] = src[i] for this CTA's share i = part*kCopyThreads + tid (+ parts*kCopyThreads per
+/// round) of `count` vectors. Four loads are in flight per thread before their stores: at
+/// small B the grid is a few hundred CTAs, and one 16-byte load per thread at a time left
+/// the snapshot commit at 51-62% of the copy rate (docs/perf.md v11a).
+template <typename Vec>
+__device__ __forceinline__ void copy_share(Vec* dst, const Vec* src, int64_t count, int part,
+                                           int parts) {
+  constexpr int kInFlight = kCopyInFlight;
+  const int64_t stride = static_cast<int64_t>(parts) * kCopyThreads;
+  int64_t i = static_cast<int64_t>(part) * kCopyThreads + threadIdx.x;
+  for (; i + (kInFlight - 1) * stride < count; i += kInFlight * stride) {
+    Vec v[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      v[u] = src[i + u * stride];
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      dst[i + u * stride] = v[u];
+    }
+  }
+  for (; i < count; i += stride) {
+    dst[i] = src[i];
+  }
+}
+
+/// Share `part` of `parts` of request n's conv commit in `layer`:
+/// conv_state[layer][slot] <- conv_window[layer][row][n-1] (W-1 rows of D bf16), VEC bf16 per
+/// access (8 when every offset is 16-byte aligned: conv_commit_vec8). Padding requests and bad
+/// accepted lengths copy nothing (the state commit reports the latter).
+template <int VEC>
+__device__ __forceinline__ void commit_conv_share(const CommitParams& p, int layer, int n, int part,
+                                                  int parts) {
+  using Vec = std::conditional_t<VEC == 8, uint4, bf16_t>;
+  const int slot = p.slots[n];
+  if (slot < 0) {
+    return;
+  }
+  const int steps = accepted_or_flag(p, n, false);
+  if (steps == 0) {
+    return;
+  }
+  const int64_t per_step = 3 * static_cast<int64_t>(qkv_dim(p));
+  const Vec* src = reinterpret_cast<const Vec*>(
+      p.conv_window + layer * p.conv_window_layer_stride +
+      static_cast<int64_t>(p.rows[n]) * p.conv_window_row_stride + (steps - 1) * per_step);
+  Vec* dst = reinterpret_cast<Vec*>(p.conv_state + layer * p.conv_state_layer_stride +
+                                    slot * p.conv_state_slot_stride);
+  copy_share(dst, src, per_step / VEC, part, parts);
 }
 
 /// A fold item's ring records in global memory (one CTA per item: FoldGlobalSource).
@@ -217,16 +271,23 @@ struct FoldGlobalSource {
   }
 };
 
-/// grid (ceil(V/128), B, layers*HV): one CTA per item.
+/// grid (ceil(V/128), B, layers*HV): one CTA per item. With `with_conv` the CTAs of request n
+/// in a layer also share its conv commit (one launch for the whole commit).
 template <int K>
 __global__ void __launch_bounds__(256, 2)
-    fold_kernel(const __grid_constant__ CommitParams p, const __grid_constant__ FoldDivisors div) {
+    fold_kernel(const __grid_constant__ CommitParams p, const __grid_constant__ FoldDivisors div,
+                bool with_conv) {
   using Item = FoldItem<K>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
   pdl_wait();
   pdl_launch_dependents();
   uint32_t layer, hv;
   div.heads.divmod(blockIdx.z, layer, hv);
+  if (with_conv) {
+    commit_conv_share<8>(p, static_cast<int>(layer), static_cast<int>(blockIdx.y),
+                         static_cast<int>(hv * gridDim.x + blockIdx.x),
+                         static_cast<int>(div.heads.divisor * gridDim.x));
+  }
   Item item(p, {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(layer),
                 static_cast<int>(hv), static_cast<int>(div.group.div(hv))});
   (void)item.run(sm, FoldGlobalSource<typename Item::Slice>{item.c, item.tile * kFoldBlockV});
@@ -380,11 +441,13 @@ struct FoldStagedSource {
   }
 };
 
-/// Persistent streaming fold (state_stream.cuh): grid = resident CTAs.
+/// Persistent streaming fold (state_stream.cuh): grid = resident CTAs. With `with_conv` every
+/// CTA first copies its share of the conv commit (conv_shares per (layer, request), handed out
+/// round-robin), while warp 0's first stage fill is in flight.
 template <int K>
 __global__ void __launch_bounds__(256, 2)
     fold_stream_kernel(const __grid_constant__ CommitParams p,
-                       const __grid_constant__ FoldDivisors div) {
+                       const __grid_constant__ FoldDivisors div, int conv_shares) {
   using Item = FoldItem<K>;
   using Items = FoldStreamItems<K>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm[2];  // alternate per live item
@@ -396,6 +459,11 @@ __global__ void __launch_bounds__(256, 2)
   BulkStage bulk(stage, &bar);
   begin_streaming</*kFirstBeforeWait=*/false>(bulk, items,
                                               [&](int item) { items.fill(bulk, stage, item); });
+  const int conv_units = conv_shares * p.num_layers * p.B;  // 0 without the conv commit
+  for (int u = blockIdx.x; u < conv_units; u += gridDim.x) {
+    const int pair = u / conv_shares;  // layer * B + n
+    commit_conv_share<8>(p, pair / p.B, pair % p.B, u - pair * conv_shares, conv_shares);
+  }
   int live = 0;  // live items done: they alternate between the two TileSmem buffers
   for (int i = blockIdx.x; i < items.count(); i += gridDim.x) {
     Item item(p, items.coords(i));
@@ -404,9 +472,10 @@ __global__ void __launch_bounds__(256, 2)
   }
 }
 
-/// grid (chunks, B, layers): state[layer][slot] <- snapshots[layer][row][n-1].
+/// grid (chunks, B, layers): state[layer][slot] <- snapshots[layer][row][n-1]; with
+/// `with_conv` the same CTAs then copy the request's conv commit (vec8 form).
 __global__ void __launch_bounds__(kCopyThreads)
-    commit_snapshot_kernel(const __grid_constant__ CommitParams p) {
+    commit_snapshot_kernel(const __grid_constant__ CommitParams p, bool with_conv) {
   const int n = blockIdx.y;
   const int layer = blockIdx.z;
   pdl_wait();
@@ -425,42 +494,20 @@ __global__ void __launch_bounds__(kCopyThreads)
       static_cast<int64_t>(p.rows[n]) * p.snapshot_row_stride + (steps - 1) * per_step);
   float4* dst = reinterpret_cast<float4*>(p.ssm_state + layer * p.ssm_layer_stride +
                                           slot * p.ssm_slot_stride);
-  const int64_t n4 = per_step / 4;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kCopyThreads + threadIdx.x; i < n4;
-       i += static_cast<int64_t>(gridDim.x) * kCopyThreads) {
-    dst[i] = src[i];
+  copy_share(dst, src, per_step / 4, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+  if (with_conv) {
+    commit_conv_share<8>(p, layer, n, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
   }
 }
 
-/// grid (chunks, B, layers): conv_state[layer][slot] <- conv_window[layer][row][n-1].
-/// VEC bf16 per access (8 when every offset is 16-byte aligned, else 1).
+/// grid (chunks, B, layers): conv_state[layer][slot] <- conv_window[layer][row][n-1] alone.
 template <int VEC>
 __global__ void __launch_bounds__(kCopyThreads)
     commit_conv_kernel(const __grid_constant__ CommitParams p) {
-  using Vec = std::conditional_t<VEC == 8, uint4, bf16_t>;
-  const int n = blockIdx.y;
-  const int layer = blockIdx.z;
   pdl_wait();
   pdl_launch_dependents();
-  const int slot = p.slots[n];
-  if (slot < 0) {
-    return;
-  }
-  const int steps = accepted_or_flag(p, n, false);
-  if (steps == 0) {
-    return;
-  }
-  const int64_t per_step = 3 * static_cast<int64_t>(qkv_dim(p));
-  const Vec* src = reinterpret_cast<const Vec*>(
-      p.conv_window + layer * p.conv_window_layer_stride +
-      static_cast<int64_t>(p.rows[n]) * p.conv_window_row_stride + (steps - 1) * per_step);
-  Vec* dst = reinterpret_cast<Vec*>(p.conv_state + layer * p.conv_state_layer_stride +
-                                    slot * p.conv_state_slot_stride);
-  const int64_t nv = per_step / VEC;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kCopyThreads + threadIdx.x; i < nv;
-       i += static_cast<int64_t>(gridDim.x) * kCopyThreads) {
-    dst[i] = src[i];
-  }
+  commit_conv_share<VEC>(p, static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.y),
+                         static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
 }
 
 template <typename Kernel>
@@ -469,12 +516,16 @@ void launch(Kernel kernel, dim3 grid, const CommitParams& p, cudaStream_t stream
   launch_pdl(kernel, grid, dim3(kCopyThreads), smem_bytes, stream, pdl_enabled(), p);
 }
 
-/// Enough CTAs per (request, layer) to fill the GPU at small B, capped by the work.
-unsigned copy_chunks(int64_t vec_elems, int64_t requests) {
-  const int64_t per_cta = kCopyThreads * 4;
-  const int64_t want = ceil_div(vec_elems, per_cta);
-  const int64_t cap = requests >= 64 ? 4 : 64 / requests * 4;
-  return static_cast<unsigned>(want < cap ? want : cap);
+/// CTAs per (request, layer) for a copy of `vecs` vectors each. While the pairs fit in one
+/// wave of resident copy CTAs (8 per SM at 256 threads), as many per pair as keep the grid
+/// within that wave (equal shares, no tail); beyond it 4 per pair, so the grid is several
+/// waves (one per pair made B = 64 a 1.2-wave grid: 4% slower, docs/perf.md v11a). Never
+/// more than the copy has rounds of kCopyInFlight vectors per thread.
+unsigned copy_chunks(int64_t vecs, int64_t requests) {
+  const int64_t wave = static_cast<int64_t>(device_sm_count()) * (2048 / kCopyThreads);
+  const int64_t want = ceil_div(vecs, kCopyThreads * kCopyInFlight);
+  const int64_t fill = requests <= wave ? wave / requests : 4;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(want, fill)));
 }
 
 }  // namespace
@@ -491,8 +542,17 @@ bool fold_stream_layout_ok(const CommitParams& p) {
          p.ring_g_layer_stride % 4 == 0;
 }
 
+bool conv_commit_vec8(const CommitParams& p) {
+  const int64_t per_step = 3 * static_cast<int64_t>(qkv_dim(p));
+  return per_step % 8 == 0 && p.conv_window_layer_stride % 8 == 0 &&
+         p.conv_window_row_stride % 8 == 0 && p.conv_state_layer_stride % 8 == 0 &&
+         p.conv_state_slot_stride % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(p.conv_window) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.conv_state) % 16 == 0;
+}
+
 template <int K>
-void launch_fold(const CommitParams& p, cudaStream_t stream) {
+void launch_fold(const CommitParams& p, cudaStream_t stream, bool with_conv) {
   const int64_t tiles = ceil_div(p.V, kFoldBlockV);
   const bool streamable = fold_stream_layout_ok(p);
   const size_t stage_bytes = FoldStage<K>::kBytes;
@@ -503,31 +563,35 @@ void launch_fold(const CommitParams& p, cudaStream_t stream) {
       FastDivisor(static_cast<uint32_t>(tiles)), FastDivisor(static_cast<uint32_t>(p.B)),
       FastDivisor(static_cast<uint32_t>(p.HV)), FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
   if (grid > 0) {
+    // The conv commit in shares of at least one vector per thread, enough of them that the
+    // (layer, request) pairs' shares cover the grid.
+    const int64_t vecs = 3 * static_cast<int64_t>(qkv_dim(p)) / 8;
+    const int64_t fill = ceil_div(grid, static_cast<int64_t>(p.num_layers) * p.B);
+    const int64_t most = ceil_div(vecs, kCopyThreads);
+    const int conv_shares = with_conv ? static_cast<int>(fill < most ? fill : most) : 0;
     launch_pdl(fold_stream_kernel<K>, dim3(static_cast<unsigned>(grid)), dim3(kCopyThreads),
-               stage_bytes, stream, pdl_enabled(), p, div);
+               stage_bytes, stream, pdl_enabled(), p, div, conv_shares);
     return;
   }
   const dim3 grid3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.B),
                    static_cast<unsigned>(p.num_layers * p.HV));
-  launch_pdl(fold_kernel<K>, grid3, dim3(kCopyThreads), 0, stream, pdl_enabled(), p, div);
+  launch_pdl(fold_kernel<K>, grid3, dim3(kCopyThreads), 0, stream, pdl_enabled(), p, div,
+             with_conv);
 }
-template void launch_fold<64>(const CommitParams&, cudaStream_t);
-template void launch_fold<128>(const CommitParams&, cudaStream_t);
+template void launch_fold<64>(const CommitParams&, cudaStream_t, bool);
+template void launch_fold<128>(const CommitParams&, cudaStream_t, bool);
 
-void launch_commit_snapshot(const CommitParams& p, cudaStream_t stream) {
+void launch_commit_snapshot(const CommitParams& p, cudaStream_t stream, bool with_conv) {
   const int64_t n4 = static_cast<int64_t>(p.HV) * p.V * p.K / 4;
   const dim3 grid(copy_chunks(n4, static_cast<int64_t>(p.B) * p.num_layers),
                   static_cast<unsigned>(p.B), static_cast<unsigned>(p.num_layers));
-  launch(commit_snapshot_kernel, grid, p, stream);
+  launch_pdl(commit_snapshot_kernel, grid, dim3(kCopyThreads), 0, stream, pdl_enabled(), p,
+             with_conv);
 }
 
 void launch_commit_conv(const CommitParams& p, cudaStream_t stream) {
+  const bool vec8 = conv_commit_vec8(p);
   const int64_t per_step = 3 * static_cast<int64_t>(qkv_dim(p));
-  const bool vec8 = per_step % 8 == 0 && p.conv_window_layer_stride % 8 == 0 &&
-                    p.conv_window_row_stride % 8 == 0 && p.conv_state_layer_stride % 8 == 0 &&
-                    p.conv_state_slot_stride % 8 == 0 &&
-                    reinterpret_cast<uintptr_t>(p.conv_window) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(p.conv_state) % 16 == 0;
   const int64_t nv = vec8 ? per_step / 8 : per_step;
   const dim3 grid(copy_chunks(nv, static_cast<int64_t>(p.B) * p.num_layers),
                   static_cast<unsigned>(p.B), static_cast<unsigned>(p.num_layers));

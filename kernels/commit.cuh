@@ -9,6 +9,8 @@
 //   while the current item computes; same arithmetic, same bits.
 // commit_snapshot_kernel: state[layer][slot] <- snapshots[layer][row][n-1] (float4 copies).
 // commit_conv_kernel: conv_state[layer][slot] <- conv_window[layer][row][n-1] (W-1 rows of D).
+// invoke_commit is one launch when the conv commit is 16-byte aligned: the fold or snapshot
+//   kernel copies the conv windows too (the separate launch cost ~3 us per round, perf.md v11).
 // slot < 0: skipped. n outside [1, T]: skipped, *error_flag = 1.
 #pragma once
 
@@ -20,12 +22,13 @@ namespace kda::kernels {
 
 constexpr int kFoldBlockV = 128;
 
+/// `with_conv`: the same launch also commits the conv windows (requires conv_commit_vec8).
 template <int K>
-void launch_fold(const CommitParams& p, cudaStream_t stream);
-extern template void launch_fold<64>(const CommitParams&, cudaStream_t);
-extern template void launch_fold<128>(const CommitParams&, cudaStream_t);
+void launch_fold(const CommitParams& p, cudaStream_t stream, bool with_conv);
+extern template void launch_fold<64>(const CommitParams&, cudaStream_t, bool);
+extern template void launch_fold<128>(const CommitParams&, cudaStream_t, bool);
 
-void launch_commit_snapshot(const CommitParams& p, cudaStream_t stream);
+void launch_commit_snapshot(const CommitParams& p, cudaStream_t stream, bool with_conv);
 void launch_commit_conv(const CommitParams& p, cudaStream_t stream);
 
 }  // namespace kda::kernels

@@ -240,19 +240,19 @@ void check_commit_launch(const CommitParams& p, const char* who, uint32_t needs)
   }
 }
 
-void enqueue_fold(const CommitParams& p, cudaStream_t stream) {
-  KDA_DISPATCH_K(p.K, K, { launch_fold<K>(p, stream); })
+void enqueue_fold(const CommitParams& p, cudaStream_t stream, bool with_conv) {
+  KDA_DISPATCH_K(p.K, K, { launch_fold<K>(p, stream, with_conv); })
 }
 }  // namespace
 
 void invoke_fold(const CommitParams& p, cudaStream_t stream) {
   check_commit_launch(p, "invoke_fold", params::kFold);
-  enqueue_fold(p, stream);
+  enqueue_fold(p, stream, /*with_conv=*/false);
 }
 
 void invoke_commit_snapshot(const CommitParams& p, cudaStream_t stream) {
   check_commit_launch(p, "invoke_commit_snapshot", params::kSnapshot);
-  launch_commit_snapshot(p, stream);
+  launch_commit_snapshot(p, stream, /*with_conv=*/false);
 }
 
 void invoke_commit_conv(const CommitParams& p, cudaStream_t stream) {
@@ -264,12 +264,17 @@ void invoke_commit(const CommitParams& p, cudaStream_t stream) {
   // Both launches' checks before the first is enqueued: an error leaves the state untouched.
   const uint32_t state = p.mode == RecordMode::kRing ? params::kFold : params::kSnapshot;
   check_commit_launch(p, "invoke_commit", state | params::kConvCommit);
+  // One launch when the conv commit's offsets allow 16-byte copies (every engine layout we
+  // know): the state commit kernel carries it. Otherwise its own launch, after.
+  const bool one_launch = conv_commit_vec8(p);
   if (p.mode == RecordMode::kRing) {
-    enqueue_fold(p, stream);
+    enqueue_fold(p, stream, one_launch);
   } else {
-    launch_commit_snapshot(p, stream);
+    launch_commit_snapshot(p, stream, one_launch);
   }
-  launch_commit_conv(p, stream);
+  if (!one_launch) {
+    launch_commit_conv(p, stream);
+  }
 }
 
 namespace {

@@ -59,7 +59,8 @@ void invoke_verify_fused(const VerifyParams& p, int block_v, cudaStream_t stream
 /// Extend: process and commit p.v.T tokens per request in place (any T >= 1).
 void invoke_extend(const ExtendParams& p, cudaStream_t stream);
 
-/// Commit of all layers: fold (ring mode) or snapshot copy, then the conv commit.
+/// Commit of all layers: fold (ring mode) or snapshot copy, and the conv commit. One launch
+/// when conv_commit_vec8(p) (the state commit kernel copies the conv windows too), else two.
 void invoke_commit(const CommitParams& p, cudaStream_t stream);
 
 /// Whether a verify call's layout lets its BV = 128 tile run as persistent streaming CTAs
@@ -72,6 +73,9 @@ bool verify_stream_layout_ok(const VerifyParams& p, bool fused);
 /// The same for the fold (commit.cu): T <= 8, state and ring records (rawk, g, rawv rows)
 /// copyable as 16-byte-aligned bulk runs.
 bool fold_stream_layout_ok(const CommitParams& p);
+/// Whether every conv commit offset is 16-byte aligned (8 bf16 per access): then invoke_commit
+/// copies the conv windows inside the fold / snapshot launch.
+bool conv_commit_vec8(const CommitParams& p);
 
 /// The pieces of invoke_commit, for tests and the benchmark.
 void invoke_fold(const CommitParams& p, cudaStream_t stream);

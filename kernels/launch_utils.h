@@ -36,6 +36,10 @@ enum class StreamFrom {
   kAnyCount,       ///< every streamable launch
 };
 
+/// Multiprocessors of the current device (cached per device; a host-only call, legal during
+/// stream capture).
+int device_sm_count();
+
 /// Grid size for a persistent streaming launch of `kernel` (`threads` per CTA, `smem_bytes`
 /// dynamic shared memory) over `items` work items on the current device, or 0 when the
 /// one-CTA-per-item kernel should run instead (mode kNever, pre-sm_90 device, `streamable`

@@ -31,7 +31,26 @@ std::mutex g_mu;
 std::map<int, DeviceInfo> g_devices;
 std::map<std::pair<const void*, int>, KernelInfo> g_kernels;
 
+/// The device's entry in g_devices (queried once); g_mu held.
+const DeviceInfo& device_info(int device) {
+  auto dev = g_devices.find(device);
+  if (dev == g_devices.end()) {
+    DeviceInfo info;
+    KDA_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device));
+    KDA_CUDA_CHECK(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device));
+    dev = g_devices.emplace(device, info).first;
+  }
+  return dev->second;
+}
+
 }  // namespace
+
+int device_sm_count() {
+  int device = 0;
+  KDA_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(g_mu);
+  return device_info(device).sms;
+}
 
 StateStreamMode state_stream_mode() { return g_stream_mode.load(std::memory_order_relaxed); }
 void set_state_stream_mode(StateStreamMode mode, int max_ctas) {
@@ -49,14 +68,8 @@ int state_stream_grid(const void* kernel, int threads, size_t smem_bytes, int64_
   int device = 0;
   KDA_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(g_mu);
-  auto dev = g_devices.find(device);
-  if (dev == g_devices.end()) {
-    DeviceInfo info;
-    KDA_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device));
-    KDA_CUDA_CHECK(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device));
-    dev = g_devices.emplace(device, info).first;
-  }
-  if (dev->second.major < 9) {
+  const DeviceInfo& dev = device_info(device);
+  if (dev.major < 9) {
     return 0;  // no TMA bulk copies before sm_90
   }
   const auto key = std::make_pair(kernel, device);
@@ -69,7 +82,7 @@ int state_stream_grid(const void* kernel, int threads, size_t smem_bytes, int64_
                                                                  smem_bytes));
     k = g_kernels.emplace(key, info).first;
   }
-  int64_t resident = static_cast<int64_t>(k->second.ctas_per_sm) * dev->second.sms;
+  int64_t resident = static_cast<int64_t>(k->second.ctas_per_sm) * dev.sms;
   if (mode == StateStreamMode::kAuto && from == StreamFrom::kBeyondOneWave && items <= resident) {
     return 0;  // one wave: the per-item kernel
   }

@@ -448,6 +448,23 @@ TEST_CASE("kernels: fold == snapshot commit bitwise; one all-layer launch == per
                   got.size() * 2);
       REQUIRE(bitwise_equal(got, host.conv_state()));
     }
+
+    // The whole commit in one launch (the state kernel carries the conv copy): ring mode under
+    // both fold schedules and snapshot mode, from the same committed state and conv state,
+    // give the pieces' bits over the whole pool.
+    REQUIRE(kernels::conv_commit_vec8(pool.params(accepted, RecordMode::kRing)));
+    for (int way = 0; way < 3; ++way) {
+      const RecordMode mode = way < 2 ? RecordMode::kRing : RecordMode::kSnapshot;
+      const ForceStateStream force(
+          way == 0 ? kernels::StateStreamMode::kAlways : kernels::StateStreamMode::kNever, 2);
+      CAPTURE(way);
+      pool.ssm.upload(before_ssm.data(), static_cast<int64_t>(before_ssm.size()));
+      pool.conv_state.upload(before_conv.data(), static_cast<int64_t>(before_conv.size()));
+      kernels::invoke_commit(pool.params(accepted, mode), nullptr);
+      sync();
+      REQUIRE(bitwise_equal(pool.bytes(pool.ssm), snap_ssm));
+      REQUIRE(bitwise_equal(pool.bytes(pool.conv_state), conv));
+    }
   }
 }
 

@@ -4,7 +4,8 @@
 //   verify  one layer's verify for {unfused, fused} x {snapshot, ring} (fused: the dispatcher's
 //           auto tile per B, --block-v, or every BV with --sweep-bv), each checked bitwise
 //           fused vs unfused before timing;
-//   commit  fold / snapshot commit / conv commit of --layers layers, one launch each;
+//   commit  fold / snapshot commit / conv commit of --layers layers, one launch each, and the
+//           whole commit per mode (one launch: the state kernel carries the conv copy);
 //   round   every layer's verify + the commit, one graph per round.
 // Methodology (contract §6): --calls calls in one CUDA graph, --warmup replays, then --reps
 // repetitions of --iters timed replays; median / min / max of us per call. Byte model and
