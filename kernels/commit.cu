@@ -459,16 +459,16 @@ __global__ void __launch_bounds__(256, 2)
   BulkStage bulk(stage, &bar);
   begin_streaming</*kFirstBeforeWait=*/false>(bulk, items,
                                               [&](int item) { items.fill(bulk, stage, item); });
-  const int conv_units = conv_shares * p.num_layers * p.B;  // 0 without the conv commit
-  for (int u = blockIdx.x; u < conv_units; u += gridDim.x) {
-    const int pair = u / conv_shares;  // layer * B + n
-    commit_conv_share<8>(p, pair / p.B, pair % p.B, u - pair * conv_shares, conv_shares);
-  }
   int live = 0;  // live items done: they alternate between the two TileSmem buffers
   for (int i = blockIdx.x; i < items.count(); i += gridDim.x) {
     Item item(p, items.coords(i));
     const FoldStagedSource<typename Item::Slice, Items> src{bulk, stage, items, i, item.c};
     live += item.run(sm[live & 1], src) ? 1 : 0;
+  }
+  const int conv_units = conv_shares * p.num_layers * p.B;  // 0 without the conv commit
+  for (int u = blockIdx.x; u < conv_units; u += gridDim.x) {
+    const int pair = u / conv_shares;  // layer * B + n
+    commit_conv_share<8>(p, pair / p.B, pair % p.B, u - pair * conv_shares, conv_shares);
   }
 }
 

@@ -506,6 +506,9 @@ TEST_CASE("kernels: extend == verify + full commit, bitwise; matches host extend
     c.neg_slot = true;
     c.reversed = true;
     c.L = 16;
+    // T = 4: padded pitches (4 elements), so the conv commit is not 16-byte aligned and
+    // invoke_commit takes its two-launch form; the others the one-launch form.
+    c.pitch_pad = T == 4 ? 4 : 0;
     c.seed = run_seed() + 5000 + static_cast<uint64_t>(T);
     CAPTURE(c);
     const VerifyProblem initial(c, kGpu);
@@ -515,6 +518,7 @@ TEST_CASE("kernels: extend == verify + full commit, bitwise; matches host extend
     kernels::invoke_extend(ext.extend_params(), nullptr);
     kernels::invoke_verify_fused(ver.params(), 64, nullptr);
     const Buffer accepted = make_buffer(std::vector<int32_t>(3, T), kGpu);
+    REQUIRE(kernels::conv_commit_vec8(ver.commit_params(accepted)) == (c.pitch_pad == 0));
     kernels::invoke_commit(ver.commit_params(accepted), nullptr);
     sync();
     host::extend(host.extend_params());
