@@ -516,26 +516,14 @@ void launch(Kernel kernel, dim3 grid, const CommitParams& p, cudaStream_t stream
   launch_pdl(kernel, grid, dim3(kCopyThreads), smem_bytes, stream, pdl_enabled(), p);
 }
 
-/// CTAs per (request, layer) for a copy of `vecs` vectors each: the count (1..64, at most the
-/// copy's rounds of kCopyInFlight vectors per thread) whose grid best fills its last wave of
-/// resident copy CTAs (8 per SM at 256 threads), the smallest on a tie. Every CTA copies the
-/// same amount, so a grid of w waves runs ceil(w) of them: 1 CTA per pair at B = 32 (0.6 of a
-/// wave) and at B = 64 (1.2 waves) was 4% slower than a full last wave (docs/perf.md v11a).
+/// CTAs per (request, layer) for a copy of `vecs` vectors each: 1..64 (at most the copy's
+/// rounds of kCopyInFlight vectors per thread), the count whose grid best fills its last wave
+/// of resident copy CTAs (8 per SM at 256 threads). One CTA per pair at B = 32 (0.6 of a wave)
+/// and at B = 64 (1.2 waves) was 4% slower than a full last wave (docs/perf.md v11b).
 unsigned copy_chunks(int64_t vecs, int64_t requests) {
   const int64_t wave = static_cast<int64_t>(device_sm_count()) * (2048 / kCopyThreads);
   const int64_t most = std::min<int64_t>(64, ceil_div(vecs, kCopyThreads * kCopyInFlight));
-  int64_t best = 1;
-  double best_fill = 0.0;
-  for (int64_t k = 1; k <= most; ++k) {
-    const int64_t ctas = k * requests;
-    const double fill =
-        static_cast<double>(ctas) / static_cast<double>(ceil_div(ctas, wave) * wave);
-    if (fill > best_fill + 1e-9) {
-      best = k;
-      best_fill = fill;
-    }
-  }
-  return static_cast<unsigned>(best);
+  return static_cast<unsigned>(ctas_per_unit_filling_waves(requests, most, wave));
 }
 
 }  // namespace

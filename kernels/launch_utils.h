@@ -7,6 +7,25 @@ namespace kda::kernels {
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/// CTAs per work unit for a grid of `units` equal units, each splittable into 1..`most` equal
+/// CTAs, on a GPU that holds `wave` such CTAs at once: the count whose grid best fills its
+/// last wave (a grid of w waves costs ceil(w) waves when every CTA does the same work), the
+/// smallest on a tie. The commit's copy kernels size their grids with it (docs/perf.md v11b).
+constexpr int64_t ctas_per_unit_filling_waves(int64_t units, int64_t most, int64_t wave) {
+  int64_t best = 1;
+  int64_t best_ctas = 0, best_waves = 1;  // best fill = best_ctas / (best_waves * wave)
+  for (int64_t k = 1; k <= most; ++k) {
+    const int64_t ctas = k * units;
+    const int64_t waves = ceil_div(ctas, wave);
+    if (ctas * best_waves > best_ctas * waves) {  // ctas / waves > best_ctas / best_waves
+      best = k;
+      best_ctas = ctas;
+      best_waves = waves;
+    }
+  }
+  return best;
+}
+
 /// Programmatic dependent launch on/off for every launcher (default on; it is a no-op
 /// before sm_90). Tests switch it off to compare schedules; a launch on another thread sees
 /// the old or the new setting.

@@ -1,0 +1,58 @@
+// ctas_per_unit_filling_waves (kernels/launch_utils.h): the commit's copy grids. A wrong pick
+// costs a wave of idle SMs, not bits, so the test checks the choice itself against brute force.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <random>
+
+#include "kernels/launch_utils.h"
+
+using kda::kernels::ceil_div;
+using kda::kernels::ctas_per_unit_filling_waves;
+
+namespace {
+
+/// Fill of the last wave as a fraction (the quantity the function maximises).
+double fill(int64_t k, int64_t units, int64_t wave) {
+  const int64_t ctas = k * units;
+  return static_cast<double>(ctas) / static_cast<double>(ceil_div(ctas, wave) * wave);
+}
+
+}  // namespace
+
+TEST_CASE("launch_utils: copy grid on an H200 (1056 resident copy CTAs)", "[kernels]") {
+  const int64_t wave = 132 * 8;
+  // Kimi-Linear snapshot commit, 20 layers: the measured rows of docs/perf.md v11b.
+  CHECK(ctas_per_unit_filling_waves(20, 64, wave) == 52);    // B = 1: 1040 CTAs, one wave
+  CHECK(ctas_per_unit_filling_waves(640, 64, wave) == 33);   // B = 32: exactly 20 waves
+  CHECK(ctas_per_unit_filling_waves(1280, 64, wave) == 33);  // B = 64: exactly 40 waves
+  for (const int64_t units : {20, 40, 80, 160, 320, 640, 1280}) {
+    CAPTURE(units);
+    CHECK(fill(ctas_per_unit_filling_waves(units, 64, wave), units, wave) > 0.98);
+  }
+  // One CTA per unit is all there is to split: 1 whatever the fill.
+  CHECK(ctas_per_unit_filling_waves(1280, 1, wave) == 1);
+  CHECK(ctas_per_unit_filling_waves(7, 1, wave) == 1);
+}
+
+TEST_CASE("launch_utils: the pick is the best fill, the smallest on a tie (brute force)",
+          "[kernels]") {
+  std::mt19937_64 rng(Catch::rngSeed() + 77);
+  std::uniform_int_distribution<int64_t> units_d(1, 5000), most_d(1, 64), wave_d(1, 2048);
+  for (int i = 0; i < 2000; ++i) {
+    const int64_t units = units_d(rng), most = most_d(rng), wave = wave_d(rng);
+    CAPTURE(units, most, wave);
+    const int64_t k = ctas_per_unit_filling_waves(units, most, wave);
+    REQUIRE(k >= 1);
+    REQUIRE(k <= most);
+    for (int64_t j = 1; j <= most; ++j) {
+      // Exact comparison of the fractions (j*units)/(waves_j*wave) in integers.
+      const int64_t cj = j * units, ck = k * units;
+      const int64_t wj = ceil_div(cj, wave), wk = ceil_div(ck, wave);
+      REQUIRE(cj * wk <= ck * wj);  // no j fills better
+      if (j < k) {
+        REQUIRE(cj * wk < ck * wj);  // and none smaller fills as well
+      }
+    }
+  }
+}
