@@ -31,13 +31,13 @@ __device__ __forceinline__ int accepted_or_flag(const CommitParams& p, int n, bo
 }
 
 /// dst[i] = src[i] for this CTA's share i = part*kCopyThreads + tid (+ parts*kCopyThreads per
-/// round) of `count` vectors. Four loads are in flight per thread before their stores: at
-/// small B the grid is a few hundred CTAs, and one 16-byte load per thread at a time left
-/// the snapshot commit at 51-62% of the copy rate (docs/perf.md v11a).
+/// round) of `count` vectors. kInFlight loads are in flight per thread before their stores:
+/// one load per thread at a time left the snapshot commit at 51-62% of the copy rate at small
+/// B (docs/perf.md v11a).
 template <typename Vec>
 __device__ __forceinline__ void copy_share(Vec* dst, const Vec* src, int64_t count, int part,
                                            int parts) {
-  constexpr int kInFlight = kCopyInFlight;
+  constexpr int kInFlight = kCopyInFlight;  // 16-byte vectors: 64 bytes per thread
   const int64_t stride = static_cast<int64_t>(parts) * kCopyThreads;
   int64_t i = static_cast<int64_t>(part) * kCopyThreads + threadIdx.x;
   for (; i + (kInFlight - 1) * stride < count; i += kInFlight * stride) {
@@ -441,9 +441,10 @@ struct FoldStagedSource {
   }
 };
 
-/// Persistent streaming fold (state_stream.cuh): grid = resident CTAs. With `with_conv` every
-/// CTA first copies its share of the conv commit (conv_shares per (layer, request), handed out
-/// round-robin), while warp 0's first stage fill is in flight.
+/// Persistent streaming fold (state_stream.cuh): grid = resident CTAs. With `conv_shares` > 0
+/// every CTA copies its part of the conv commit after its fold items (conv_shares per (layer,
+/// request), handed out round-robin; before the items it was 1-2% slower at T = 8, B >= 16,
+/// docs/perf.md v11g).
 template <int K>
 __global__ void __launch_bounds__(256, 2)
     fold_stream_kernel(const __grid_constant__ CommitParams p,
