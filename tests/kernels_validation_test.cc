@@ -232,25 +232,32 @@ TEST_CASE("kernels: which layouts the streaming kernels take", "[kernels]") {
   // The one-launch commit (the state kernel copies the conv windows 16 bytes at a time) needs
   // every conv offset a multiple of 8 bf16 and both bases 16-byte aligned; else two launches.
   CHECK(kernels::conv_commit_vec8(cgood));
-  c = cgood;
-  c.conv_state_slot_stride += 4;
-  CHECK_FALSE(kernels::conv_commit_vec8(c));
-  c = cgood;
-  c.conv_window_row_stride += 2;
-  CHECK_FALSE(kernels::conv_commit_vec8(c));
-  c = cgood;
-  c.conv_window_layer_stride += 4;
-  CHECK_FALSE(kernels::conv_commit_vec8(c));
-  c = cgood;
-  c.conv_state += 4;  // 8 bytes: bf16 pairs stay aligned, 16-byte vectors do not
-  CHECK_FALSE(kernels::conv_commit_vec8(c));
-  c = cgood;
-  c.conv_window += 8;  // 16 bytes: still vec8
-  CHECK(kernels::conv_commit_vec8(c));
-  c = cgood;
-  c.H = 1;
-  c.HV = 1;
-  c.K = 64;
-  c.V = 6;  // 3 * D = 3 * (2 * 64 + 6) = 402 bf16: not a multiple of 8
-  CHECK_FALSE(kernels::conv_commit_vec8(c));
+  struct VecCase {
+    const char* what;
+    void (*change)(CommitParams&);
+    bool vec8;
+  };
+  const VecCase vec_cases[] = {
+      {"conv_state_slot_stride + 4", [](CommitParams& q) { q.conv_state_slot_stride += 4; }, false},
+      {"conv_window_row_stride + 2", [](CommitParams& q) { q.conv_window_row_stride += 2; }, false},
+      {"conv_window_layer_stride + 4", [](CommitParams& q) { q.conv_window_layer_stride += 4; },
+       false},
+      // 8 bytes: bf16 pairs stay aligned, 16-byte vectors do not; 16 bytes: still vec8.
+      {"conv_state + 8 bytes", [](CommitParams& q) { q.conv_state += 4; }, false},
+      {"conv_window + 16 bytes", [](CommitParams& q) { q.conv_window += 8; }, true},
+      // 3 * D = 3 * (2 * 64 + 6) = 402 bf16: not a multiple of 8.
+      {"D = 134",
+       [](CommitParams& q) {
+         q.H = q.HV = 1;
+         q.K = 64;
+         q.V = 6;
+       },
+       false},
+  };
+  for (const VecCase& vc : vec_cases) {
+    CAPTURE(vc.what);
+    c = cgood;
+    vc.change(c);
+    CHECK(kernels::conv_commit_vec8(c) == vc.vec8);
+  }
 }
