@@ -36,6 +36,7 @@
 #include "kernels/delta_rule.cuh"
 #include "kernels/fast_divisor.h"
 #include "kernels/kda_params.h"
+#include "kernels/state_stream.cuh"
 
 namespace kda::kernels {
 
@@ -258,7 +259,11 @@ struct VerifyItem {
     const float* s_base =
         p.ssm_state + slot * p.ssm_slot_stride + static_cast<int64_t>(hv) * p.V * K;
     if constexpr (!Src::kStaged) {
-      src.load_state(*this, S, col_ok, s_base);
+      if constexpr (Src::kStateStaged) {
+        src.issue_state_copy(*this, s_base);  // registers after the norms (below)
+      } else {
+        src.load_state(*this, S, col_ok, s_base);
+      }
     }
     // The history as f32: the conv window, oldest first.
     float w0[kConvHistory], w1[kConvHistory];
@@ -408,6 +413,11 @@ struct VerifyItem {
         src.load_state(*this, S, col_ok, s_base);
       } else {
         __syncthreads();
+        if constexpr (Src::kStateStaged) {
+          if (t0 == 0) {
+            src.state_from_stage(*this, S, col_ok);
+          }
+        }
       }
 
       // 4. The recurrence.
@@ -563,6 +573,21 @@ struct WeightReads {
   __device__ __forceinline__ float dt_bias(const Item& it) const { return it.p.dt_bias[it.ghk]; }
 };
 
+/// The per-item kernel's state stage ([BV][K] f32, static shared memory: with TileSmem under
+/// 48 KiB up to BV = 64) for the tiles where one bulk copy measured faster than the threads'
+/// own loads into registers: BV = 16 and 64, by 2-8% on the H200 at B = 1..8, both models,
+/// T = 4 and 8; at BV = 8 and 32 it was 1-4% slower (up to 16% at 384-CTA grids) and they
+/// keep the register loads (docs/perf.md v12). BV = 128's large-B path is the streaming
+/// kernel. kIssuer: thread 0 initialises the barrier and issues the copy (lane 0 of the last
+/// warp, which has no channel pair, measured 1-4% slower: v12b).
+template <int K, int BV>
+struct ItemStateStage {
+  static constexpr bool kUsed = BV == 16 || BV == 64;
+  static constexpr unsigned kIssuer = 0;
+  __align__(128) float tile[kUsed ? BV * K : 4];
+  uint64_t bar;
+};
+
 /// A verify item's inputs straight from global memory. for_item() computes the request's row
 /// addresses from the params alone, so the per-item kernel does that arithmetic before its PDL
 /// wait and issues the input loads as soon as the slot check passes (docs/perf.md v9a).
@@ -582,6 +607,16 @@ struct GlobalSource : WeightReads<Item> {
   const bf16_t* b_row;  ///< token `tid`'s beta logit of v-head hv
   int32_t x_step, a_step, b_step;  ///< row pitches (elements)
   int32_t slot_, row_;             ///< the request's slot and scratch row (load_indices)
+  /// kStateStaged: the state tile arrives as one bulk copy into `stage` ([BV][K] f32 in shared
+  /// memory, barrier in `bulk`), issued by one thread (ItemStateStage) as soon as the slot is
+  /// known, and every thread copies its columns to registers after the norms:
+  /// the warps' load issue stays free for the conv history and the inputs, and the tile does
+  /// not hold registers through the prologue. Otherwise the threads load it into registers
+  /// with the other inputs. (The launchers check that ssm_state and its slot pitch are 16-byte
+  /// multiples, so the tile — contiguous columns v0 .. v0 + BV - 1 — is always bulk-copyable.)
+  static constexpr bool kStateStaged = ItemStateStage<Slice::K, Item::Cfg::BV>::kUsed;
+  BulkStage* bulk;
+  const float* stage;
 
   static __device__ __forceinline__ GlobalSource for_item(const Item& it) {
     const VerifyParams& p = it.p;
@@ -639,6 +674,29 @@ struct GlobalSource : WeightReads<Item> {
                                              const float* head) const {
     load_state_columns<Slice>(S, ok, head, it.col0, it.c);
   }
+  /// The issuing thread (ItemStateStage::kIssuer): the tile's columns v0 .. v0 + cols - 1 of
+  /// the head at `head`, one bulk copy.
+  __device__ __forceinline__ void issue_state_copy(const Item& it, const float* head) const {
+    if (threadIdx.x == ItemStateStage<Slice::K, Item::Cfg::BV>::kIssuer) {
+      const int cols = min(Item::Cfg::BV, it.p.V - it.v0);
+      bulk->issue({0u, head + static_cast<int64_t>(it.v0) * Slice::K,
+                   static_cast<uint32_t>(cols * Slice::K * sizeof(float))});
+      bulk->arrive();
+    }
+  }
+  /// Every thread: waits for the copy, then its columns to registers (zeros past V).
+  __device__ __forceinline__ void state_from_stage(const Item& it, ColRegs<Slice> (&S)[Slice::CPT],
+                                                   const bool (&ok)[Slice::CPT]) const {
+    bulk->wait();
+#pragma unroll
+    for (int j = 0; j < Slice::CPT; ++j) {
+      if (ok[j]) {
+        load_slice<Slice>(S[j], stage + static_cast<int64_t>(it.col0 - it.v0 + j) * Slice::K, it.c);
+      } else {
+        zero_column<Slice>(S[j]);
+      }
+    }
+  }
 };
 
 /// One CTA per item, grid (ceil(V/BV), HV, B): the inputs come straight from global memory
@@ -647,15 +705,28 @@ template <typename WeightT, int K, int BV, bool FUSED>
 __global__ void __launch_bounds__(256, 2)
     verify_tile_kernel(const __grid_constant__ TileArgs args) {
   using Item = VerifyItem<WeightT, K, BV, FUSED>;
+  using Stage = ItemStateStage<K, BV>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
+  __shared__ __align__(128) Stage state_stage;
   const int hv = static_cast<int>(blockIdx.y);
   Item item(args, {static_cast<int>(blockIdx.z), hv, static_cast<int>(args.div.group.div(hv)),
                    static_cast<int>(blockIdx.x)});
   // Before the PDL wait (overlapping the previous kernel's tail): the row addresses, the
   // weights and gate constants, the slot and scratch-row indices.
   auto src = GlobalSource<Item>::for_item(item);
+  BulkStage bulk(state_stage.tile, &state_stage.bar);
+  if constexpr (Stage::kUsed) {
+    if (threadIdx.x == Stage::kIssuer) {
+      bulk.init_here();
+    }
+    src.bulk = &bulk;
+    src.stage = state_stage.tile;
+  }
   item.load_constants(src);
   src.load_indices(item);
+  if constexpr (Stage::kUsed) {
+    __syncthreads();  // the barrier is initialised (before the wait: overlaps the last kernel)
+  }
   // The committed state and the activations come from earlier kernels: wait for them.
   pdl_wait();
   pdl_launch_dependents();
