@@ -577,9 +577,10 @@ struct WeightReads {
 /// 48 KiB up to BV = 64) for the tiles where one bulk copy measured faster than the threads'
 /// own loads into registers: BV = 16 and 64, by 2-8% on the H200 at B = 1..8, both models,
 /// T = 4 and 8; at BV = 8 and 32 it was 1-4% slower (up to 16% at 384-CTA grids) and they
-/// keep the register loads (docs/perf.md v12). BV = 128's large-B path is the streaming
-/// kernel. kIssuer: thread 0 initialises the barrier and issues the copy (lane 0 of the last
-/// warp, which has no channel pair, measured 1-4% slower: v12b).
+/// keep the register loads (docs/perf.md v12: at BV = 32 the stage did not make the conv
+/// history land sooner, and its copy after the norms cost more than it saved). BV = 128's
+/// large-B path is the streaming kernel. kIssuer: thread 0 initialises the barrier and issues
+/// the copy (lane 0 of the last warp, which has no channel pair, measured 1-4% slower: v12b).
 template <int K, int BV>
 struct ItemStateStage {
   static constexpr bool kUsed = BV == 16 || BV == 64;
@@ -609,8 +610,7 @@ struct GlobalSource : WeightReads<Item> {
   int32_t slot_, row_;             ///< the request's slot and scratch row (load_indices)
   /// kStateStaged: the state tile arrives as one bulk copy into `stage` ([BV][K] f32 in shared
   /// memory, barrier in `bulk`), issued by one thread (ItemStateStage) as soon as the slot is
-  /// known, and every thread copies its columns to registers after the norms:
-  /// the warps' load issue stays free for the conv history and the inputs, and the tile does
+  /// known, and every thread copies its columns to registers after the norms, so the tile does
   /// not hold registers through the prologue. Otherwise the threads load it into registers
   /// with the other inputs. (The launchers check that ssm_state and its slot pitch are 16-byte
   /// multiples, so the tile — contiguous columns v0 .. v0 + BV - 1 — is always bulk-copyable.)
