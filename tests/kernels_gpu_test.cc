@@ -104,11 +104,16 @@ std::vector<VerifyCase> base_cases() {
   cs.back().pad_at = 0;
   add(4, 4, 2, 4, 128, true, false, 0, true);
   cs.back().pad_at = 3;
+  // V = 80: a partial last V tile at BV = 32, 64 and 128 (16 columns past the last full tile;
+  // BV = 8 and 16 divide it): the bulk-copied state stage (BV = 16, 64) copies only the
+  // columns below V, and every tile must leave the columns past V alone.
+  add(2, 4, 2, 4, 128, true, false, 0, true);
+  cs.back().V = 80;
   // KDA_TEST_QUICK=1 (compute-sanitizer runs, tools/gpu_bundle.sh run_all.sh --sanitize):
-  // a padding row (also the first request), GQA, the safe gate, two chunks and a model shape,
-  // in a few seconds.
+  // a padding row (also the first request), GQA, the safe gate, two chunks, a model shape and
+  // partial V tiles, in a few seconds.
   if (std::getenv("KDA_TEST_QUICK") != nullptr) {
-    return {cs[4], cs[10], cs[13], cs[16], cs[17], cs[18]};
+    return {cs[4], cs[10], cs[13], cs[16], cs[17], cs[18], cs.back()};
   }
   return cs;
 }
