@@ -706,6 +706,8 @@ __global__ void __launch_bounds__(256, 2)
     verify_tile_kernel(const __grid_constant__ TileArgs args) {
   using Item = VerifyItem<WeightT, K, BV, FUSED>;
   using Stage = ItemStateStage<K, BV>;
+  static_assert(sizeof(TileSmem<typename Item::Cfg>) + sizeof(Stage) + 128 <= 48 * 1024,
+                "static shared memory (tile + state stage, with alignment) over 48 KiB");
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
   __shared__ __align__(128) Stage state_stage;
   const int hv = static_cast<int>(blockIdx.y);
