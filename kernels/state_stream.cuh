@@ -44,16 +44,11 @@ class BulkStage {
 
   /// Thread 0 initialises the barrier; a __syncthreads() must follow before any use.
   __device__ void init() {
-    if (threadIdx.x == 0) {
-      init_here();
-    }
-  }
-  /// The calling thread (one thread only) initialises the barrier; a __syncthreads() must
-  /// follow before any use.
-  __device__ void init_here() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar_)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    if (threadIdx.x == 0) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar_)) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
 #endif
   }
 

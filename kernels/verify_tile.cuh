@@ -579,12 +579,11 @@ struct WeightReads {
 /// T = 4 and 8; at BV = 8 and 32 it was 1-4% slower (up to 16% at 384-CTA grids) and they
 /// keep the register loads (docs/perf.md v12: at BV = 32 the stage did not make the conv
 /// history land sooner, and its copy after the norms cost more than it saved). BV = 128's
-/// large-B path is the streaming kernel. kIssuer: thread 0 initialises the barrier and issues
-/// the copy (lane 0 of the last warp, which has no channel pair, measured 1-4% slower: v12b).
+/// large-B path is the streaming kernel. Thread 0 initialises the barrier and issues the copy
+/// (lane 0 of the last warp, which has no channel pair, measured 1-4% slower: v12b).
 template <int K, int BV>
 struct ItemStateStage {
   static constexpr bool kUsed = BV == 16 || BV == 64;
-  static constexpr unsigned kIssuer = 0;
   __align__(128) float tile[kUsed ? BV * K : 4];
   uint64_t bar;
 };
@@ -609,7 +608,7 @@ struct GlobalSource : WeightReads<Item> {
   int32_t x_step, a_step, b_step;  ///< row pitches (elements)
   int32_t slot_, row_;             ///< the request's slot and scratch row (load_indices)
   /// kStateStaged: the state tile arrives as one bulk copy into `stage` ([BV][K] f32 in shared
-  /// memory, barrier in `bulk`), issued by one thread (ItemStateStage) as soon as the slot is
+  /// memory, barrier in `bulk`), issued by thread 0 (ItemStateStage) as soon as the slot is
   /// known, and every thread copies its columns to registers after the norms, so the tile does
   /// not hold registers through the prologue. Otherwise the threads load it into registers
   /// with the other inputs. (The launchers check that ssm_state and its slot pitch are 16-byte
@@ -674,10 +673,10 @@ struct GlobalSource : WeightReads<Item> {
                                              const float* head) const {
     load_state_columns<Slice>(S, ok, head, it.col0, it.c);
   }
-  /// The issuing thread (ItemStateStage::kIssuer): the tile's columns v0 .. v0 + cols - 1 of
-  /// the head at `head`, one bulk copy.
+  /// Thread 0 (which initialised the barrier): the tile's columns v0 .. v0 + cols - 1 of the
+  /// head at `head`, one bulk copy.
   __device__ __forceinline__ void issue_state_copy(const Item& it, const float* head) const {
-    if (threadIdx.x == ItemStateStage<Slice::K, Item::Cfg::BV>::kIssuer) {
+    if (threadIdx.x == 0) {
       const int cols = min(Item::Cfg::BV, it.p.V - it.v0);
       bulk->issue({0u, head + static_cast<int64_t>(it.v0) * Slice::K,
                    static_cast<uint32_t>(cols * Slice::K * sizeof(float))});
@@ -718,9 +717,7 @@ __global__ void __launch_bounds__(256, 2)
   auto src = GlobalSource<Item>::for_item(item);
   BulkStage bulk(state_stage.tile, &state_stage.bar);
   if constexpr (Stage::kUsed) {
-    if (threadIdx.x == Stage::kIssuer) {
-      bulk.init_here();
-    }
+    bulk.init();  // thread 0, which also issues the copy
     src.bulk = &bulk;
     src.stage = state_stage.tile;
   }
