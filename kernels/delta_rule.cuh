@@ -232,10 +232,9 @@ __device__ __forceinline__ void l2_normalize_regs(float (&x)[K / 32], float scal
   const float denom = kda_sqrt(__fadd_rn(sumsq, 1e-6f));
 #pragma unroll
   for (int e = 0; e < E; ++e) {
-    x[e] = kda_div(x[e], denom);
-    if (apply_scale) {
-      x[e] = __fmul_rn(x[e], scale);
-    }
+    // x * 1 is x (no flush to zero in these kernels): a multiply by a selected factor, not a
+    // branch per element, so the E divisions overlap (docs/perf.md v13).
+    x[e] = __fmul_rn(kda_div(x[e], denom), apply_scale ? scale : 1.0f);
   }
 }
 

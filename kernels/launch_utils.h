@@ -59,6 +59,17 @@ enum class StreamFrom {
 /// stream capture).
 int device_sm_count();
 
+/// The per-item verify tiles with BV <= 64 come in two register budgets: two CTAs per SM
+/// (128 registers per thread) and one (up to 255, ring-mode steps grouped: 4-11% faster at
+/// B = 1..4, docs/perf.md v13). kAuto: one per SM when the launch gains from it (`grouped`:
+/// ring mode or extend) and the grid has at most one CTA per SM; tests force each form (both
+/// give the same bits). A launch on another thread sees the old or the new setting.
+enum class TileOccupancy { kAuto, kTwoPerSm, kOnePerSm };
+TileOccupancy tile_occupancy_mode();
+void set_tile_occupancy_mode(TileOccupancy mode);
+/// Whether a per-item verify grid of `ctas` CTAs takes the one-CTA-per-SM form.
+bool one_cta_per_sm_tiles(int64_t ctas, bool grouped);
+
 /// Grid size for a persistent streaming launch of `kernel` (`threads` per CTA, `smem_bytes`
 /// dynamic shared memory) over `items` work items on the current device, or 0 when the
 /// one-CTA-per-item kernel should run instead (mode kNever, pre-sm_90 device, `streamable`

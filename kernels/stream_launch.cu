@@ -1,4 +1,5 @@
-// stream_launch.cu: host-side choice and sizing of the persistent streaming launches.
+// stream_launch.cu: host-side choices of the verify and fold launches: persistent streaming grids
+// (sizing, occupancy) and the per-item tiles' register budget.
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -16,6 +17,7 @@ namespace {
 // Test / bench knobs, read on every launch (atomics: a change races with no launch).
 std::atomic<StateStreamMode> g_stream_mode{StateStreamMode::kAuto};
 std::atomic<int> g_stream_max_ctas{0};
+std::atomic<TileOccupancy> g_tile_occupancy{TileOccupancy::kAuto};
 
 struct DeviceInfo {
   int sms = 0;
@@ -50,6 +52,22 @@ int device_sm_count() {
   KDA_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(g_mu);
   return device_info(device).sms;
+}
+
+TileOccupancy tile_occupancy_mode() { return g_tile_occupancy.load(std::memory_order_relaxed); }
+void set_tile_occupancy_mode(TileOccupancy mode) {
+  g_tile_occupancy.store(mode, std::memory_order_relaxed);
+}
+bool one_cta_per_sm_tiles(int64_t ctas, bool grouped) {
+  switch (tile_occupancy_mode()) {
+    case TileOccupancy::kOnePerSm:
+      return true;
+    case TileOccupancy::kTwoPerSm:
+      return false;
+    case TileOccupancy::kAuto:
+      break;
+  }
+  return grouped && ctas <= device_sm_count();
 }
 
 StateStreamMode state_stream_mode() { return g_stream_mode.load(std::memory_order_relaxed); }

@@ -127,6 +127,9 @@ struct VerifyItem {
   static constexpr int kGateStep = Cfg::kThreads / K;
   static constexpr int kGateIters = Cfg::kChunk / kGateStep;
   static_assert(Cfg::kThreads % K == 0 && Cfg::kChunk % kGateStep == 0, "gate work split");
+  /// Gates computed together: those of 4 consecutive tokens (K = 128: 2, K = 64: 1).
+  static constexpr int kGateGroup = kGateStep >= 4 ? 1 : 4 / kGateStep;
+  static_assert(kGateIters % kGateGroup == 0, "whole gate groups");
 
   __device__ __forceinline__ VerifyItem(const TileArgs& a, const ItemCoords& at)
       : args(a), p(a.p), tile(at.tile), hv(at.hv), n(at.n), h(at.h) {
@@ -199,7 +202,10 @@ struct VerifyItem {
     in.bs = tid < tc ? src.b(*this, t0) : 0u;
   }
 
-  template <typename Src>
+  /// kStepGroup: ring-mode steps run in whole groups of this many with their outputs stored
+  /// after the group (4: the per-item kernel's one-CTA-per-SM form, which has the registers
+  /// for it; 1: one step after the other).
+  template <int kStepGroup = 1, typename Src>
   __device__ __forceinline__ void run(TileSmem<Cfg>& sm, Src& src) {
     const int T = p.T;
     const int slot = src.slot(*this);
@@ -320,30 +326,26 @@ struct VerifyItem {
         constexpr bool kTokenLoop = FUSED && Src::kStaged;
         int64_t win_off = static_cast<int64_t>(t0) * 3 * D;
         int64_t ring_off = t0 * ring_step;
-        // Token tt of the pair: x = its input, (w0, w1) = its conv window, oldest first.
-        const auto token = [&](int tt, float2 x) {
-          const int t = t0 + tt;
-          float y0, y1;
+        // A token's q/k/v value of one channel: conv + SiLU of (window c0..c2, input x).
+        const auto token_y = [&](const ConvTaps& taps, float c0, float c1, float c2, float x) {
           if constexpr (FUSED) {
-            const float a0 = conv_acc<WeightT>(taps0, w0[0], w0[1], w0[2], x.x);
-            const float a1 = conv_acc<WeightT>(taps1, w1[0], w1[1], w1[2], x.y);
-            w0[0] = w0[1];
-            w0[1] = w0[2];
-            w0[2] = x.x;
-            w1[0] = w1[1];
-            w1[1] = w1[2];
-            w1[2] = x.y;
-            y0 = silu_bf16(a0);
-            y1 = silu_bf16(a1);
+            return silu_bf16(conv_acc<WeightT>(taps, c0, c1, c2, x));
+          } else {
+            return x;
+          }
+        };
+        // Token tt's stores: its pair (y0, y1) to shared memory and the ring, and its conv
+        // window (s0, s1: three values after the token, oldest first).
+        const auto token_stores = [&](int tt, float y0, float y1, const float* s0,
+                                      const float* s1) {
+          const int t = t0 + tt;
+          if constexpr (FUSED) {
             if (write_window) {
               bf16_t* w = win_base + win_off;
-              st_bf16x2(w, w0[0], w1[0]);
-              st_bf16x2(w + D, w0[1], w1[1]);
-              st_bf16x2(w + 2 * D, w0[2], w1[2]);
+              st_bf16x2(w, s0[0], s1[0]);
+              st_bf16x2(w + D, s0[1], s1[1]);
+              st_bf16x2(w + 2 * D, s0[2], s1[2]);
             }
-          } else {
-            y0 = x.x;
-            y1 = x.y;
           }
           *reinterpret_cast<float2*>(sm_dst + tt * sm_stride) = make_float2(y0, y1);
           if (ring_pair != nullptr && t < p.L) {
@@ -357,38 +359,104 @@ struct VerifyItem {
 #pragma unroll 1
           for (int tt = 0; tt < tc; ++tt) {  // t0 = 0: one chunk
             src.window(*this, tt, w0, w1);
-            token(tt, bf16x2_bits_to_float2(src.x(*this, 0, tt)));
+            const float2 x = bf16x2_bits_to_float2(src.x(*this, 0, tt));
+            const float y0 = token_y(taps0, w0[0], w0[1], w0[2], x.x);
+            const float y1 = token_y(taps1, w1[0], w1[1], w1[2], x.y);
+            const float s0[kConvHistory] = {w0[1], w0[2], x.x};
+            const float s1[kConvHistory] = {w1[1], w1[2], x.y};
+            token_stores(tt, y0, y1, s0, s1);
             win_off += 3 * D;
             ring_off += ring_step;
           }
         } else {
-          // Per-item kernels (latency-bound): every token unrolled, the window in registers.
+          // Per-item kernels (latency-bound): tokens in groups of kGroup, the window in
+          // registers. A group's arithmetic comes first, branch-free (tokens past tc compute
+          // on zero inputs and are never stored), then its stores: with each token's stores
+          // (behind their branches) between its arithmetic and the next token's, the tokens'
+          // conv + SiLU chains ran one after another (docs/perf.md v13).
+          // BV = 128 (the fallback when the streaming kernel cannot run) keeps one token per
+          // group: with four, the fused tile spilled 144 B instead of 56.
+          constexpr int kGroup = BV <= 64 ? 4 : 1;
+          static_assert(Cfg::kChunk % kGroup == 0, "whole groups per chunk");
 #pragma unroll
-          for (int tt = 0; tt < Cfg::kChunk; ++tt) {
-            if (tt >= tc) {
+          for (int g = 0; g < Cfg::kChunk; g += kGroup) {
+            if (g >= tc) {
               break;
             }
-            token(tt, bf16x2_bits_to_float2(xs[tt]));
-            win_off += 3 * D;
-            ring_off += ring_step;
+            // The pair's values from the window's oldest row to the group's last token.
+            float s0[kConvHistory + kGroup], s1[kConvHistory + kGroup];
+#pragma unroll
+            for (int j = 0; j < kConvHistory; ++j) {
+              s0[j] = w0[j];
+              s1[j] = w1[j];
+            }
+#pragma unroll
+            for (int u = 0; u < kGroup; ++u) {
+              const float2 x = bf16x2_bits_to_float2(xs[g + u]);
+              s0[kConvHistory + u] = x.x;
+              s1[kConvHistory + u] = x.y;
+            }
+            float y0[kGroup], y1[kGroup];
+#pragma unroll
+            for (int u = 0; u < kGroup; ++u) {
+              y0[u] = token_y(taps0, s0[u], s0[u + 1], s0[u + 2], s0[u + 3]);
+              y1[u] = token_y(taps1, s1[u], s1[u + 1], s1[u + 2], s1[u + 3]);
+            }
+#pragma unroll
+            for (int u = 0; u < kGroup; ++u) {
+              if (g + u < tc) {
+                token_stores(g + u, y0[u], y1[u], &s0[u + 1], &s1[u + 1]);
+              }
+              win_off += 3 * D;
+              ring_off += ring_step;
+            }
+#pragma unroll
+            for (int j = 0; j < kConvHistory; ++j) {
+              w0[j] = s0[kGroup + j];
+              w1[j] = s1[kGroup + j];
+            }
           }
         }
       }
 
-      // 2. gates and beta.
+      // 2. gates and beta: a group of kGateGroup gates (the chunk's tokens in kGroup steps)
+      // computed before their stores, as the conv above.
 #pragma unroll
-      for (int j = 0; j < kGateIters; ++j) {
-        const int tt = gt0 + j * kGateStep;
-        if (tt >= tc) {
+      for (int jg = 0; jg < kGateIters; jg += kGateGroup) {
+        if (jg * kGateStep >= tc) {
           break;
         }
-        const int t = t0 + tt;
-        const float x = __fadd_rn(bf16_bits_to_float(as[j]), dt_bias);
-        const float g = p.gate == GateKind::kStandard ? gate_standard(x, exp_a_log)
-                                                      : gate_safe(x, exp_a_log, p.lower_bound);
-        sm.decay[tt][gk] = kda_exp(g);
-        if (ring && gate_owner && t < p.L) {
-          p.ring_g[slot * p.ring_g_slot_stride + (static_cast<int64_t>(hv) * p.L + t) * K + gk] = g;
+        float x[kGateGroup], g[kGateGroup], decay[kGateGroup];
+#pragma unroll
+        for (int u = 0; u < kGateGroup; ++u) {
+          x[u] = __fadd_rn(bf16_bits_to_float(as[jg + u]), dt_bias);
+        }
+        if (p.gate == GateKind::kStandard) {  // the kind's branch outside the group
+#pragma unroll
+          for (int u = 0; u < kGateGroup; ++u) {
+            g[u] = gate_standard(x[u], exp_a_log);
+          }
+        } else {
+#pragma unroll
+          for (int u = 0; u < kGateGroup; ++u) {
+            g[u] = gate_safe(x[u], exp_a_log, p.lower_bound);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kGateGroup; ++u) {
+          decay[u] = kda_exp(g[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kGateGroup; ++u) {
+          const int tt = gt0 + (jg + u) * kGateStep;
+          if (tt < tc) {
+            const int t = t0 + tt;
+            sm.decay[tt][gk] = decay[u];
+            if (ring && gate_owner && t < p.L) {
+              p.ring_g[slot * p.ring_g_slot_stride + (static_cast<int64_t>(hv) * p.L + t) * K +
+                       gk] = g[u];
+            }
+          }
         }
       }
       if (tid < tc) {
@@ -506,11 +574,34 @@ struct VerifyItem {
       } else {
         // One step after the other (the per-item tiles: latency-bound at small B, where the
         // split form's extra shared loads cost 1-4%, docs/perf.md v5).
-        for (int tt = 0; tt < tc; ++tt) {
+        const auto step = [&](int tt, float(&o)[CPT]) {
           v_of(tt, vv);
           delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
-          float o[CPT];
           output_dot<Slice>(S, sm.qk[tt][0], c, o);
+        };
+        int tt = 0;
+        if constexpr (kStepGroup > 1) {
+          // Whole groups with their outputs stored after the group: no store (behind its
+          // branch) then separates step tt's output dot from step tt + 1's decay and key dot,
+          // which do not depend on it, and the scheduler overlaps them (docs/perf.md v13).
+          // Snapshot mode stores the state after every step, so it keeps the plain loop.
+          if (!snap) {
+            for (; tt + kStepGroup <= tc; tt += kStepGroup) {
+              float o[kStepGroup][CPT];
+#pragma unroll
+              for (int u = 0; u < kStepGroup; ++u) {
+                step(tt + u, o[u]);
+              }
+#pragma unroll
+              for (int u = 0; u < kStepGroup; ++u) {
+                store_outputs(t0 + tt + u, o[u]);
+              }
+            }
+          }
+        }
+        for (; tt < tc; ++tt) {
+          float o[CPT];
+          step(tt, o);
           store_outputs(t0 + tt, o);
           store_snapshot(t0 + tt);
         }
@@ -699,9 +790,11 @@ struct GlobalSource : WeightReads<Item> {
 };
 
 /// One CTA per item, grid (ceil(V/BV), HV, B): the inputs come straight from global memory
-/// (lowest latency: the small-B path).
-template <typename WeightT, int K, int BV, bool FUSED>
-__global__ void __launch_bounds__(256, 2)
+/// (lowest latency: the small-B path). kCtasPerSm = 2: 128 registers per thread, so that two
+/// CTAs share an SM; kCtasPerSm = 1 (BV <= 64, launched when the grid fits one CTA per SM):
+/// up to 255, with the ring-mode steps grouped (kStepGroup 4), which at 128 registers spilled.
+template <typename WeightT, int K, int BV, bool FUSED, int kCtasPerSm>
+__global__ void __launch_bounds__(256, kCtasPerSm)
     verify_tile_kernel(const __grid_constant__ TileArgs args) {
   using Item = VerifyItem<WeightT, K, BV, FUSED>;
   using Stage = ItemStateStage<K, BV>;
@@ -729,7 +822,7 @@ __global__ void __launch_bounds__(256, 2)
   // The committed state and the activations come from earlier kernels: wait for them.
   pdl_wait();
   pdl_launch_dependents();
-  item.run(sm, src);
+  item.template run<kCtasPerSm == 1 ? 4 : 1>(sm, src);
 }
 
 /// Launches one configuration with PDL (programmatic stream serialisation) on sm_90+.
@@ -768,10 +861,20 @@ void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
       return;
     }
   }
-  launch_pdl(
-      verify_tile_kernel<WeightT, K, BV, FUSED>,
-      dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.HV), static_cast<unsigned>(p.B)),
-      block, 0, stream, pdl_enabled(), args);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.HV),
+                  static_cast<unsigned>(p.B));
+  if constexpr (BV <= 64) {
+    // The one-per-SM form's gain is its grouped ring-mode steps: snapshot mode (one step at a
+    // time) measured 1-3% slower in it at B = 1, 2 (docs/perf.md v13).
+    const bool grouped_steps = args.extend != 0 || p.mode == RecordMode::kRing;
+    if (one_cta_per_sm_tiles(tiles * p.HV * p.B, grouped_steps)) {
+      launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1>, grid, block, 0, stream,
+                 pdl_enabled(), args);
+      return;
+    }
+  }
+  launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 2>, grid, block, 0, stream, pdl_enabled(),
+             args);
 }
 
 // Instantiations live in kernels/inst/ (one weight type x K per file).

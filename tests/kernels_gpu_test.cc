@@ -64,6 +64,16 @@ class ForceStateStream {
   ForceStateStream& operator=(const ForceStateStream&) = delete;
 };
 
+/// Forces one register budget of the per-item tiles for a scope (kernels::TileOccupancy).
+struct ForceTileOccupancy {
+  explicit ForceTileOccupancy(kernels::TileOccupancy mode) {
+    kernels::set_tile_occupancy_mode(mode);
+  }
+  ~ForceTileOccupancy() { kernels::set_tile_occupancy_mode(kernels::TileOccupancy::kAuto); }
+  ForceTileOccupancy(const ForceTileOccupancy&) = delete;
+  ForceTileOccupancy& operator=(const ForceTileOccupancy&) = delete;
+};
+
 std::vector<VerifyCase> base_cases() {
   // SGLang's 8 base cases and 3 GQA cases (upstream_backend.md §6.1), then the model shapes.
   std::vector<VerifyCase> cs;
@@ -150,12 +160,19 @@ TEST_CASE("kernels: fused == unfused bitwise over whole tensors, every BV", "[ke
             }
           }
         }
-        for (int bv : kernels::kFusedBlockVs) {
-          CAPTURE(bv);
-          VerifyProblem fused = initial.clone_to(kGpu);
-          kernels::invoke_verify_fused(fused.params(), bv, nullptr);
-          sync();
-          require_same_bytes(fused, unfused, "fused vs unfused");
+        // Every BV; the per-item tiles with BV <= 64 in both register budgets (one and two
+        // CTAs per SM: the one-per-SM form runs the ring-mode steps in groups).
+        for (auto occupancy :
+             {kernels::TileOccupancy::kTwoPerSm, kernels::TileOccupancy::kOnePerSm}) {
+          const ForceTileOccupancy force(occupancy);
+          CAPTURE(static_cast<int>(occupancy));
+          for (int bv : kernels::kFusedBlockVs) {
+            CAPTURE(bv);
+            VerifyProblem fused = initial.clone_to(kGpu);
+            kernels::invoke_verify_fused(fused.params(), bv, nullptr);
+            sync();
+            require_same_bytes(fused, unfused, "fused vs unfused");
+          }
         }
         // The BV = 128 tiles as persistent streaming CTAs (3 CTAs: many items each, padding
         // items skipped) and as one CTA per item: the same bits, fused and unfused. Every case
@@ -530,6 +547,16 @@ TEST_CASE("kernels: extend == verify + full commit, bitwise; matches host extend
     CHECK(bitwise_equal(ext.raw(Tensor::kSsmState), ver.raw(Tensor::kSsmState)));
     CHECK(bitwise_equal(ext.raw(Tensor::kConvState), ver.raw(Tensor::kConvState)));
     CHECK(bitwise_equal(ext.out(), ver.out()));
+    // Both register budgets of the per-item tiles (extend runs BV = 32): the same bits.
+    for (auto occupancy : {kernels::TileOccupancy::kTwoPerSm, kernels::TileOccupancy::kOnePerSm}) {
+      const ForceTileOccupancy force(occupancy);
+      CAPTURE(static_cast<int>(occupancy));
+      VerifyProblem forced = initial.clone_to(kGpu);
+      kernels::invoke_extend(forced.extend_params(), nullptr);
+      sync();
+      CHECK(bitwise_equal(forced.raw(Tensor::kSsmState), ext.raw(Tensor::kSsmState)));
+      CHECK(bitwise_equal(forced.out(), ext.out()));
+    }
     // End to end against the host: the host computes its own conv, so rare 1-ulp activation
     // flips of the approximate SiLU count here (T = 1 has few elements: one flip ~3e-5).
     CHECK(rel_l2(ext.ssm_state(), host.ssm_state()) <= kStateFp64RelTol);
