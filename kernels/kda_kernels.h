@@ -26,16 +26,23 @@ constexpr int kFusedBlockVs[] = {8, 16, 32, 64, 128};
 /// The tile when nothing else is known (the measured best over B = 1..64, docs/perf.md).
 constexpr int kDefaultFusedBlockV = 64;
 /// The default fused tile for a call of B requests, HV v-heads of V columns: the widest tile
-/// whose grid B*HV*ceil(V/BV) still has >= 96 CTAs, BV = 128 only from 192 CTAs (its CTAs are
-/// the heaviest and run 2 per SM), never below 16. Narrow tiles buy CTAs for small calls; wide
-/// tiles avoid recomputing the q/k conv per tile. Fitted to the H200 (132 SMs) measurements of
-/// kernel v4 (docs/perf.md); at kernel v9 it is the measured best tile for Kimi-Linear
-/// (HV = 32) at every B in 1..64, T = 4 and 8, and within 4.2% of the best for Kimi-K3 TP8
-/// (HV = 12; ties at B = 1 and 16, BV = 64 ahead at B = 32).
-constexpr int default_block_v(int B, int HV, int V) {
-  for (int bv = 128; bv > 16; bv /= 2) {
+/// whose grid B*HV*ceil(V/BV) still has >= 96 CTAs, never below 16; BV = 128 (the heaviest
+/// CTAs) only from 192 CTAs (streamed, two per SM) or with 96..`one_per_sm_ctas` CTAs, where
+/// the launcher runs the tiles one CTA per SM with grouped steps (launch_utils.h
+/// TileOccupancy): pass the device's SM count in ring mode, 0 in snapshot mode (there the form
+/// is not used). Narrow tiles buy CTAs for small calls; wide tiles avoid recomputing the q/k
+/// conv per tile. Fitted to H200 (132 SMs) measurements (docs/perf.md v4, v13); at kernel v13
+/// it is the measured best tile for Kimi-Linear (HV = 32) at every B in 1..64, T = 4 and 8,
+/// ring mode, and within 4% of the best for Kimi-K3 TP8 (HV = 12; BV = 64 ahead at
+/// B = 16 / 32).
+constexpr int default_block_v(int B, int HV, int V, int one_per_sm_ctas = 0) {
+  const long long widest = static_cast<long long>(B) * HV * ((V + 127) / 128);
+  if (widest >= 192 || (widest >= 96 && widest <= one_per_sm_ctas)) {
+    return 128;
+  }
+  for (int bv = 64; bv > 16; bv /= 2) {
     const long long ctas = static_cast<long long>(B) * HV * ((V + bv - 1) / bv);
-    if (ctas >= (bv == 128 ? 192 : 96)) {
+    if (ctas >= 96) {
       return bv;
     }
   }

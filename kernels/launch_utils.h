@@ -59,11 +59,12 @@ enum class StreamFrom {
 /// stream capture).
 int device_sm_count();
 
-/// The per-item verify tiles with BV <= 64 come in two register budgets: two CTAs per SM
-/// (128 registers per thread) and one (up to 255, ring-mode steps grouped: 4-11% faster at
-/// B = 1..4, docs/perf.md v13). kAuto: one per SM when the launch gains from it (`grouped`:
-/// ring mode or extend) and the grid has at most one CTA per SM; tests force each form (both
-/// give the same bits). A launch on another thread sees the old or the new setting.
+/// The per-item verify tiles come in two register budgets: two CTAs per SM (128 registers per
+/// thread) and one (up to 255, ring-mode steps grouped: 4-11% faster at B = 1..4 at BV <= 64,
+/// 20-26% at BV = 128, docs/perf.md v13). kAuto: one per SM when the launch gains from it
+/// (`grouped`: ring mode or extend) and the grid has at most one CTA per SM, also ahead of the
+/// BV = 128 streaming kernel; tests force each form (both give the same bits). A launch on
+/// another thread sees the old or the new setting.
 enum class TileOccupancy { kAuto, kTwoPerSm, kOnePerSm };
 TileOccupancy tile_occupancy_mode();
 void set_tile_occupancy_mode(TileOccupancy mode);

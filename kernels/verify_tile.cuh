@@ -245,10 +245,11 @@ struct VerifyItem {
     // conv history and the state tile, before any of them is used — one memory round trip
     // after the PDL wait (the per-item kernel has read the slot before it, v9d), not three
     // (the chunk loop would otherwise keep the input loads behind the history's conversion):
-    // B = 1..4 6-12% faster (docs/perf.md v4b). BV = 128 tiles load them in the
+    // B = 1..4 6-12% faster (docs/perf.md v4b). So do BV = 128 tiles in the one-CTA-per-SM
+    // form (kStepGroup > 1: registers to spare); the other BV = 128 tiles load them in the
     // loop: there the early loads cost spills (per-item kernel, B = 8: 12.3 -> 13.7 us) or
     // registers (streaming kernel: 1-2% slower at B = 64), and other CTAs hide the latency.
-    constexpr bool kEarlyInputs = !Src::kStaged && BV <= 64;
+    constexpr bool kEarlyInputs = !Src::kStaged && (BV <= 64 || kStepGroup > 1);
     ChunkInputs in;
     if constexpr (kEarlyInputs) {
       load_chunk(src, 0, min(Cfg::kChunk, T), in);
@@ -374,9 +375,9 @@ struct VerifyItem {
           // on zero inputs and are never stored), then its stores: with each token's stores
           // (behind their branches) between its arithmetic and the next token's, the tokens'
           // conv + SiLU chains ran one after another (docs/perf.md v13).
-          // BV = 128 (the fallback when the streaming kernel cannot run) keeps one token per
-          // group: with four, the fused tile spilled 144 B instead of 56.
-          constexpr int kGroup = BV <= 64 ? 4 : 1;
+          // BV = 128 at 128 registers (the fallback when the streaming kernel cannot run) keeps
+          // one token per group: with four, the fused tile spilled 144 B instead of 56.
+          constexpr int kGroup = BV <= 64 || kStepGroup > 1 ? 4 : 1;
           static_assert(Cfg::kChunk % kGroup == 0, "whole groups per chunk");
 #pragma unroll
           for (int g = 0; g < Cfg::kChunk; g += kGroup) {
@@ -791,8 +792,9 @@ struct GlobalSource : WeightReads<Item> {
 
 /// One CTA per item, grid (ceil(V/BV), HV, B): the inputs come straight from global memory
 /// (lowest latency: the small-B path). kCtasPerSm = 2: 128 registers per thread, so that two
-/// CTAs share an SM; kCtasPerSm = 1 (BV <= 64, launched when the grid fits one CTA per SM):
-/// up to 255, with the ring-mode steps grouped (kStepGroup 4), which at 128 registers spilled.
+/// CTAs share an SM; kCtasPerSm = 1 (launched in ring mode and extend when the grid fits one
+/// CTA per SM, ahead of the streaming kernel at BV = 128): up to 255, with the ring-mode steps
+/// grouped (kStepGroup 4), which at 128 registers spilled.
 template <typename WeightT, int K, int BV, bool FUSED, int kCtasPerSm>
 __global__ void __launch_bounds__(256, kCtasPerSm)
     verify_tile_kernel(const __grid_constant__ TileArgs args) {
@@ -847,28 +849,28 @@ void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
   TileArgs args = call;
   args.div = {FastDivisor(static_cast<uint32_t>(tiles)), FastDivisor(static_cast<uint32_t>(p.HV)),
               FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
+  const int64_t ctas = tiles * p.HV * p.B;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.HV),
+                  static_cast<unsigned>(p.B));
+  // The one-per-SM form's gain is its grouped ring-mode steps: snapshot mode (one step at a
+  // time) measured 1-3% slower in it at B = 1, 2 (docs/perf.md v13).
+  const bool grouped_steps = args.extend != 0 || p.mode == RecordMode::kRing;
+  if (one_cta_per_sm_tiles(ctas, grouped_steps)) {
+    launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1>, grid, block, 0, stream, pdl_enabled(),
+               args);
+    return;
+  }
   if constexpr (BV == 128) {
     const size_t stage_bytes = kVerifyStreamSmemBytes<K, BV>;
     const bool streamable =
         args.extend == 0 && stream_layout_ok(p, TileConfig<K, BV>::kChunk, FUSED);
     const void* kernel = reinterpret_cast<const void*>(verify_stream_kernel<WeightT, K, BV, FUSED>);
-    const int grid =
-        state_stream_grid(kernel, TileConfig<K, BV>::kThreads, stage_bytes, tiles * p.HV * p.B,
-                          streamable, FUSED ? StreamFrom::kAnyCount : StreamFrom::kBeyondOneWave);
-    if (grid > 0) {
-      launch_pdl(verify_stream_kernel<WeightT, K, BV, FUSED>, dim3(static_cast<unsigned>(grid)),
-                 block, stage_bytes, stream, pdl_enabled(), args);
-      return;
-    }
-  }
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.HV),
-                  static_cast<unsigned>(p.B));
-  if constexpr (BV <= 64) {
-    // The one-per-SM form's gain is its grouped ring-mode steps: snapshot mode (one step at a
-    // time) measured 1-3% slower in it at B = 1, 2 (docs/perf.md v13).
-    const bool grouped_steps = args.extend != 0 || p.mode == RecordMode::kRing;
-    if (one_cta_per_sm_tiles(tiles * p.HV * p.B, grouped_steps)) {
-      launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1>, grid, block, 0, stream,
+    const int stream_grid =
+        state_stream_grid(kernel, TileConfig<K, BV>::kThreads, stage_bytes, ctas, streamable,
+                          FUSED ? StreamFrom::kAnyCount : StreamFrom::kBeyondOneWave);
+    if (stream_grid > 0) {
+      launch_pdl(verify_stream_kernel<WeightT, K, BV, FUSED>,
+                 dim3(static_cast<unsigned>(stream_grid)), block, stage_bytes, stream,
                  pdl_enabled(), args);
       return;
     }

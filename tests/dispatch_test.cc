@@ -128,14 +128,17 @@ TEST_CASE("dispatch: contract §4 table, platform x batch x mode", "[dispatch]")
       } else if (ring_platform(pc.platform)) {
         CHECK(d.path == VerifyPath::kFused);
         CHECK(d.reason == DispatchReason::kRingFused);
-        CHECK(d.block_v == kernels::default_block_v(B, problem.HV, problem.V));
+        CHECK(d.block_v ==
+              kernels::default_block_v(B, problem.HV, problem.V, pc.platform.sm_count));
       } else {
         CHECK(d.path == VerifyPath::kUnfused);
         CHECK(d.reason == DispatchReason::kRingPlatformUnmeasured);
         CHECK(d.describe() ==
               "unfused: ring mode on other (fused+ring is enabled on SM90 and SM100 only)");
       }
-      CHECK(d.block_v == (d.fused() ? kernels::default_block_v(B, problem.HV, problem.V) : 0));
+      CHECK(d.block_v == (d.fused() ? kernels::default_block_v(B, problem.HV, problem.V,
+                                                               ring ? pc.platform.sm_count : 0)
+                                    : 0));
     }
     SECTION("fused verify switched off") {
       DispatchFlags flags;
@@ -408,18 +411,25 @@ TEST_CASE("dispatch: each ring-layout failure has its own reason", "[dispatch]")
   }
 }
 
-TEST_CASE("dispatch: the default tile is the H200's measured best (docs/perf.md, v4)",
+TEST_CASE("dispatch: the default tile is the H200's measured best (docs/perf.md, v4, v13)",
           "[dispatch]") {
-  // Best fused+ring BV per B = 1, 2, 4, 8, 16, 32, 64 (T = 4 and 8 agree), kda_bench on the
-  // H200: docs/bench/h200_v4_kimi_linear.txt and h200_v4_k3_tp8.txt.
+  // Best fused BV per B = 1, 2, 4, 8, 16, 32, 64 (T = 4 and 8 agree), kda_bench on the H200
+  // (132 SMs): snapshot mode docs/bench/h200_v4_*.txt; ring mode, where grids of 96..132 CTAs
+  // run BV = 128 one CTA per SM, h200_v13k_*.txt.
   const int batches[] = {1, 2, 4, 8, 16, 32, 64};
   const int kimi_linear[] = {32, 64, 64, 128, 128, 128, 128};  // HV = 32, V = 128
   const int k3_tp8[] = {16, 32, 64, 64, 128, 128, 128};        // HV = 12, V = 128
+  const int kimi_linear_ring[] = {32, 64, 128, 128, 128, 128, 128};
+  const int k3_tp8_ring[] = {16, 32, 64, 128, 128, 128, 128};
   for (size_t i = 0; i < std::size(batches); ++i) {
     CAPTURE(batches[i]);
     CHECK(kernels::default_block_v(batches[i], 32, 128) == kimi_linear[i]);
     CHECK(kernels::default_block_v(batches[i], 12, 128) == k3_tp8[i]);
+    CHECK(kernels::default_block_v(batches[i], 32, 128, 132) == kimi_linear_ring[i]);
+    CHECK(kernels::default_block_v(batches[i], 12, 128, 132) == k3_tp8_ring[i]);
   }
+  // Fewer SMs than the widest grid's CTAs: no one-per-SM window (H100 PCIe: 114 SMs).
+  CHECK(kernels::default_block_v(4, 32, 128, 114) == 64);
   // Small and odd shapes stay on supported tiles.
   CHECK(kernels::default_block_v(1, 1, 64) == 16);
   CHECK(kernels::default_block_v(65535, 64, 1024) == 128);

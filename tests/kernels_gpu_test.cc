@@ -177,10 +177,13 @@ TEST_CASE("kernels: fused == unfused bitwise over whole tensors, every BV", "[ke
         // The BV = 128 tiles as persistent streaming CTAs (3 CTAs: many items each, padding
         // items skipped) and as one CTA per item: the same bits, fused and unfused. Every case
         // with one token chunk streams, except fused with 8-byte conv-state pitches (pad 4).
+        // Two CTAs per SM: in ring mode these small grids would otherwise take the one-per-SM
+        // per-item form ahead of streaming (checked in the BV loop above).
         if (c.T <= 8) {
           CHECK(kernels::verify_stream_layout_ok(initial.params(), false));
           CHECK(kernels::verify_stream_layout_ok(initial.params(), true) == (c.pitch_pad % 8 == 0));
         }
+        const ForceTileOccupancy two_per_sm(kernels::TileOccupancy::kTwoPerSm);
         for (auto sched : {kernels::StateStreamMode::kAlways, kernels::StateStreamMode::kNever}) {
           const ForceStateStream force(sched, 3);
           CAPTURE(static_cast<int>(sched));
@@ -577,12 +580,15 @@ TEST_CASE("kernels: CUDA-graph capture and replay give the eager bits", "[kernel
   c.seed = run_seed() + 6000;
   // Passes 2-3: the persistent streaming kernels (BV = 128 verify, fold) under capture. The
   // graph is captured before the eager run, so run alone (tools/gpu_bundle.sh run_all.sh does)
-  // this also proves the streaming launch's first-use set-up is legal inside a capture.
+  // this also proves the streaming launch's first-use set-up is legal inside a capture. Pass 0
+  // (ring mode, a small grid) takes the per-item tiles' one-CTA-per-SM form.
   for (int pass = 0; pass < 4; ++pass) {
     const RecordMode mode = pass % 2 == 0 ? RecordMode::kRing : RecordMode::kSnapshot;
     const bool streamed = pass >= 2;
     const ForceStateStream force(
         streamed ? kernels::StateStreamMode::kAlways : kernels::StateStreamMode::kAuto, 5);
+    const ForceTileOccupancy occupancy(streamed ? kernels::TileOccupancy::kTwoPerSm
+                                                : kernels::TileOccupancy::kAuto);
     const int bv = streamed ? 128 : 16;
     c.mode = mode;
     CAPTURE(c, streamed);

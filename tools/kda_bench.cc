@@ -67,7 +67,8 @@ void print_header(const BenchArgs& args) {
   }
 }
 
-int run(const BenchArgs& args, int argc, const char* const* argv) {
+int run(const BenchArgs& cli_args, int argc, const char* const* argv) {
+  BenchArgs args = cli_args;  // plus the device's SM count (the dispatcher's auto tile uses it)
   if (args.dry_run) {
     print_header(args);
     print_plan(args, kAssumedL2Bytes);
@@ -82,6 +83,7 @@ int run(const BenchArgs& args, int argc, const char* const* argv) {
     return kExitError;
   }
   KDA_CUDA_CHECK(cudaSetDevice(platform.device));
+  args.sms = platform.sm_count;
   kernels::set_pdl_enabled(args.pdl);
   kernels::set_state_stream_mode(args.state_stream);
   cudaDeviceProp prop{};

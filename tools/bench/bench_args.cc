@@ -88,14 +88,14 @@ bool BenchArgs::any_mode(RecordMode m) const {
                      [m](Variant v) { return variant_mode(v) == m; });
 }
 
-std::vector<int> BenchArgs::fused_block_vs(int B) const {
+std::vector<int> BenchArgs::fused_block_vs(int B, RecordMode mode) const {
   if (sweep_bv) {
     return std::vector<int>(std::begin(kernels::kFusedBlockVs), std::end(kernels::kFusedBlockVs));
   }
   if (block_v > 0) {
     return {block_v};
   }
-  return {kernels::default_block_v(B, shape.HV, shape.V)};
+  return {kernels::default_block_v(B, shape.HV, shape.V, mode == RecordMode::kRing ? sms : 0)};
 }
 
 std::string BenchArgs::fused_block_v_text() const {

@@ -53,6 +53,7 @@ struct BenchArgs {
   std::vector<int> draft_tokens{4, 8};  ///< T list
   std::vector<Variant> variants{std::begin(kAllVariants), std::end(kAllVariants)};
   int block_v = 0;  ///< fused V tile; 0 = auto (kernels::default_block_v per B, as the engine)
+  int sms = 0;      ///< the device's SM count (kda_bench sets it; 0 before a device is known)
   bool sweep_bv = false;
 
   bool phase_verify = true;
@@ -87,9 +88,10 @@ struct BenchArgs {
   int effective_ring_len() const;
   bool has_variant(Variant v) const;
   bool any_mode(RecordMode m) const;
-  /// The fused BV values to time at batch size B: every kFusedBlockVs with --sweep-bv, else
-  /// {block_v}, or with block_v == 0 (auto) the dispatcher's {default_block_v(B, HV, V)}.
-  std::vector<int> fused_block_vs(int B) const;
+  /// The fused BV values to time at batch size B in `mode`: every kFusedBlockVs with
+  /// --sweep-bv, else {block_v}, or with block_v == 0 (auto) the dispatcher's
+  /// {default_block_v(B, HV, V, ring ? sms : 0)}.
+  std::vector<int> fused_block_vs(int B, RecordMode mode) const;
   /// The fused BV choice as text, for the plan: "8,16,32,64,128", "64" or "auto".
   std::string fused_block_v_text() const;
 };

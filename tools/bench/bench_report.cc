@@ -230,7 +230,7 @@ Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args) {
 
   // How the dispatcher's per-call auto tile fares against the swept best.
   for (const auto& [tb, t] : ring) {
-    const int auto_bv = kernels::default_block_v(tb.second, args.shape.HV, args.shape.V);
+    const int auto_bv = kernels::default_block_v(tb.second, args.shape.HV, args.shape.V, args.sms);
     const auto it = t.fused.find(auto_bv);
     if (it == t.fused.end()) {
       continue;
