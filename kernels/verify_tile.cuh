@@ -202,11 +202,14 @@ struct VerifyItem {
     in.bs = tid < tc ? src.b(*this, t0) : 0u;
   }
 
-  /// kStepGroup: ring-mode steps run in whole groups of this many with their outputs stored
-  /// after the group (4: the per-item kernel's one-CTA-per-SM form, which has the registers
-  /// for it; 1: one step after the other).
-  template <int kStepGroup = 1, typename Src>
+  /// kCtasPerSm: the register budget of the calling kernel (its __launch_bounds__). 2: 128
+  /// registers per thread. 1 (the per-item kernel's one-CTA-per-SM form, up to 255): every
+  /// tile loads its first chunk early and convolves 4 tokens per group, and the ring-mode
+  /// steps run in groups of kStepGroup with their outputs stored after the group.
+  template <int kCtasPerSm = 2, typename Src>
   __device__ __forceinline__ void run(TileSmem<Cfg>& sm, Src& src) {
+    constexpr bool kWideRegisters = kCtasPerSm == 1;
+    constexpr int kStepGroup = kWideRegisters ? 4 : 1;
     const int T = p.T;
     const int slot = src.slot(*this);
     if (slot < 0) {  // padding row: zero outputs, touch nothing else
@@ -245,11 +248,11 @@ struct VerifyItem {
     // conv history and the state tile, before any of them is used — one memory round trip
     // after the PDL wait (the per-item kernel has read the slot before it, v9d), not three
     // (the chunk loop would otherwise keep the input loads behind the history's conversion):
-    // B = 1..4 6-12% faster (docs/perf.md v4b). So do BV = 128 tiles in the one-CTA-per-SM
-    // form (kStepGroup > 1: registers to spare); the other BV = 128 tiles load them in the
-    // loop: there the early loads cost spills (per-item kernel, B = 8: 12.3 -> 13.7 us) or
-    // registers (streaming kernel: 1-2% slower at B = 64), and other CTAs hide the latency.
-    constexpr bool kEarlyInputs = !Src::kStaged && (BV <= 64 || kStepGroup > 1);
+    // B = 1..4 6-12% faster (docs/perf.md v4b). So do BV = 128 tiles with wide registers;
+    // at 128 registers BV = 128 tiles load them in the loop: there the early loads cost
+    // spills (per-item kernel, B = 8: 12.3 -> 13.7 us) or registers (streaming kernel: 1-2%
+    // slower at B = 64), and other CTAs hide the latency.
+    constexpr bool kEarlyInputs = !Src::kStaged && (BV <= 64 || kWideRegisters);
     ChunkInputs in;
     if constexpr (kEarlyInputs) {
       load_chunk(src, 0, min(Cfg::kChunk, T), in);
@@ -377,7 +380,7 @@ struct VerifyItem {
           // conv + SiLU chains ran one after another (docs/perf.md v13).
           // BV = 128 at 128 registers (the fallback when the streaming kernel cannot run) keeps
           // one token per group: with four, the fused tile spilled 144 B instead of 56.
-          constexpr int kGroup = BV <= 64 || kStepGroup > 1 ? 4 : 1;
+          constexpr int kGroup = BV <= 64 || kWideRegisters ? 4 : 1;
           static_assert(Cfg::kChunk % kGroup == 0, "whole groups per chunk");
 #pragma unroll
           for (int g = 0; g < Cfg::kChunk; g += kGroup) {
@@ -420,7 +423,7 @@ struct VerifyItem {
         }
       }
 
-      // 2. gates and beta: a group of kGateGroup gates (the chunk's tokens in kGroup steps)
+      // 2. gates and beta: this thread's gates of 4 consecutive tokens (kGateGroup of them)
       // computed before their stores, as the conv above.
 #pragma unroll
       for (int jg = 0; jg < kGateIters; jg += kGateGroup) {
@@ -794,7 +797,7 @@ struct GlobalSource : WeightReads<Item> {
 /// (lowest latency: the small-B path). kCtasPerSm = 2: 128 registers per thread, so that two
 /// CTAs share an SM; kCtasPerSm = 1 (launched in ring mode and extend when the grid fits one
 /// CTA per SM, ahead of the streaming kernel at BV = 128): up to 255, with the ring-mode steps
-/// grouped (kStepGroup 4), which at 128 registers spilled.
+/// grouped (VerifyItem::run), which at 128 registers spilled.
 template <typename WeightT, int K, int BV, bool FUSED, int kCtasPerSm>
 __global__ void __launch_bounds__(256, kCtasPerSm)
     verify_tile_kernel(const __grid_constant__ TileArgs args) {
@@ -824,7 +827,7 @@ __global__ void __launch_bounds__(256, kCtasPerSm)
   // The committed state and the activations come from earlier kernels: wait for them.
   pdl_wait();
   pdl_launch_dependents();
-  item.template run<kCtasPerSm == 1 ? 4 : 1>(sm, src);
+  item.template run<kCtasPerSm>(sm, src);
 }
 
 /// Launches one configuration with PDL (programmatic stream serialisation) on sm_90+.
