@@ -68,7 +68,14 @@ int device_sm_count();
 enum class TileOccupancy { kAuto, kTwoPerSm, kOnePerSm };
 TileOccupancy tile_occupancy_mode();
 void set_tile_occupancy_mode(TileOccupancy mode);
-/// Whether a per-item verify grid of `ctas` CTAs takes the one-CTA-per-SM form.
+/// The rule behind one_cta_per_sm_tiles on a device of `sms` SMs (a host-side pure function;
+/// kernels::default_block_v's BV = 128 window below 192 CTAs relies on it).
+constexpr bool one_cta_per_sm_tiles_on(int64_t ctas, bool grouped, int sms, TileOccupancy mode) {
+  return mode == TileOccupancy::kOnePerSm ||
+         (mode == TileOccupancy::kAuto && grouped && ctas <= sms);
+}
+/// Whether a per-item verify grid of `ctas` CTAs takes the one-CTA-per-SM form on the current
+/// device, under tile_occupancy_mode().
 bool one_cta_per_sm_tiles(int64_t ctas, bool grouped);
 
 /// Grid size for a persistent streaming launch of `kernel` (`threads` per CTA, `smem_bytes`

@@ -59,15 +59,10 @@ void set_tile_occupancy_mode(TileOccupancy mode) {
   g_tile_occupancy.store(mode, std::memory_order_relaxed);
 }
 bool one_cta_per_sm_tiles(int64_t ctas, bool grouped) {
-  switch (tile_occupancy_mode()) {
-    case TileOccupancy::kOnePerSm:
-      return true;
-    case TileOccupancy::kTwoPerSm:
-      return false;
-    case TileOccupancy::kAuto:
-      break;
-  }
-  return grouped && ctas <= device_sm_count();
+  const TileOccupancy mode = tile_occupancy_mode();
+  // The device is only asked when the rule needs it (forced modes never do).
+  const int sms = mode == TileOccupancy::kAuto && grouped ? device_sm_count() : 0;
+  return one_cta_per_sm_tiles_on(ctas, grouped, sms, mode);
 }
 
 StateStreamMode state_stream_mode() { return g_stream_mode.load(std::memory_order_relaxed); }

@@ -8,6 +8,7 @@
 #include "dispatch/ring_layout.h"
 #include "dispatch/verify_dispatch.h"
 #include "kernels/kda_kernels.h"
+#include "kernels/launch_utils.h"
 #include "memory_pool/kda_state_pool.h"
 
 using namespace kda;
@@ -433,4 +434,28 @@ TEST_CASE("dispatch: the default tile is the H200's measured best (docs/perf.md,
   // Small and odd shapes stay on supported tiles.
   CHECK(kernels::default_block_v(1, 1, 64) == 16);
   CHECK(kernels::default_block_v(65535, 64, 1024) == 128);
+}
+
+TEST_CASE("dispatch: a BV = 128 default below 192 CTAs always runs one CTA per SM", "[dispatch]") {
+  // default_block_v picks BV = 128 for 96..SMs CTAs only because the launcher then runs the
+  // per-item tiles one CTA per SM (grouped steps); below 192 CTAs in any other form BV = 64 is
+  // faster (docs/perf.md v13k). The two rules must agree on every shape and device size.
+  for (const int sms : {0, 80, 114, 132, 148}) {
+    for (const int HV : {1, 4, 12, 16, 32, 64}) {
+      for (const int V : {64, 128, 256}) {
+        for (int B = 1; B <= 64; ++B) {
+          CAPTURE(sms, HV, V, B);
+          const int bv = kernels::default_block_v(B, HV, V, sms);
+          const int64_t ctas = int64_t{B} * HV * ((V + bv - 1) / bv);
+          if (bv == 128 && ctas < 192) {
+            CHECK(kernels::one_cta_per_sm_tiles_on(ctas, /*grouped=*/true, sms,
+                                                   kernels::TileOccupancy::kAuto));
+          }
+          // Snapshot mode (no one-per-SM window): never BV = 128 below 192 CTAs.
+          const int snap_bv = kernels::default_block_v(B, HV, V);
+          CHECK((snap_bv < 128 || int64_t{B} * HV * ((V + 127) / 128) >= 192));
+        }
+      }
+    }
+  }
 }

@@ -9,6 +9,8 @@
 
 using kda::kernels::ceil_div;
 using kda::kernels::ctas_per_unit_filling_waves;
+using kda::kernels::one_cta_per_sm_tiles_on;
+using kda::kernels::TileOccupancy;
 
 namespace {
 
@@ -55,4 +57,18 @@ TEST_CASE("launch_utils: the pick is the best fill, the smallest on a tie (brute
       }
     }
   }
+}
+
+TEST_CASE("launch_utils: the per-item tiles' register budget (one or two CTAs per SM)",
+          "[kernels]") {
+  // Auto: one per SM only where the launch gains from it (grouped steps) and the grid has at
+  // most one CTA per SM.
+  CHECK(one_cta_per_sm_tiles_on(128, true, 132, TileOccupancy::kAuto));
+  CHECK(one_cta_per_sm_tiles_on(132, true, 132, TileOccupancy::kAuto));
+  CHECK_FALSE(one_cta_per_sm_tiles_on(133, true, 132, TileOccupancy::kAuto));
+  CHECK_FALSE(one_cta_per_sm_tiles_on(128, false, 132, TileOccupancy::kAuto));  // snapshot
+  CHECK_FALSE(one_cta_per_sm_tiles_on(1, true, 0, TileOccupancy::kAuto));       // no device
+  // Forced (tests): whatever the grid.
+  CHECK(one_cta_per_sm_tiles_on(4096, false, 132, TileOccupancy::kOnePerSm));
+  CHECK_FALSE(one_cta_per_sm_tiles_on(1, true, 132, TileOccupancy::kTwoPerSm));
 }
