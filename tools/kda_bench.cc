@@ -56,11 +56,15 @@ void print_header(const BenchArgs& args) {
              args.effective_ring_len(), args.max_T());
   fmt::print(
       "timing: {} calls per CUDA graph, {} warm-up replays, {} reps x {} timed replays; "
-      "us/call = median over reps; PDL {}; state streaming {}{}\n",
+      "us/call = median over reps; PDL {}; state streaming {}; tile occupancy {}{}\n",
       args.calls, args.warmup, args.reps, args.iters, args.pdl ? "on" : "off",
       args.state_stream == kernels::StateStreamMode::kAuto
           ? "auto"
           : (args.state_stream == kernels::StateStreamMode::kAlways ? "always" : "never"),
+      args.tile_occupancy == kernels::TileOccupancy::kAuto
+          ? "auto"
+          : (args.tile_occupancy == kernels::TileOccupancy::kOnePerSm ? "one CTA per SM"
+                                                                      : "two CTAs per SM"),
       args.l2_cold ? "; L2-cold: rotating layer copies (one call per copy)" : "");
   for (const std::string& line : describe_byte_model(args.shape, args.hbm_gbps)) {
     fmt::print("{}\n", line);
@@ -86,6 +90,7 @@ int run(const BenchArgs& cli_args, int argc, const char* const* argv) {
   args.sms = platform.sm_count;
   kernels::set_pdl_enabled(args.pdl);
   kernels::set_state_stream_mode(args.state_stream);
+  kernels::set_tile_occupancy_mode(args.tile_occupancy);
   cudaDeviceProp prop{};
   KDA_CUDA_CHECK(cudaGetDeviceProperties(&prop, platform.device));
 

@@ -160,6 +160,9 @@ Other:
   --state-stream MODE    large-tile kernels (BV = 128, fold) as persistent streaming CTAs:
                          auto (default: fused verify whenever its layout allows; the unfused
                          recurrence and the fold beyond one wave of CTAs), always, never
+  --tile-occupancy MODE  per-item verify tiles' register budget: auto (default: one CTA per
+                         SM with up to 255 registers for ring-mode grids of at most one CTA per
+                         SM, else two with 128), one, two
   --device N             CUDA device ordinal (default 0)
   --out FILE             also write every row to FILE (.csv or .json)
   -h, --help             this text
@@ -286,25 +289,25 @@ struct FlagSpec {
 };
 // Every flag bench_usage() documents (the handlers below must cover the same set).
 constexpr FlagSpec kFlags[] = {
-    {"--preset", true},      {"--heads", true},
-    {"--hv-heads", true},    {"--head-k-dim", true},
-    {"--head-v-dim", true},  {"--lower-bound", true},
-    {"--conv-weight", true}, {"--conv-bias", false},
-    {"--batch-sizes", true}, {"--draft-tokens", true},
-    {"--variants", true},    {"--block-v", true},
-    {"--sweep-bv", false},   {"--phases", true},
-    {"--layers", true},      {"--accepted", true},
-    {"--calls", true},       {"--warmup", true},
-    {"--iters", true},       {"--reps", true},
-    {"--round-iters", true}, {"--commit-iters", true},
-    {"--l2-cold", false},    {"--max-copies", true},
-    {"--hbm-gbps", true},    {"--copy-mib", true},
-    {"--ring-len", true},    {"--seed", true},
-    {"--skip-guard", false}, {"--brief", false},
-    {"--dry-run", false},    {"--no-pdl", false},
-    {"--device", true},      {"--state-stream", true},
-    {"--out", true},         {"--help", false},
-    {"-h", false},
+    {"--preset", true},         {"--heads", true},
+    {"--hv-heads", true},       {"--head-k-dim", true},
+    {"--head-v-dim", true},     {"--lower-bound", true},
+    {"--conv-weight", true},    {"--conv-bias", false},
+    {"--batch-sizes", true},    {"--draft-tokens", true},
+    {"--variants", true},       {"--block-v", true},
+    {"--sweep-bv", false},      {"--phases", true},
+    {"--layers", true},         {"--accepted", true},
+    {"--calls", true},          {"--warmup", true},
+    {"--iters", true},          {"--reps", true},
+    {"--round-iters", true},    {"--commit-iters", true},
+    {"--l2-cold", false},       {"--max-copies", true},
+    {"--hbm-gbps", true},       {"--copy-mib", true},
+    {"--ring-len", true},       {"--seed", true},
+    {"--skip-guard", false},    {"--brief", false},
+    {"--dry-run", false},       {"--no-pdl", false},
+    {"--device", true},         {"--state-stream", true},
+    {"--tile-occupancy", true}, {"--out", true},
+    {"--help", false},          {"-h", false},
 };
 
 }  // namespace
@@ -478,6 +481,18 @@ std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
            a.state_stream = kernels::StateStreamMode::kNever;
          } else {
            arg_fail(n, v, "auto, always or never");
+         }
+       }},
+      {"--tile-occupancy",
+       [&](auto& n, auto& v) {
+         if (v == "auto") {
+           a.tile_occupancy = kernels::TileOccupancy::kAuto;
+         } else if (v == "one") {
+           a.tile_occupancy = kernels::TileOccupancy::kOnePerSm;
+         } else if (v == "two") {
+           a.tile_occupancy = kernels::TileOccupancy::kTwoPerSm;
+         } else {
+           arg_fail(n, v, "auto, one or two");
          }
        }},
       {"--device", [&](auto& n, auto& v) { a.device = parse_int(n, v, 0, 1023); }},

@@ -81,6 +81,7 @@ struct BenchArgs {
   bool pdl = true;       ///< programmatic dependent launch in the kernels' launchers
   /// Persistent streaming CTAs for the large-tile kernels (kernels/launch_utils.h).
   kernels::StateStreamMode state_stream = kernels::StateStreamMode::kAuto;
+  kernels::TileOccupancy tile_occupancy = kernels::TileOccupancy::kAuto;
   int device = 0;
   std::string out_path;  ///< .csv or .json; empty: none
 

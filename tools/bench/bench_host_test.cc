@@ -83,11 +83,15 @@ TEST_CASE("kda_bench args: defaults and presets", "[tools][bench]") {
   CHECK(parse({}).state_stream == kernels::StateStreamMode::kAuto);
   CHECK(parse({"--state-stream", "always"}).state_stream == kernels::StateStreamMode::kAlways);
   CHECK(parse({"--state-stream=never"}).state_stream == kernels::StateStreamMode::kNever);
+  CHECK(parse({}).tile_occupancy == kernels::TileOccupancy::kAuto);
+  CHECK(parse({"--tile-occupancy", "one"}).tile_occupancy == kernels::TileOccupancy::kOnePerSm);
+  CHECK(parse({"--tile-occupancy=two"}).tile_occupancy == kernels::TileOccupancy::kTwoPerSm);
 }
 
 TEST_CASE("kda_bench args: bad values name the flag", "[tools][bench]") {
   require_arg_error({"--frobnicate"}, "unknown flag '--frobnicate'");
   require_arg_error({"--state-stream", "sometimes"}, "auto, always or never");
+  require_arg_error({"--tile-occupancy", "three"}, "auto, one or two");
   require_arg_error({"--heads", "x"}, "--heads: bad value 'x'");
   require_arg_error({"--heads"}, "--heads: missing value");
   require_arg_error({"--heads", "3", "--hv-heads", "8"}, "multiple of --heads");
