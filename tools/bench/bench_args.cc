@@ -9,6 +9,7 @@
 #include <functional>
 #include <iterator>
 #include <string_view>
+#include <utility>
 
 #include "core/error.h"
 #include "kernels/kda_kernels.h"
@@ -186,6 +187,23 @@ int parse_int(std::string_view flag, std::string_view s, int lo, int hi) {
     arg_fail(flag, s, fmt::format("an integer in [{}, {}]", lo, hi));
   }
   return v;
+}
+
+/// One of a flag's named values (`choices`: name -> value); anything else fails with the names
+/// as "a, b or c".
+template <typename T, size_t N>
+T parse_choice(std::string_view flag, std::string_view s,
+               const std::pair<std::string_view, T> (&choices)[N]) {
+  static_assert(N >= 2, "a choice of at least two values");
+  std::string want;
+  for (size_t i = 0; i < N; ++i) {
+    if (s == choices[i].first) {
+      return choices[i].second;
+    }
+    want += (i == 0 ? "" : i + 1 == N ? " or " : ", ");
+    want += choices[i].first;
+  }
+  arg_fail(flag, s, want);
 }
 
 double parse_double(std::string_view flag, std::string_view s) {
@@ -404,13 +422,8 @@ std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
        }},
       {"--conv-weight",
        [&](auto& n, auto& v) {
-         if (v == "f32") {
-           a.shape.conv_weight_type = ConvWeightType::kF32;
-         } else if (v == "bf16") {
-           a.shape.conv_weight_type = ConvWeightType::kBF16;
-         } else {
-           arg_fail(n, v, "f32 or bf16");
-         }
+         a.shape.conv_weight_type = parse_choice<ConvWeightType>(
+             n, v, {{"f32", ConvWeightType::kF32}, {"bf16", ConvWeightType::kBF16}});
        }},
       {"--conv-bias", [&](auto&, auto&) { a.shape.conv_bias = true; }},
       {"--batch-sizes", [&](auto& n, auto& v) { a.batch_sizes = parse_int_list(n, v, 1, 65535); }},
@@ -473,27 +486,15 @@ std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
       {"--no-pdl", [&](auto&, auto&) { a.pdl = false; }},
       {"--state-stream",
        [&](auto& n, auto& v) {
-         if (v == "auto") {
-           a.state_stream = kernels::StateStreamMode::kAuto;
-         } else if (v == "always") {
-           a.state_stream = kernels::StateStreamMode::kAlways;
-         } else if (v == "never") {
-           a.state_stream = kernels::StateStreamMode::kNever;
-         } else {
-           arg_fail(n, v, "auto, always or never");
-         }
+         using M = kernels::StateStreamMode;
+         a.state_stream = parse_choice<M>(
+             n, v, {{"auto", M::kAuto}, {"always", M::kAlways}, {"never", M::kNever}});
        }},
       {"--tile-occupancy",
        [&](auto& n, auto& v) {
-         if (v == "auto") {
-           a.tile_occupancy = kernels::TileOccupancy::kAuto;
-         } else if (v == "one") {
-           a.tile_occupancy = kernels::TileOccupancy::kOnePerSm;
-         } else if (v == "two") {
-           a.tile_occupancy = kernels::TileOccupancy::kTwoPerSm;
-         } else {
-           arg_fail(n, v, "auto, one or two");
-         }
+         using O = kernels::TileOccupancy;
+         a.tile_occupancy = parse_choice<O>(
+             n, v, {{"auto", O::kAuto}, {"one", O::kOnePerSm}, {"two", O::kTwoPerSm}});
        }},
       {"--device", [&](auto& n, auto& v) { a.device = parse_int(n, v, 0, 1023); }},
       {"--out",
