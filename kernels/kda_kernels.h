@@ -33,7 +33,7 @@ constexpr int kDefaultFusedBlockV = 64;
 /// is not used). Narrow tiles buy CTAs for small calls; wide tiles avoid recomputing the q/k
 /// conv per tile. Fitted to H200 (132 SMs) measurements (docs/perf.md v4, v13); at kernel v13
 /// it is the measured best tile for Kimi-Linear (HV = 32) at every B in 1..64, T = 4 and 8,
-/// ring mode, and within 4% of the best for Kimi-K3 TP8 (HV = 12; BV = 64 ahead at
+/// ring mode, and within 4.6% of the best for Kimi-K3 TP8 (HV = 12; BV = 64 ahead at
 /// B = 16 / 32).
 constexpr int default_block_v(int B, int HV, int V, int one_per_sm_ctas = 0) {
   const long long widest = static_cast<long long>(B) * HV * ((V + 127) / 128);
