@@ -128,6 +128,9 @@ __device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& 
 template <typename Item>
 struct StagedSource : WeightReads<Item> {
   static constexpr bool kStaged = true;
+  /// The per-item kernel's own state stage (GlobalSource): not this one's, whose state tiles
+  /// arrive through `stage` (kStaged).
+  static constexpr bool kStateStaged = false;
   using Slice = typename Item::Slice;
   using Cfg = typename Item::Cfg;
   using Items = VerifyStreamItems<Cfg::K, Cfg::BV>;

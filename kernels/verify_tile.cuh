@@ -204,8 +204,9 @@ struct VerifyItem {
 
   /// kCtasPerSm: the register budget of the calling kernel (its __launch_bounds__). 2: 128
   /// registers per thread. 1 (the per-item kernel's one-CTA-per-SM form, up to 255): every
-  /// tile loads its first chunk early and convolves 4 tokens per group, and the ring-mode
-  /// steps run in groups of kStepGroup with their outputs stored after the group.
+  /// tile loads its first chunk early and convolves 4 tokens per group, the ring-mode steps
+  /// run in groups of kStepGroup with their outputs stored after the group, and a state tile
+  /// loaded into registers is loaded after the gates (kLateStateLoads).
   template <int kCtasPerSm = 2, typename Src>
   __device__ __forceinline__ void run(TileSmem<Cfg>& sm, Src& src) {
     constexpr bool kWideRegisters = kCtasPerSm == 1;
@@ -258,8 +259,18 @@ struct VerifyItem {
       load_chunk(src, 0, min(Cfg::kChunk, T), in);
     }
 
-    // The state tile: from global memory, in flight during the prologue; or (staged) copied
-    // from shared memory only after the prologue so it does not hold 64 registers through it.
+    // The state tile, one of three ways:
+    //  - staged (Src::kStateStaged): one bulk copy issued here, copied from shared memory to
+    //    registers only after the prologue, so it does not hold registers through it;
+    //  - kLateStateLoads (wide registers, not staged): register loads issued after the gates.
+    //    Issued here, the tile's loads (up to 64 KiB per SM at BV = 128) shared the SM's
+    //    memory pipe with the conv history and inputs, and the conv waited for them: the
+    //    history landed ~1300-2900 cycles after the slot instead of ~1100. After the gates
+    //    the history and inputs are in registers, and the tile lands during the norms
+    //    (docs/perf.md v14: BV = 128 one per SM 6-10% faster, L2-cold 11-12%);
+    //  - otherwise register loads here, in flight during the prologue (at 128 registers
+    //    there is no room to issue them later without spills, docs/perf.md v12g).
+    constexpr bool kLateStateLoads = kWideRegisters && !Src::kStaged && !Src::kStateStaged;
     ColRegs<Slice> S[CPT];
     bool col_ok[CPT];
 #pragma unroll
@@ -271,7 +282,7 @@ struct VerifyItem {
     if constexpr (!Src::kStaged) {
       if constexpr (Src::kStateStaged) {
         src.issue_state_copy(*this, s_base);  // registers after the norms (below)
-      } else {
+      } else if constexpr (!kLateStateLoads) {
         src.load_state(*this, S, col_ok, s_base);
       }
     }
@@ -469,6 +480,11 @@ struct VerifyItem {
         sm.beta[tid] = beta;
         if (ring && gate_owner && t < p.L) {
           p.ring_beta[slot * p.ring_beta_slot_stride + static_cast<int64_t>(hv) * p.L + t] = beta;
+        }
+      }
+      if constexpr (kLateStateLoads) {
+        if (t0 == 0) {  // the first chunk's steps are the first to need the tile
+          src.load_state(*this, S, col_ok, s_base);
         }
       }
       __syncthreads();
@@ -676,9 +692,12 @@ struct WeightReads {
 /// history land sooner, and its copy after the norms cost more than it saved). BV = 128's
 /// large-B path is the streaming kernel. Thread 0 initialises the barrier and issues the copy
 /// (lane 0 of the last warp, which has no channel pair, measured 1-4% slower: v12b).
-template <int K, int BV>
+/// With one CTA per SM (kCtasPerSm = 1) only BV = 16 keeps the stage: there BV = 64's register
+/// loads issued after the gates (VerifyItem::run, kLateStateLoads) measured 1.5-3.6% faster
+/// than the stage, BV = 16's 0-2% slower (docs/perf.md v14f).
+template <int K, int BV, int kCtasPerSm>
 struct ItemStateStage {
-  static constexpr bool kUsed = BV == 16 || BV == 64;
+  static constexpr bool kUsed = BV == 16 || (BV == 64 && kCtasPerSm == 2);
   __align__(128) float tile[kUsed ? BV * K : 4];
   uint64_t bar;
 };
@@ -691,7 +710,7 @@ struct ItemStateStage {
 /// part in 32 bits for the gate logits (the launchers check that every row pitch is below 2^28
 /// elements, so kChunk pitches fit; the mixed form made ptxas spill in the unfused BV = 128
 /// tile, docs/perf.md v9b).
-template <typename Item>
+template <typename Item, bool kStateStaged_>
 struct GlobalSource : WeightReads<Item> {
   static constexpr bool kStaged = false;
   using Slice = typename Item::Slice;
@@ -708,7 +727,7 @@ struct GlobalSource : WeightReads<Item> {
   /// not hold registers through the prologue. Otherwise the threads load it into registers
   /// with the other inputs. (The launchers check that ssm_state and its slot pitch are 16-byte
   /// multiples, so the tile — contiguous columns v0 .. v0 + BV - 1 — is always bulk-copyable.)
-  static constexpr bool kStateStaged = ItemStateStage<Slice::K, Item::Cfg::BV>::kUsed;
+  static constexpr bool kStateStaged = kStateStaged_;  ///< the kernel's ItemStateStage::kUsed
   BulkStage* bulk;
   const float* stage;
 
@@ -802,7 +821,7 @@ template <typename WeightT, int K, int BV, bool FUSED, int kCtasPerSm>
 __global__ void __launch_bounds__(256, kCtasPerSm)
     verify_tile_kernel(const __grid_constant__ TileArgs args) {
   using Item = VerifyItem<WeightT, K, BV, FUSED>;
-  using Stage = ItemStateStage<K, BV>;
+  using Stage = ItemStateStage<K, BV, kCtasPerSm>;
   static_assert(sizeof(TileSmem<typename Item::Cfg>) + sizeof(Stage) + 128 <= 48 * 1024,
                 "static shared memory (tile + state stage, with alignment) over 48 KiB");
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
@@ -812,7 +831,7 @@ __global__ void __launch_bounds__(256, kCtasPerSm)
                    static_cast<int>(blockIdx.x)});
   // Before the PDL wait (overlapping the previous kernel's tail): the row addresses, the
   // weights and gate constants, the slot and scratch-row indices.
-  auto src = GlobalSource<Item>::for_item(item);
+  auto src = GlobalSource<Item, Stage::kUsed>::for_item(item);
   BulkStage bulk(state_stage.tile, &state_stage.bar);
   if constexpr (Stage::kUsed) {
     bulk.init();  // thread 0, which also issues the copy
