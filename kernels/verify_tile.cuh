@@ -121,7 +121,9 @@ struct VerifyItem {
   ConvTaps taps0, taps1;
   int gk, gt0;
   int64_t ghk;
-  float dt_bias, exp_a_log;
+  float dt_bias;
+  float a_log;      ///< A_log[hv] as loaded (load_constants)
+  float exp_a_log;  ///< EXP(A_log[hv]): load_constants, or run() with wide registers
 
   // Gate work: thread owns key channel gk = tid % K for tokens tid/K, +kGateStep, ...
   static constexpr int kGateStep = Cfg::kThreads / K;
@@ -161,8 +163,11 @@ struct VerifyItem {
   }
 
   /// The gate constants, and the pair's conv taps in the per-item kernel (before the PDL
-  /// wait; the streaming kernel loads its taps in the conv step).
-  template <typename Src>
+  /// wait; the streaming kernel loads its taps in the conv step). kExpInRun: leave EXP(A_log)
+  /// to run<1>: the one-CTA-per-SM kernel starts only when the previous kernel's CTA has left
+  /// its SM, so a wait for the A_log load before griddepcontrol.wait is not hidden behind that
+  /// kernel (docs/perf.md v15e).
+  template <bool kExpInRun = false, typename Src>
   __device__ __forceinline__ void load_constants(const Src& src) {
     if constexpr (!Src::kStaged) {
       if (FUSED && gch >= 0) {
@@ -170,7 +175,10 @@ struct VerifyItem {
       }
     }
     dt_bias = src.dt_bias(*this);
-    exp_a_log = kda_exp(p.A_log[hv]);
+    a_log = p.A_log[hv];
+    if constexpr (!kExpInRun) {
+      exp_a_log = kda_exp(a_log);
+    }
   }
 
   /// The global inputs of one token chunk as raw bf16 bits (converted where they are used, so
@@ -205,8 +213,9 @@ struct VerifyItem {
   /// kCtasPerSm: the register budget of the calling kernel (its __launch_bounds__). 2: 128
   /// registers per thread. 1 (the per-item kernel's one-CTA-per-SM form, up to 255): every
   /// tile loads its first chunk early and convolves 4 tokens per group, the ring-mode steps
-  /// run in groups of kStepGroup with their outputs stored after the group, and a state tile
-  /// loaded into registers is loaded after the gates (kLateStateLoads).
+  /// run in groups of kStepGroup with their outputs stored after the group, a state tile
+  /// loaded into registers is loaded after the gates (kLateStateLoads), and EXP(A_log) is
+  /// computed here (the kernel calls load_constants<true>).
   template <int kCtasPerSm = 2, typename Src>
   __device__ __forceinline__ void run(TileSmem<Cfg>& sm, Src& src) {
     constexpr bool kWideRegisters = kCtasPerSm == 1;
@@ -297,6 +306,11 @@ struct VerifyItem {
           w1[j] = hp.y;
         }
       }
+    }
+    if constexpr (kWideRegisters) {
+      // load_constants<true> left it here: the conv history has landed, and A_log (loaded
+      // before the PDL wait) with it; the gates use it after the conv.
+      exp_a_log = kda_exp(a_log);
     }
 
     // Per-pair destinations that do not depend on the token.
@@ -838,7 +852,7 @@ __global__ void __launch_bounds__(256, kCtasPerSm)
     src.bulk = &bulk;
     src.stage = state_stage.tile;
   }
-  item.load_constants(src);
+  item.template load_constants<kCtasPerSm == 1>(src);
   src.load_indices(item);
   if constexpr (Stage::kUsed) {
     __syncthreads();  // the barrier is initialised (before the wait: overlaps the last kernel)
