@@ -31,9 +31,10 @@ constexpr int kDefaultFusedBlockV = 64;
 /// the launcher runs the tiles one CTA per SM with grouped steps (launch_utils.h
 /// TileOccupancy): pass the device's SM count in ring mode, 0 in snapshot mode (there the form
 /// is not used). Narrow tiles buy CTAs for small calls; wide tiles avoid recomputing the q/k
-/// conv per tile. Fitted to H200 (132 SMs) measurements (docs/perf.md v4, v13); at kernel v14
+/// conv per tile. Fitted to H200 (132 SMs) measurements (docs/perf.md v4, v13); at kernel v15
 /// it is the measured best tile for Kimi-Linear (HV = 32) at every B in 1..64, T = 4 and 8,
-/// ring mode, and within 4.3% of the best for Kimi-K3 TP8 (HV = 12; BV = 64 ahead at B = 32).
+/// ring mode, and within 3.6% of the best for Kimi-K3 TP8 (HV = 12; BV = 64 ahead at B = 16 /
+/// 32).
 constexpr int default_block_v(int B, int HV, int V, int one_per_sm_ctas = 0) {
   const long long widest = static_cast<long long>(B) * HV * ((V + 127) / 128);
   if (widest >= 192 || (widest >= 96 && widest <= one_per_sm_ctas)) {
