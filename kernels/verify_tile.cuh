@@ -277,8 +277,8 @@ struct VerifyItem {
     //    history landed ~1300-2900 cycles after the slot instead of ~1100. After the gates
     //    the history and inputs are in registers, and the tile lands during the norms
     //    (docs/perf.md v14: BV = 128 one per SM 6-10% faster, L2-cold 11-12%);
-    //  - otherwise register loads here, in flight during the prologue (at 128 registers
-    //    there is no room to issue them later without spills, docs/perf.md v12g).
+    //  - otherwise register loads here, in flight during the prologue (with 128 registers
+    //    and two CTAs per SM, loads issued after the history measured slower, v12g/h).
     constexpr bool kLateStateLoads = kWideRegisters && !Src::kStaged && !Src::kStateStaged;
     ColRegs<Slice> S[CPT];
     bool col_ok[CPT];
@@ -855,7 +855,9 @@ __global__ void __launch_bounds__(256, kCtasPerSm)
   item.template load_constants<kCtasPerSm == 1>(src);
   src.load_indices(item);
   if constexpr (Stage::kUsed) {
-    __syncthreads();  // the barrier is initialised (before the wait: overlaps the last kernel)
+    // The barrier is initialised. Before the wait, this overlaps the previous kernel in the
+    // two-per-SM form; without it racecheck flags the copy's arrive against the init (v16a).
+    __syncthreads();
   }
   // The committed state and the activations come from earlier kernels: wait for them.
   pdl_wait();
