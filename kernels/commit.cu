@@ -511,10 +511,10 @@ __global__ void __launch_bounds__(kCopyThreads)
                          static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
 }
 
+/// A copy kernel taking only the params (the conv commit's own launch).
 template <typename Kernel>
-void launch(Kernel kernel, dim3 grid, const CommitParams& p, cudaStream_t stream,
-            size_t smem_bytes = 0) {
-  launch_pdl(kernel, grid, dim3(kCopyThreads), smem_bytes, stream, pdl_enabled(), p);
+void launch(Kernel kernel, dim3 grid, const CommitParams& p, cudaStream_t stream) {
+  launch_pdl(kernel, grid, dim3(kCopyThreads), 0, stream, pdl_enabled(), p);
 }
 
 /// CTAs per (request, layer) for a copy of `vecs` vectors each: 1..64 (at most the copy's
