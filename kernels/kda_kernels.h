@@ -27,14 +27,13 @@ constexpr int kFusedBlockVs[] = {8, 16, 32, 64, 128};
 constexpr int kDefaultFusedBlockV = 64;
 /// The default fused tile for a call of B requests, HV v-heads of V columns: the widest tile
 /// whose grid B*HV*ceil(V/BV) still has >= 96 CTAs, never below 16; BV = 128 (the heaviest
-/// CTAs) only from 192 CTAs (streamed, two per SM) or with 96..`one_per_sm_ctas` CTAs, where
-/// the launcher runs the tiles one CTA per SM with grouped steps (launch_utils.h
-/// TileOccupancy): pass the device's SM count in ring mode, 0 in snapshot mode (there the form
-/// is not used). Narrow tiles buy CTAs for small calls; wide tiles avoid recomputing the q/k
-/// conv per tile. Fitted to H200 (132 SMs) measurements (docs/perf.md v4, v13); at kernel v15
-/// it is the measured best tile for Kimi-Linear (HV = 32) at every B in 1..64, T = 4 and 8,
-/// ring mode, and within 3.6% of the best for Kimi-K3 TP8 (HV = 12; BV = 64 ahead at B = 16 /
-/// 32).
+/// CTAs) only from 192 CTAs or with 96..`one_per_sm_ctas` CTAs, where the launcher runs the
+/// tiles one CTA per SM with grouped steps (launch_utils.h TileOccupancy; in ring mode up to
+/// kWideFusedMaxWaves waves, beyond them streamed two per SM): pass the device's SM count in
+/// ring mode, 0 in snapshot mode (there the form is not used). Narrow tiles buy CTAs for small
+/// calls; wide tiles avoid recomputing the q/k conv per tile. Fitted to H200 (132 SMs)
+/// measurements (docs/perf.md v4, v13, v17); at kernel v17 it is the measured best tile in ring
+/// mode at every B in 1..64, T = 4 and 8, for Kimi-Linear (HV = 32) and Kimi-K3 TP8 (HV = 12).
 constexpr int default_block_v(int B, int HV, int V, int one_per_sm_ctas = 0) {
   const long long widest = static_cast<long long>(B) * HV * ((V + 127) / 128);
   if (widest >= 192 || (widest >= 96 && widest <= one_per_sm_ctas)) {

@@ -62,21 +62,31 @@ int device_sm_count();
 /// The per-item verify tiles come in two register budgets: two CTAs per SM (128 registers per
 /// thread) and one (up to 255, ring-mode steps grouped: 4-11% faster at B = 1..4 at BV <= 64,
 /// 20-26% at BV = 128, docs/perf.md v13). kAuto: one per SM when the launch gains from it
-/// (`grouped`: ring mode or extend) and the grid has at most one CTA per SM, also ahead of the
-/// BV = 128 streaming kernel; tests force each form (both give the same bits). A launch on
+/// (`grouped`: ring mode or extend) and the grid has at most `max_waves` CTAs per SM (the
+/// launcher passes kWideFusedMaxWaves for the fused BV = 128 tile, 1 otherwise), also ahead of
+/// the BV = 128 streaming kernel; tests force each form (both give the same bits). A launch on
 /// another thread sees the old or the new setting.
 enum class TileOccupancy { kAuto, kTwoPerSm, kOnePerSm };
+/// Waves of CTAs up to which a ring-mode fused BV = 128 grid runs its per-item tiles one CTA per
+/// SM ahead of the streaming kernel's two per SM. A wide CTA finishes its item in about half
+/// the time of a streamed pair (H200, Kimi-Linear T = 4: ~5.1 us per wave against ~9-11 us per
+/// two items per SM), so it wins where the streaming grid's items per CTA round up badly: at
+/// 2-3 waves -9..-25%, at 4 waves +1..+7% (docs/perf.md v17). The unfused recurrence's BV = 128
+/// tile and the narrower tiles keep one wave (there it did not gain, or the two-per-SM form
+/// fits the grid in one wave).
+constexpr int kWideFusedMaxWaves = 3;
 TileOccupancy tile_occupancy_mode();
 void set_tile_occupancy_mode(TileOccupancy mode);
 /// The rule behind one_cta_per_sm_tiles on a device of `sms` SMs (a host-side pure function;
 /// kernels::default_block_v's BV = 128 window below 192 CTAs relies on it).
-constexpr bool one_cta_per_sm_tiles_on(int64_t ctas, bool grouped, int sms, TileOccupancy mode) {
+constexpr bool one_cta_per_sm_tiles_on(int64_t ctas, bool grouped, int sms, TileOccupancy mode,
+                                       int max_waves = 1) {
   return mode == TileOccupancy::kOnePerSm ||
-         (mode == TileOccupancy::kAuto && grouped && ctas <= sms);
+         (mode == TileOccupancy::kAuto && grouped && ctas <= int64_t{max_waves} * sms);
 }
 /// Whether a per-item verify grid of `ctas` CTAs takes the one-CTA-per-SM form on the current
 /// device, under tile_occupancy_mode().
-bool one_cta_per_sm_tiles(int64_t ctas, bool grouped);
+bool one_cta_per_sm_tiles(int64_t ctas, bool grouped, int max_waves = 1);
 
 /// Grid size for a persistent streaming launch of `kernel` (`threads` per CTA, `smem_bytes`
 /// dynamic shared memory) over `items` work items on the current device, or 0 when the

@@ -58,11 +58,11 @@ TileOccupancy tile_occupancy_mode() { return g_tile_occupancy.load(std::memory_o
 void set_tile_occupancy_mode(TileOccupancy mode) {
   g_tile_occupancy.store(mode, std::memory_order_relaxed);
 }
-bool one_cta_per_sm_tiles(int64_t ctas, bool grouped) {
+bool one_cta_per_sm_tiles(int64_t ctas, bool grouped, int max_waves) {
   const TileOccupancy mode = tile_occupancy_mode();
   // The device is only asked when the rule needs it (forced modes never do).
   const int sms = mode == TileOccupancy::kAuto && grouped ? device_sm_count() : 0;
-  return one_cta_per_sm_tiles_on(ctas, grouped, sms, mode);
+  return one_cta_per_sm_tiles_on(ctas, grouped, sms, mode, max_waves);
 }
 
 StateStreamMode state_stream_mode() { return g_stream_mode.load(std::memory_order_relaxed); }

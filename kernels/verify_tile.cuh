@@ -893,7 +893,10 @@ void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
   // The one-per-SM form's gain is its grouped ring-mode steps: snapshot mode (one step at a
   // time) measured 1-3% slower in it at B = 1, 2 (docs/perf.md v13).
   const bool grouped_steps = args.extend != 0 || p.mode == RecordMode::kRing;
-  if (one_cta_per_sm_tiles(ctas, grouped_steps)) {
+  // The fused BV = 128 tile stays one per SM over several waves (kda_kernels.h
+  // kWideFusedMaxWaves); the unfused recurrence's did not gain from it (docs/perf.md v17).
+  constexpr int kMaxWaves = FUSED && BV == 128 ? kWideFusedMaxWaves : 1;
+  if (one_cta_per_sm_tiles(ctas, grouped_steps, kMaxWaves)) {
     launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1>, grid, block, 0, stream, pdl_enabled(),
                args);
     return;

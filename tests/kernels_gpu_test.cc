@@ -200,6 +200,40 @@ TEST_CASE("kernels: fused == unfused bitwise over whole tensors, every BV", "[ke
   }
 }
 
+// [slow]: grids of up to ~400 CTAs; the sanitizer runs cover the same kernels through the
+// forced one-per-SM cases above.
+TEST_CASE("kernels: the fused BV = 128 tile's auto schedules give the unfused bits",
+          "[kernels][gpu][slow]") {
+  // Auto occupancy and streaming, ring mode: the per-item tiles one CTA per SM over 1.5 and
+  // kWideFusedMaxWaves waves, then one CTA past them (the streaming kernel, two per SM).
+  // Kimi-Linear heads, B from the device's SM count; a padding request, reversed slots.
+  const int sms = kernels::device_sm_count();
+  constexpr int kHV = 32;
+  const int most = kernels::kWideFusedMaxWaves * sms / kHV;  // B at the last one-per-SM grid
+  int idx = 0;
+  for (const int B : {(3 * sms + 2 * kHV - 1) / (2 * kHV), most, most + 1}) {
+    for (const int T : {4, 8}) {
+      VerifyCase c = make_case(B, T, kHV, kHV, 128, 128, RecordMode::kRing,
+                               run_seed() + 7919 + static_cast<uint64_t>(idx));
+      c.neg_slot = true;
+      c.pad_at = B / 2;
+      c.reversed = (idx++ % 2) == 0;
+      CAPTURE(c, sms);
+      const int64_t ctas = int64_t{B} * kHV;
+      CHECK(kernels::one_cta_per_sm_tiles(ctas, /*grouped=*/true, kernels::kWideFusedMaxWaves) ==
+            (B <= most));
+      const VerifyProblem initial(c, kGpu);
+      VerifyProblem unfused = initial.clone_to(kGpu);
+      VerifyProblem fused = initial.clone_to(kGpu);
+      kernels::invoke_verify_unfused(unfused.params(), nullptr);
+      kernels::invoke_verify_fused(fused.params(), 128, nullptr);
+      sync();
+      require_same_bytes(fused, unfused, "auto-scheduled fused BV = 128 vs unfused");
+      REQUIRE(bitwise_equal(fused.raw(Tensor::kSsmState), initial.raw(Tensor::kSsmState)));
+    }
+  }
+}
+
 namespace {
 
 /// Gathers the snapshots of real requests into [B', T, HV, V, K] request order.

@@ -68,6 +68,13 @@ TEST_CASE("launch_utils: the per-item tiles' register budget (one or two CTAs pe
   CHECK_FALSE(one_cta_per_sm_tiles_on(133, true, 132, TileOccupancy::kAuto));
   CHECK_FALSE(one_cta_per_sm_tiles_on(128, false, 132, TileOccupancy::kAuto));  // snapshot
   CHECK_FALSE(one_cta_per_sm_tiles_on(1, true, 0, TileOccupancy::kAuto));       // no device
+  // The fused BV = 128 tile: up to kWideFusedMaxWaves waves (3 on the H200: 396 CTAs).
+  constexpr int kWaves = kda::kernels::kWideFusedMaxWaves;
+  CHECK(one_cta_per_sm_tiles_on(256, true, 132, TileOccupancy::kAuto, kWaves));
+  CHECK(one_cta_per_sm_tiles_on(396, true, 132, TileOccupancy::kAuto, kWaves));
+  CHECK_FALSE(one_cta_per_sm_tiles_on(397, true, 132, TileOccupancy::kAuto, kWaves));
+  CHECK_FALSE(one_cta_per_sm_tiles_on(256, false, 132, TileOccupancy::kAuto, kWaves));
+  CHECK_FALSE(one_cta_per_sm_tiles_on(256, true, 132, TileOccupancy::kTwoPerSm, kWaves));
   // Forced (tests): whatever the grid.
   CHECK(one_cta_per_sm_tiles_on(4096, false, 132, TileOccupancy::kOnePerSm));
   CHECK_FALSE(one_cta_per_sm_tiles_on(1, true, 132, TileOccupancy::kTwoPerSm));
