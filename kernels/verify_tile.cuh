@@ -893,7 +893,7 @@ void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
   // The one-per-SM form's gain is its grouped ring-mode steps: snapshot mode (one step at a
   // time) measured 1-3% slower in it at B = 1, 2 (docs/perf.md v13).
   const bool grouped_steps = args.extend != 0 || p.mode == RecordMode::kRing;
-  // The fused BV = 128 tile stays one per SM over several waves (kda_kernels.h
+  // The fused BV = 128 tile stays one per SM over several waves (launch_utils.h
   // kWideFusedMaxWaves); the unfused recurrence's did not gain from it (docs/perf.md v17).
   constexpr int kMaxWaves = FUSED && BV == 128 ? kWideFusedMaxWaves : 1;
   if (one_cta_per_sm_tiles(ctas, grouped_steps, kMaxWaves)) {
