@@ -829,8 +829,9 @@ struct GlobalSource : WeightReads<Item> {
 /// One CTA per item, grid (ceil(V/BV), HV, B): the inputs come straight from global memory
 /// (lowest latency: the small-B path). kCtasPerSm = 2: 128 registers per thread, so that two
 /// CTAs share an SM; kCtasPerSm = 1 (launched in ring mode and extend when the grid fits one
-/// CTA per SM, ahead of the streaming kernel at BV = 128): up to 255, with the ring-mode steps
-/// grouped (VerifyItem::run), which at 128 registers spilled.
+/// CTA per SM, or kWideFusedMaxWaves of them for the fused BV = 128 tile, ahead of the
+/// streaming kernel): up to 255, with the ring-mode steps grouped (VerifyItem::run), which at
+/// 128 registers spilled.
 template <typename WeightT, int K, int BV, bool FUSED, int kCtasPerSm>
 __global__ void __launch_bounds__(256, kCtasPerSm)
     verify_tile_kernel(const __grid_constant__ TileArgs args) {

@@ -163,7 +163,7 @@ Other:
                          recurrence and the fold beyond one wave of CTAs), always, never
   --tile-occupancy MODE  per-item verify tiles' register budget: auto (default: one CTA per
                          SM with up to 255 registers for ring-mode grids of at most one CTA per
-                         SM, else two with 128), one, two
+                         SM, three for the fused BV = 128 tile; else two with 128), one, two
   --device N             CUDA device ordinal (default 0)
   --out FILE             also write every row to FILE (.csv or .json)
   -h, --help             this text
