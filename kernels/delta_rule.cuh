@@ -248,6 +248,42 @@ __device__ __forceinline__ void l2_normalize_warp(float* vec, float scale, bool 
   store_vec<E>(vec + lane * E, x);
 }
 
+/// l2_normalize_warp on N vectors at once: vector i at `vecs[i]`, skipped where !on[i] (both
+/// warp-uniform), scaled where scaled[i]. The N trees go level by level, so their shuffle
+/// chains overlap; per vector the operations are l2_normalize_regs's, so the bits are equal.
+template <int K, int N>
+__device__ __forceinline__ void l2_normalize_warp_n(float* const (&vecs)[N], const bool (&on)[N],
+                                                    const bool (&scaled)[N], float scale,
+                                                    int lane) {
+  constexpr int E = K / 32;
+  float x[N][E];
+  float sumsq[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    if (on[i]) {
+      load_vec<E>(x[i], vecs[i] + lane * E);
+    } else {
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        x[i][e] = 0.0f;
+      }
+    }
+    sumsq[i] = tree_partial<E>(x[i], x[i]);
+  }
+  tree_across_lanes<32, N>(sumsq);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const float denom = kda_sqrt(__fadd_rn(sumsq[i], 1e-6f));
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      x[i][e] = __fmul_rn(kda_div(x[i][e], denom), scaled[i] ? scale : 1.0f);
+    }
+    if (on[i]) {
+      store_vec<E>(vecs[i] + lane * E, x[i]);
+    }
+  }
+}
+
 /// K^-0.5 as f32 (0x3DB504F3 for K = 128).
 template <int K>
 inline constexpr float kQkScale = K == 64 ? 0.125f : 0.08838834764831845f;

@@ -280,6 +280,20 @@ struct VerifyItem {
     //  - otherwise register loads here, in flight during the prologue (with 128 registers
     //    and two CTAs per SM, loads issued after the history measured slower, v12g/h).
     constexpr bool kLateStateLoads = kWideRegisters && !Src::kStaged && !Src::kStateStaged;
+    // Fused, with wide registers: the warps without a conv pair ("spare" warps) normalise the
+    // chunk's q / k while the conv warps compute their gates. The spare warps compute their
+    // gates during the conv, all warps meet at a barrier once q / k / v are stored, then the
+    // conv warps compute theirs and the spare warps the norms, and a second barrier ends the
+    // prologue: two CTA barriers as before, the norms off the critical path (docs/perf.md
+    // v18; the conv warps are that path, and work added to them made it longer, v16b). The
+    // unfused recurrence has no conv to hide the norms behind (v18: T = 8 +2%). It needs three
+    // spare warps: with two (K = 128, BV = 128: 192 pairs on six warps) each normalises four
+    // vectors at T = 4, longer than the conv warps' gates (v18b: +2..+3% at T = 4, B = 4..32),
+    // so that tile keeps the all-warp norms (v18c).
+    constexpr int kConvWarps = (Cfg::kPairs + 31) / 32;
+    constexpr int kSpareWarps = Cfg::kWarps - kConvWarps;
+    static_assert(kSpareWarps >= 1, "a warp without a conv pair");
+    constexpr bool kSpareWarpNorms = FUSED && kWideRegisters && !Src::kStaged && kSpareWarps >= 3;
     ColRegs<Slice> S[CPT];
     bool col_ok[CPT];
 #pragma unroll
@@ -448,73 +462,107 @@ struct VerifyItem {
         }
       }
 
-      // 2. gates and beta: this thread's gates of 4 consecutive tokens (kGateGroup of them)
-      // computed before their stores, as the conv above.
-#pragma unroll
-      for (int jg = 0; jg < kGateIters; jg += kGateGroup) {
-        if (jg * kGateStep >= tc) {
-          break;
+      // 2. gates and beta, and (kSpareWarpNorms) 3. the q / k norms on the spare warps. In that
+      // form each warp runs two phases around a barrier: the spare warps compute their gates
+      // first (during the conv) and the norms second, the conv warps their gates second.
+      constexpr int kPhases = kSpareWarpNorms ? 2 : 1;
+      const bool spare = kSpareWarpNorms && warp >= kConvWarps;
+      for (int phase = 0; phase < kPhases; ++phase) {
+        if (phase == 1) {
+          __syncthreads();  // the chunk's q / k / v in shared memory
         }
-        float x[kGateGroup], g[kGateGroup], decay[kGateGroup];
+        if (kPhases == 1 || (phase == 0) == spare) {
+          // 2. gates and beta: this thread's gates of 4 consecutive tokens (kGateGroup of them)
+          // computed before their stores, as the conv above.
 #pragma unroll
-        for (int u = 0; u < kGateGroup; ++u) {
-          x[u] = __fadd_rn(bf16_bits_to_float(as[jg + u]), dt_bias);
-        }
-        if (p.gate == GateKind::kStandard) {  // the kind's branch outside the group
+          for (int jg = 0; jg < kGateIters; jg += kGateGroup) {
+            if (jg * kGateStep >= tc) {
+              break;
+            }
+            float x[kGateGroup], g[kGateGroup], decay[kGateGroup];
 #pragma unroll
-          for (int u = 0; u < kGateGroup; ++u) {
-            g[u] = gate_standard(x[u], exp_a_log);
-          }
-        } else {
+            for (int u = 0; u < kGateGroup; ++u) {
+              x[u] = __fadd_rn(bf16_bits_to_float(as[jg + u]), dt_bias);
+            }
+            if (p.gate == GateKind::kStandard) {  // the kind's branch outside the group
 #pragma unroll
-          for (int u = 0; u < kGateGroup; ++u) {
-            g[u] = gate_safe(x[u], exp_a_log, p.lower_bound);
-          }
-        }
+              for (int u = 0; u < kGateGroup; ++u) {
+                g[u] = gate_standard(x[u], exp_a_log);
+              }
+            } else {
 #pragma unroll
-        for (int u = 0; u < kGateGroup; ++u) {
-          decay[u] = kda_exp(g[u]);
-        }
+              for (int u = 0; u < kGateGroup; ++u) {
+                g[u] = gate_safe(x[u], exp_a_log, p.lower_bound);
+              }
+            }
 #pragma unroll
-        for (int u = 0; u < kGateGroup; ++u) {
-          const int tt = gt0 + (jg + u) * kGateStep;
-          if (tt < tc) {
-            const int t = t0 + tt;
-            sm.decay[tt][gk] = decay[u];
-            if (ring && gate_owner && t < p.L) {
-              p.ring_g[slot * p.ring_g_slot_stride + (static_cast<int64_t>(hv) * p.L + t) * K +
-                       gk] = g[u];
+            for (int u = 0; u < kGateGroup; ++u) {
+              decay[u] = kda_exp(g[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < kGateGroup; ++u) {
+              const int tt = gt0 + (jg + u) * kGateStep;
+              if (tt < tc) {
+                const int t = t0 + tt;
+                sm.decay[tt][gk] = decay[u];
+                if (ring && gate_owner && t < p.L) {
+                  p.ring_g[slot * p.ring_g_slot_stride + (static_cast<int64_t>(hv) * p.L + t) * K +
+                           gk] = g[u];
+                }
+              }
             }
           }
-        }
-      }
-      if (tid < tc) {
-        const int t = t0 + tid;
-        const float beta = kda_sigmoid(bf16_bits_to_float(in.bs));
-        sm.beta[tid] = beta;
-        if (ring && gate_owner && t < p.L) {
-          p.ring_beta[slot * p.ring_beta_slot_stride + static_cast<int64_t>(hv) * p.L + t] = beta;
-        }
-      }
-      if constexpr (kLateStateLoads) {
-        if (t0 == 0) {  // the first chunk's steps are the first to need the tile
-          src.load_state(*this, S, col_ok, s_base);
+          if (tid < tc) {
+            const int t = t0 + tid;
+            const float beta = kda_sigmoid(bf16_bits_to_float(in.bs));
+            sm.beta[tid] = beta;
+            if (ring && gate_owner && t < p.L) {
+              p.ring_beta[slot * p.ring_beta_slot_stride + static_cast<int64_t>(hv) * p.L + t] =
+                  beta;
+            }
+          }
+          if constexpr (kLateStateLoads) {
+            if (t0 == 0) {  // the first chunk's steps are the first to need the tile
+              src.load_state(*this, S, col_ok, s_base);
+            }
+          }
+        } else if (phase == 1) {
+          // (spare warps) L2 norms of q (scaled by K^-0.5) and k: vector j = 2 t + (0: q,
+          // 1: k) at sm.qk[0][0] + j K; kNormJobs per warp at once, one pass at T <= 4.
+          constexpr int kNormJobs = (8 + kSpareWarps - 1) / kSpareWarps;
+          for (int first = warp - kConvWarps; first < 2 * tc; first += kNormJobs * kSpareWarps) {
+            float* vecs[kNormJobs];
+            bool on[kNormJobs], scaled[kNormJobs];
+#pragma unroll
+            for (int u = 0; u < kNormJobs; ++u) {
+              const int job = first + u * kSpareWarps;
+              on[u] = job < 2 * tc;
+              scaled[u] = (job & 1) == 0;
+              vecs[u] = &sm.qk[0][0][0] + job * K;
+            }
+            l2_normalize_warp_n<K, kNormJobs>(vecs, on, scaled, kQkScale<K>, lane);
+          }
         }
       }
       __syncthreads();
       src.inputs_consumed(*this);  // streaming: the next item's inputs go in flight
 
-      // 3. L2 norms of q (scaled by K^-0.5) and k, one warp per vector.
-      for (int job = warp; job < 2 * tc; job += Cfg::kWarps) {
-        const int which = job & 1;
-        l2_normalize_warp<K>(sm.qk[job >> 1][which], kQkScale<K>, which == 0, lane);
+      // 3. L2 norms of q (scaled by K^-0.5) and k, one warp per vector (without spare-warp
+      // norms).
+      if constexpr (!kSpareWarpNorms) {
+        for (int job = warp; job < 2 * tc; job += Cfg::kWarps) {
+          const int which = job & 1;
+          l2_normalize_warp<K>(sm.qk[job >> 1][which], kQkScale<K>, which == 0, lane);
+        }
       }
       if constexpr (Src::kStaged) {
         // The state tile to registers; the barrier inside load_state also completes the norms
         // (one barrier where there were two, docs/perf.md v7).
         src.load_state(*this, S, col_ok, s_base);
       } else {
-        __syncthreads();
+        if constexpr (!kSpareWarpNorms) {
+          __syncthreads();
+        }
         if constexpr (Src::kStateStaged) {
           if (t0 == 0) {
             src.state_from_stage(*this, S, col_ok);
