@@ -276,24 +276,29 @@ struct VerifyItem {
     //    memory pipe with the conv history and inputs, and the conv waited for them: the
     //    history landed ~1300-2900 cycles after the slot instead of ~1100. After the gates
     //    the history and inputs are in registers, and the tile lands during the norms
-    //    (docs/perf.md v14: BV = 128 one per SM 6-10% faster, L2-cold 11-12%);
+    //    (docs/perf.md v14: BV = 128 one per SM 6-10% faster, L2-cold 11-12%). With the
+    //    spare-warp norms (below) the spare warps issue theirs after their gates (during the
+    //    conv) and the conv warps right after the conv, before their gates;
     //  - otherwise register loads here, in flight during the prologue (with 128 registers
     //    and two CTAs per SM, loads issued after the history measured slower, v12g/h).
     constexpr bool kLateStateLoads = kWideRegisters && !Src::kStaged && !Src::kStateStaged;
-    // Fused, with wide registers: the warps without a conv pair ("spare" warps) normalise the
-    // chunk's q / k while the conv warps compute their gates. The spare warps compute their
-    // gates during the conv, all warps meet at a barrier once q / k / v are stored, then the
-    // conv warps compute theirs and the spare warps the norms, and a second barrier ends the
-    // prologue: two CTA barriers as before, the norms off the critical path (docs/perf.md
-    // v18; the conv warps are that path, and work added to them made it longer, v16b). The
-    // unfused recurrence has no conv to hide the norms behind (v18: T = 8 +2%). It needs three
-    // spare warps: with two (K = 128, BV = 128: 192 pairs on six warps) each normalises four
-    // vectors at T = 4, longer than the conv warps' gates (v18b: +2..+3% at T = 4, B = 4..32),
-    // so that tile keeps the all-warp norms (v18c).
+    // Fused narrow tiles (BV <= 32) with wide registers: the warps without a conv pair
+    // ("spare" warps) normalise the chunk's q / k while the conv warps compute their gates.
+    // The spare warps compute their gates during the conv; all warps meet at a barrier once
+    // q / k / v are stored; the conv warps then issue their state-tile loads and compute their
+    // gates while the spare warps run the norms; a second barrier ends the prologue. Two CTA
+    // barriers as before, and the norms are off the critical path (the conv warps are that
+    // path; work added to them made it longer, docs/perf.md v16b). H200 (docs/perf.md v18):
+    //  - BV <= 32: -2..-7% in the 10-call graph, L2-cold and in the 20-layer round;
+    //  - BV = 64: -2..-4% in the graph but +3..+7% L2-cold and in the round at T = 4: its
+    //    32 KiB state tile had landed during the norms, and without them the steps wait for it;
+    //  - K = BV = 128 (two spare warps, four norms each at T = 4): +2..+3%;
+    //  - the unfused recurrence has no conv to hide the norms behind (T = 8 +2%).
+    // So BV >= 64 and the unfused recurrence keep the all-warp norms.
     constexpr int kConvWarps = (Cfg::kPairs + 31) / 32;
     constexpr int kSpareWarps = Cfg::kWarps - kConvWarps;
-    static_assert(kSpareWarps >= 1, "a warp without a conv pair");
-    constexpr bool kSpareWarpNorms = FUSED && kWideRegisters && !Src::kStaged && kSpareWarps >= 3;
+    constexpr bool kSpareWarpNorms = FUSED && kWideRegisters && !Src::kStaged && BV <= 32;
+    static_assert(!kSpareWarpNorms || kSpareWarps >= 3, "three warps without a conv pair");
     ColRegs<Slice> S[CPT];
     bool col_ok[CPT];
 #pragma unroll
@@ -472,6 +477,13 @@ struct VerifyItem {
           __syncthreads();  // the chunk's q / k / v in shared memory
         }
         if (kPhases == 1 || (phase == 0) == spare) {
+          if constexpr (kLateStateLoads && kSpareWarpNorms) {
+            // The conv warps' share of the tile: the conv is done, so the loads go out before
+            // the gates (after them, the steps waited: docs/perf.md v18e).
+            if (t0 == 0 && phase == 1) {
+              src.load_state(*this, S, col_ok, s_base);
+            }
+          }
           // 2. gates and beta: this thread's gates of 4 consecutive tokens (kGateGroup of them)
           // computed before their stores, as the conv above.
 #pragma unroll
@@ -522,7 +534,9 @@ struct VerifyItem {
             }
           }
           if constexpr (kLateStateLoads) {
-            if (t0 == 0) {  // the first chunk's steps are the first to need the tile
+            // The first chunk's steps are the first to need the tile; the spare warps issue
+            // theirs here, after their phase-0 gates (later, in phase 1, was slower: v18d).
+            if (t0 == 0 && (!kSpareWarpNorms || phase == 0)) {
               src.load_state(*this, S, col_ok, s_base);
             }
           }
