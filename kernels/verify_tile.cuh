@@ -289,7 +289,7 @@ struct VerifyItem {
     // gates while the spare warps run the norms; a second barrier ends the prologue. Two CTA
     // barriers as before, and the norms are off the critical path (the conv warps are that
     // path; work added to them made it longer, docs/perf.md v16b). H200 (docs/perf.md v18):
-    //  - BV <= 32: -2..-7% in the 10-call graph, L2-cold and in the 20-layer round;
+    //  - BV <= 32: -1..-7% in the 10-call graph, L2-cold and in the 20-layer round;
     //  - BV = 64: -2..-4% in the graph but +3..+7% L2-cold and in the round at T = 4: its
     //    32 KiB state tile had landed during the norms, and without them the steps wait for it;
     //  - K = BV = 128 (two spare warps, four norms each at T = 4): +2..+3%;
