@@ -221,6 +221,20 @@ template <int K>
 __device__ __forceinline__ void l2_normalize_warp(float* vec, float scale, bool apply_scale,
                                                   int lane);
 
+/// The normalisation's second half, on this lane's E elements: x[e] = DIV(x[e], SQRT(sumsq +
+/// 1e-6)) * (apply_scale ? scale : 1), with sumsq the vector's sum of squares.
+template <int E>
+__device__ __forceinline__ void divide_by_norm(float (&x)[E], float sumsq, float scale,
+                                               bool apply_scale) {
+  const float denom = kda_sqrt(__fadd_rn(sumsq, 1e-6f));
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    // x * 1 is x (no flush to zero in these kernels): a multiply by a selected factor, not a
+    // branch per element, so the E divisions overlap (docs/perf.md v13).
+    x[e] = __fmul_rn(kda_div(x[e], denom), apply_scale ? scale : 1.0f);
+  }
+}
+
 /// The same normalisation on a vector already in the warp's registers: lane j holds
 /// x[k = j*E .. j*E+E-1], E = K/32 (every lane gets the same denominator bits).
 template <int K>
@@ -229,13 +243,7 @@ __device__ __forceinline__ void l2_normalize_regs(float (&x)[K / 32], float scal
   constexpr int E = K / 32;
   const float(&row)[1][E] = reinterpret_cast<const float(&)[1][E]>(x);
   const float sumsq = tree_dot<32, 1, E>(row, row);
-  const float denom = kda_sqrt(__fadd_rn(sumsq, 1e-6f));
-#pragma unroll
-  for (int e = 0; e < E; ++e) {
-    // x * 1 is x (no flush to zero in these kernels): a multiply by a selected factor, not a
-    // branch per element, so the E divisions overlap (docs/perf.md v13).
-    x[e] = __fmul_rn(kda_div(x[e], denom), apply_scale ? scale : 1.0f);
-  }
+  divide_by_norm<E>(x, sumsq, scale, apply_scale);
 }
 
 template <int K>
@@ -273,11 +281,7 @@ __device__ __forceinline__ void l2_normalize_warp_n(float* const (&vecs)[N], con
   tree_across_lanes<32, N>(sumsq);
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    const float denom = kda_sqrt(__fadd_rn(sumsq[i], 1e-6f));
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      x[i][e] = __fmul_rn(kda_div(x[i][e], denom), scaled[i] ? scale : 1.0f);
-    }
+    divide_by_norm<E>(x[i], sumsq[i], scale, scaled[i]);
     if (on[i]) {
       store_vec<E>(vecs[i] + lane * E, x[i]);
     }

@@ -160,8 +160,9 @@ TEST_CASE("kernels: fused == unfused bitwise over whole tensors, every BV", "[ke
             }
           }
         }
-        // Every BV; the per-item tiles with BV <= 64 in both register budgets (one and two
-        // CTAs per SM: the one-per-SM form runs the ring-mode steps in groups).
+        // Every BV in both register budgets of the per-item tiles (one and two CTAs per SM: the
+        // one-per-SM form runs the ring-mode steps in groups, and at BV <= 32 the q/k norms on
+        // the spare warps).
         for (auto occupancy :
              {kernels::TileOccupancy::kTwoPerSm, kernels::TileOccupancy::kOnePerSm}) {
           const ForceTileOccupancy force(occupancy);
