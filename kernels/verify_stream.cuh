@@ -226,13 +226,19 @@ __global__ void __launch_bounds__(256, 2)
   const typename Src::Items items{p, args.div};
   clear_shared_before_bulk(stage, kStateStageBytes<K, BV>);  // see StagedSource::load_state
   BulkStage bulk(stage, &bar);
-  const int first = begin_streaming</*kFirstBeforeWait=*/true>(bulk, items, [&](int item) {
-    const ItemCoords at = items.coords(item);
-    bulk.fill([&](int) { return items.state_run(at, p.slots[at.n]); }, 1);
-  });
+  // The first item's inputs go out before its state tile: its prologue needs only the inputs,
+  // and with the tile's 64 KiB ahead of them in the memory queue (every CTA fills at once) the
+  // first prologue waited ~4-9 K cycles for them (docs/perf.md v24, v25). The tile lands during
+  // the prologue.
+  const int first = begin_streaming</*kFirstBeforeWait=*/true>(bulk, items, [](int) {});
   if (first < items.count()) {
     const ItemCoords at = items.coords(first);
-    prefetch_item_inputs<FUSED, K, BV, Item::Cfg::kChunk>(inputs[0], p, at, p.slots[at.n]);
+    const int slot = p.slots[at.n];
+    prefetch_item_inputs<FUSED, K, BV, Item::Cfg::kChunk>(inputs[0], p, at, slot);
+    __syncthreads();  // every thread's input copies are issued
+    if (threadIdx.x < 32) {
+      bulk.fill([&](int) { return items.state_run(at, slot); }, 1);
+    }
   }
   int live = 0;  // live items done: their inputs alternate between the two buffers
   for (int i = blockIdx.x; i < items.count(); i += gridDim.x) {
