@@ -197,7 +197,9 @@ __device__ __forceinline__ int next_live_item(const Items& items, int item) {
 /// Every thread, at the start of a persistent streaming kernel: initialises the stage's
 /// barrier, waits for the previous grid (PDL) and lets the next one launch, then has warp 0
 /// put the fill of this CTA's first live item in flight (`fill_first(item)`, called by the 32
-/// lanes of warp 0). Returns that item, or items.count() when the CTA has none.
+/// lanes of warp 0). Returns that item, or items.count() when the CTA has none. A kernel that
+/// must put something else in flight first (the verify: its first item's inputs, before the
+/// tile, docs/perf.md v25) passes a no-op and fills the stage itself after that.
 /// kFirstBeforeWait: the items' liveness reads only inputs that the previous kernel on the
 /// stream does not write (verify: the slot indices, kda_kernels.h), so the first live item is
 /// found before the PDL wait and that load overlaps the previous kernel's tail (docs/perf.md
