@@ -79,44 +79,46 @@ struct ItemInputs {
 };
 
 /// Every thread: puts the copies of item `at`'s inputs into `dst` in flight (pieces past V
-/// are skipped; they are never read).
+/// are skipped; they are never read). A thread copies one 16-byte piece of the row (so one
+/// channel offset) in every kRowsPerPass-th row: at v25 each piece's row, offset and channel
+/// were decoded anew (~30 instructions a piece, ~600 per item, docs/perf.md v27).
 template <bool FUSED, int K, int BV, int kChunk>
 __device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& dst,
                                                      const VerifyParams& p, const ItemCoords& at,
                                                      int slot) {
   using In = ItemInputs<K, BV, kChunk>;
+  constexpr int kThreads = TileConfig<K, BV>::kThreads;  // the kernel's blockDim.x
+  constexpr int kRowsPerPass = kThreads / In::kPieces;
+  static_assert(kRowsPerPass >= 1, "a row's pieces fit one pass");
+  const int tid = static_cast<int>(threadIdx.x);
+  const int off = tid % In::kPieces * 8;
+  const int v0 = at.tile * BV;
   const int64_t D = qkv_dim(p);
   const int64_t HK = static_cast<int64_t>(p.H) * K;
-  const int n = at.n;
-  const int hv = at.hv;
-  const int h = at.h;
-  const int v0 = at.tile * BV;
-  const int first_row = FUSED ? 0 : kConvHistory;
-  for (int idx = static_cast<int>(threadIdx.x) + first_row * In::kPieces;
-       idx < (kConvHistory + p.T) * In::kPieces; idx += static_cast<int>(blockDim.x)) {
-    const int row = idx / In::kPieces;
-    const int off = idx % In::kPieces * 8;
-    int64_t gch;
-    if (off < 2 * K) {
-      gch = (off / K) * HK + static_cast<int64_t>(h) * K + off % K;
-    } else if (v0 + off - 2 * K < p.V) {
-      gch = 2 * HK + static_cast<int64_t>(hv) * p.V + v0 + off - 2 * K;
-    } else {
-      continue;
-    }
-    const int64_t r = static_cast<int64_t>(n) * p.T + row - kConvHistory;
-    const bf16_t* src = row < kConvHistory
-                            ? p.conv_state + slot * p.conv_state_slot_stride + row * D + gch
-                        : FUSED ? p.qkv + r * p.qkv_stride + gch
-                                : p.qkv_act + r * D + gch;
-    cp_async<16>(&dst.x[row][off], src);
+  // The piece's channel: q or k of k-head h, or the V tile's (none past V).
+  int64_t gch = -1;
+  if (off < 2 * K) {
+    gch = (off / K) * HK + static_cast<int64_t>(at.h) * K + off % K;
+  } else if (v0 + off - 2 * K < p.V) {
+    gch = 2 * HK + static_cast<int64_t>(at.hv) * p.V + v0 + off - 2 * K;
   }
-  for (int idx = static_cast<int>(threadIdx.x); idx < p.T * (K / 8);
-       idx += static_cast<int>(blockDim.x)) {
+  if (gch >= 0 && tid < kRowsPerPass * In::kPieces) {
+    const bf16_t* hist = p.conv_state + slot * p.conv_state_slot_stride + gch;  // + row * D
+    const int64_t tok_pitch = FUSED ? p.qkv_stride : D;
+    const bf16_t* tok = (FUSED ? p.qkv : p.qkv_act) + static_cast<int64_t>(at.n) * p.T * tok_pitch +
+                        gch;  // + t * tok_pitch
+    const int first_row = FUSED ? 0 : kConvHistory;
+    for (int row = first_row + tid / In::kPieces; row < kConvHistory + p.T; row += kRowsPerPass) {
+      const bf16_t* src =
+          row < kConvHistory ? hist + row * D : tok + (row - kConvHistory) * tok_pitch;
+      cp_async<16>(&dst.x[row][off], src);
+    }
+  }
+  for (int idx = tid; idx < p.T * (K / 8); idx += kThreads) {
     const int t = idx / (K / 8);
-    const int off = idx % (K / 8) * 8;
-    cp_async<16>(&dst.a[t][off], p.a + (static_cast<int64_t>(n) * p.T + t) * p.a_stride +
-                                     static_cast<int64_t>(hv) * K + off);
+    const int a_off = idx % (K / 8) * 8;
+    cp_async<16>(&dst.a[t][a_off], p.a + (static_cast<int64_t>(at.n) * p.T + t) * p.a_stride +
+                                       static_cast<int64_t>(at.hv) * K + a_off);
   }
 }
 
@@ -125,9 +127,12 @@ __device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& 
 /// logits from global memory.
 /// begin() plans the next live item; inputs_consumed() prefetches its inputs into `nxt`;
 /// load_state() waits for this item's tile, copies it to registers and refills the stage.
-template <typename Item>
+template <typename Item, RecordMode kMode>
 struct StagedSource : WeightReads<Item> {
   static constexpr bool kStaged = true;
+  /// The record mode, fixed per instantiation: the ring kernel carries no snapshot code and the
+  /// snapshot kernel no ring code (VerifyItem::run; fewer registers held, docs/perf.md v27).
+  static constexpr int kFixedMode = static_cast<int>(kMode);
   /// The per-item kernel's own state stage (GlobalSource): not this one's, whose state tiles
   /// arrive through `stage` (kStaged).
   static constexpr bool kStateStaged = false;
@@ -205,15 +210,21 @@ struct StagedSource : WeightReads<Item> {
     // Every thread is done with the stage, `next` is written, and (VerifyItem::run relies on
     // this barrier) the item's q/k norms are complete: refill.
     __syncthreads();
-    bulk.fill_one_if(threadIdx.x == 0 && next.valid != 0, next.run);
+    // Ring kernel: warp 0 alone reads `next` and runs the fill's predicated asm (every thread
+    // did, 22 instructions a warp). The snapshot kernel keeps every thread on it: with the
+    // branch ptxas spilled 28 B there and it ran 2-8% slower (docs/perf.md v27).
+    constexpr bool kWarp0Refill = kMode == RecordMode::kRing;
+    if (!kWarp0Refill || threadIdx.x < 32) {
+      bulk.fill_one_if(threadIdx.x == 0 && next.valid != 0, next.run);
+    }
   }
 };
 
-template <typename WeightT, int K, int BV, bool FUSED>
+template <typename WeightT, int K, int BV, bool FUSED, RecordMode kMode>
 __global__ void __launch_bounds__(256, 2)
     verify_stream_kernel(const __grid_constant__ TileArgs args) {
   using Item = VerifyItem<WeightT, K, BV, FUSED>;
-  using Src = StagedSource<Item>;
+  using Src = StagedSource<Item, kMode>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
   __shared__ uint64_t bar;
   __shared__ NextRun next;

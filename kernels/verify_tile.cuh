@@ -232,9 +232,12 @@ struct VerifyItem {
       return;
     }
     src.begin(*this);
-    const bool extend = args.extend != 0;
-    const bool ring = !extend && p.mode == RecordMode::kRing;
-    const bool snap = !extend && p.mode == RecordMode::kSnapshot;
+    // The streaming kernel serves verify only (launcher-checked): extend's code is not in it.
+    const bool extend = !Src::kStaged && args.extend != 0;
+    const RecordMode mode =
+        Src::kFixedMode >= 0 ? static_cast<RecordMode>(Src::kFixedMode) : p.mode;
+    const bool ring = !extend && mode == RecordMode::kRing;
+    const bool snap = !extend && mode == RecordMode::kSnapshot;
     const int64_t row = extend ? 0 : src.row(*this);
     // The first v-head of k-head h (h * HV/H) writes the head's q/k records.
     const bool qk_owner = tile == 0 && hv == h * static_cast<int>(args.div.group.divisor);
@@ -585,26 +588,39 @@ struct VerifyItem {
       }
 
       // 4. The recurrence.
+      // The streaming kernel (issue-bound) takes the thread's CPT values in one shared-memory
+      // load (CPT = 2 or 4: 8 * CPT-byte aligned group offsets), columns past V as zeros. The
+      // per-item kernels keep per-column loads: the one-load form changed their allocation
+      // (the BV = 128 fallback tile spilled 72 B more).
       const auto v_of = [&](int tt, float(&vv)[CPT]) {
+        if constexpr (Src::kStaged && (CPT == 2 || CPT == 4)) {
+          load_vec<CPT>(vv, &sm.v[tt][group * CPT]);
 #pragma unroll
-        for (int j = 0; j < CPT; ++j) {
-          vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
+          for (int j = 0; j < CPT; ++j) {
+            vv[j] = col_ok[j] ? vv[j] : 0.0f;
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < CPT; ++j) {
+            vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
+          }
         }
       };
       // Lane 0 of the group writes its CPT columns (every lane holds every column's bits):
       // bf16 pairs, no per-lane column select (which nvcc lowered to a local-memory array).
       // Pairs are whole: V, v0 and col0 are even when CPT >= 2.
-      // Per-item kernels (latency-bound) index the output in 32 bits (the launchers check
-      // that `out` has fewer than 2^31 elements), from the item's token-0 index plus t rows
-      // of HV*V: B = 1..4 1-3% faster (docs/perf.md v8e, v9a). The streaming kernel keeps
-      // 64-bit math: with 32 bits ptxas spilled 32 B there.
+      // The output is indexed in 32 bits (the launchers check that `out` has fewer than 2^31
+      // elements). Per-item kernels (latency-bound) add t rows of HV*V to the item's token-0
+      // index: B = 1..4 1-3% faster (docs/perf.md v8e, v9a). The streaming kernel computes
+      // the row's index per store: its token-0 index held through the steps cost 32 B of
+      // spills (v9a), the 64-bit form ~17 instructions a warp per store (v27).
       const uint32_t out_item = (static_cast<uint32_t>(n) * T * p.HV + hv) * p.V + col0;
       const uint32_t out_token = static_cast<uint32_t>(p.HV) * p.V;
       const auto store_outputs = [&](int t, const float* o) {
         if (c == 0) {
-          bf16_t* orow = Src::kStaged
-                             ? p.out + ((static_cast<int64_t>(n) * T + t) * p.HV + hv) * p.V + col0
-                             : p.out + (out_item + t * out_token);
+          bf16_t* orow =
+              p.out + (Src::kStaged ? ((static_cast<uint32_t>(n) * T + t) * p.HV + hv) * p.V + col0
+                                    : out_item + t * out_token);
           if constexpr (CPT == 1) {
             if (col_ok[0]) {
               orow[0] = to_bf16(o[0]);
@@ -789,6 +805,7 @@ struct ItemStateStage {
 template <typename Item, bool kStateStaged_>
 struct GlobalSource : WeightReads<Item> {
   static constexpr bool kStaged = false;
+  static constexpr int kFixedMode = -1;  ///< the record mode is the call's (p.mode)
   using Slice = typename Item::Slice;
 
   const bf16_t* x_row;  ///< token 0 of the request at the thread's channel pair: mixed_qkv
@@ -968,14 +985,18 @@ void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
     const size_t stage_bytes = kVerifyStreamSmemBytes<K, BV>;
     const bool streamable =
         args.extend == 0 && stream_layout_ok(p, TileConfig<K, BV>::kChunk, FUSED);
-    const void* kernel = reinterpret_cast<const void*>(verify_stream_kernel<WeightT, K, BV, FUSED>);
+    // One instantiation per record mode (StagedSource::kFixedMode).
+    const auto stream_kernel =
+        p.mode == RecordMode::kRing
+            ? verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kRing>
+            : verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kSnapshot>;
+    const void* kernel = reinterpret_cast<const void*>(stream_kernel);
     const int stream_grid =
         state_stream_grid(kernel, TileConfig<K, BV>::kThreads, stage_bytes, ctas, streamable,
                           FUSED ? StreamFrom::kAnyCount : StreamFrom::kBeyondOneWave);
     if (stream_grid > 0) {
-      launch_pdl(verify_stream_kernel<WeightT, K, BV, FUSED>,
-                 dim3(static_cast<unsigned>(stream_grid)), block, stage_bytes, stream,
-                 pdl_enabled(), args);
+      launch_pdl(stream_kernel, dim3(static_cast<unsigned>(stream_grid)), block, stage_bytes,
+                 stream, pdl_enabled(), args);
       return;
     }
   }
