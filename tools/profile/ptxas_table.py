@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""ptxas_table.py: registers, spills and static shared memory of every CUDA kernel, per ptxas.
+
+Compiles kernels/*.cu and kernels/inst/*.cu for sm_90a the way the build does (nvcc -O3
+--fmad=false) with -Xptxas -v, and prints one line per kernel in docs/ptxas_sm90.txt's format:
+
+    tools/profile/ptxas_table.py                 # the table (about 2 minutes on 2 cores)
+    tools/profile/ptxas_table.py --filter stream # only kernels whose name contains "stream"
+    tools/profile/ptxas_table.py --check         # exit 1 if a kernel spills that does not in
+                                                 # docs/ptxas_sm90.txt, or spills more
+
+Why: the streaming verify runs at its 128-register cap, where a trim that removes instructions
+can make ptxas spill and the kernel 5-13% slower (docs/perf.md v27). Run --check before timing
+a change to a kernel. Needs nvcc (CUDA_HOME or /usr/local/cuda) and c++filt; no GPU.
+"""
+import argparse
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+NVCC = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+FLAGS = ["-std=c++17", "-O3", "--fmad=false", "-gencode", "arch=compute_90a,code=sm_90a",
+         "-I" + ROOT, "-I/usr/include", "-Xptxas", "-v", "-c"]
+
+
+def demangle(names):
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    short = []
+    for name in out[:len(names)]:
+        name = re.sub(r"kda::kernels::|\(anonymous namespace\)::|void |\(kda::kernels::\w+\)|kda::",
+                      "", name)
+        short.append(name)
+    return short
+
+
+def kernels_of(source, workdir):
+    """(mangled name, registers, spill stores, spill loads, smem bytes) per kernel of one file."""
+    obj = os.path.join(workdir, "k.o")
+    res = subprocess.run([NVCC] + FLAGS + [source, "-o", obj], cwd=ROOT, capture_output=True,
+                         text=True)
+    if res.returncode != 0:
+        sys.exit("nvcc failed on %s:\n%s" % (source, res.stderr[-3000:]))
+    rows, name, spills = [], None, (0, 0)
+    for line in res.stderr.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            name = m.group(1)
+            continue
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and name:
+            spills = (int(m.group(1)), int(m.group(2)))
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m and name:
+            smem = re.search(r"(\d+) bytes smem", line)
+            rows.append((name, int(m.group(1)), spills[0], spills[1],
+                         int(smem.group(1)) if smem else 0))
+            name = None
+    return rows
+
+
+def table():
+    sources = sorted(glob.glob(os.path.join(ROOT, "kernels", "*.cu")) +
+                     glob.glob(os.path.join(ROOT, "kernels", "inst", "*.cu")))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for src in sources:
+            rows += kernels_of(os.path.relpath(src, ROOT), tmp)
+    names = demangle([r[0] for r in rows])
+    return [(n,) + r[1:] for n, r in zip(names, rows)]
+
+
+def fmt(row):
+    name, regs, st, ld, smem = row
+    return "%-60s regs %4d  spill st/ld %4d/%-4d %s" % (name, regs, st, ld,
+                                                        "%d B smem" % smem if smem else "")
+
+
+def parse_doc(path):
+    spills = {}
+    for line in open(path):
+        m = re.match(r"(.+?)\s+regs\s+\d+\s+spill st/ld\s+(\d+)/(\d+)", line)
+        if m:
+            spills[m.group(1).strip()] = int(m.group(2))
+    return spills
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--filter", default="", help="only kernels whose name contains this")
+    ap.add_argument("--check", action="store_true",
+                    help="fail on a kernel that spills more than in docs/ptxas_sm90.txt")
+    args = ap.parse_args()
+    rows = [r for r in table() if args.filter in r[0]]
+    for r in rows:
+        print(fmt(r))
+    if args.check:
+        known = parse_doc(os.path.join(ROOT, "docs", "ptxas_sm90.txt"))
+        worse = [r for r in rows if r[2] > known.get(r[0], 0)]
+        for r in worse:
+            print("SPILLS MORE than docs/ptxas_sm90.txt (%d B): %s" % (known.get(r[0], 0), fmt(r)))
+        sys.exit(1 if worse else 0)
+
+
+if __name__ == "__main__":
+    main()
