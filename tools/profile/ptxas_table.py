@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """ptxas_table.py: registers, spills and static shared memory of every CUDA kernel, per ptxas.
 
-Compiles kernels/*.cu and kernels/inst/*.cu for sm_90a the way the build does (nvcc -O3
---fmad=false) with -Xptxas -v, and prints one line per kernel in docs/ptxas_sm90.txt's format:
+Compiles kernels/*.cu and kernels/inst/*.cu for sm_90a with the build's device flags
+(tools/bazel/cuda.bzl and kernels/BUILD: -O3 -lineinfo --fmad=false; keep them in step) and
+-Xptxas -v, and prints one line per kernel in docs/ptxas_sm90.txt's format:
 
-    tools/profile/ptxas_table.py                 # the table (about 2 minutes on 2 cores)
+    tools/profile/ptxas_table.py                 # the table (about a minute on 2 cores)
     tools/profile/ptxas_table.py --filter stream # only kernels whose name contains "stream"
     tools/profile/ptxas_table.py --check         # exit 1 if a kernel spills more than in
                                                  # docs/ptxas_sm90.txt (skipped, exit 0, when
@@ -24,7 +25,7 @@ import tempfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 NVCC = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
-FLAGS = ["-std=c++17", "-O3", "--fmad=false", "-gencode", "arch=compute_90a,code=sm_90a",
+FLAGS = ["-std=c++17", "-O3", "-lineinfo", "--fmad=false", "-gencode", "arch=compute_90a,code=sm_90a",
          "-I" + ROOT, "-I/usr/include", "-Xptxas", "-v", "-c"]
 
 
