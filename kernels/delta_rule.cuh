@@ -79,11 +79,12 @@ __device__ __forceinline__ void store_column_per_partial(float* col, const ColRe
 
 // The step split into pieces, so that a caller can overlap independent trees (the streaming
 // verify runs step t's output dot and step t+1's key dot through the cross-lane levels
-// together):
-//   decay_and_key_partials -> tree_across_lanes -> apply_update   is one delta-rule step,
-//   query_partials -> tree_across_lanes                          is the output dot.
+// together, as reduce-scatters: device_math.cuh tree_reduce_scatter):
+//   decay_and_key_partials -> cross-lane levels -> u -> apply_update   is one delta-rule step,
+//   query_partials -> cross-lane levels                                is the output dot.
 // `part` arrays hold one value per column: this thread's part of the tree (levels d >= P)
-// until tree_across_lanes has combined the P lanes.
+// until the cross-lane levels have combined the P lanes. These pieces work on registers
+// j = 0..CPT-1 whatever columns they hold, so a caller may hold its columns swizzled.
 
 /// S[k][v] = S[k][v] * exp(g[k]) (`decay_vec` = EXP(g), [K] smem) on CPT columns, and each
 /// column's in-thread part of sum_k S[k][v] * kn[k] (`kn_vec`, [K] smem) into part[j].
@@ -132,17 +133,11 @@ __device__ __forceinline__ void query_partials(const ColRegs<Slice> (&S)[Slice::
   }
 }
 
-/// The rest of the step, given kv[j] = sum_k S[k][v_j] * kn[k] (whole tree):
-///   u_j = (v_j - kv_j) * beta;  S[k][v_j] = fma(kn[k], u_j, S[k][v_j])
+/// The rest of the step, given u_j = (v_j - sum_k S[k][v_j] * kn[k]) * beta (whole tree):
+///   S[k][v_j] = fma(kn[k], u_j, S[k][v_j])
 template <typename Slice>
 __device__ __forceinline__ void apply_update(ColRegs<Slice> (&S)[Slice::CPT], const float* kn_vec,
-                                             const float* kv, const float (&v)[Slice::CPT],
-                                             float beta, int c) {
-  float u[Slice::CPT];
-#pragma unroll
-  for (int j = 0; j < Slice::CPT; ++j) {
-    u[j] = __fmul_rn(__fsub_rn(v[j], kv[j]), beta);
-  }
+                                             const float (&u)[Slice::CPT], int c) {
 #pragma unroll
   for (int i = 0; i < Slice::NPT; ++i) {
     float kn[Slice::E];

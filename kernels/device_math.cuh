@@ -137,6 +137,55 @@ __device__ __forceinline__ void tree_across_lanes(float (&v)[N]) {
   }
 }
 
+/// The tree levels d = P/2 .. 1 for CPT sums per thread whose lanes need only one root each
+/// (reduce-scatter): at a level, a lane adds its partner's values of half of its columns and
+/// leaves the other half to the partner, until it holds one column; the levels left add as in
+/// tree_across_lanes. tree_across_lanes adds every column in every lane, CPT * log2(P) shuffles
+/// and adds per thread; this form 2 (CPT - 1) + log2(P / CPT) of each (8, not 24, at P = 8,
+/// CPT = 4). For the partners' halves to line up without a select per value, register j of
+/// lane c must hold column j ^ column_swizzle<P, CPT>(c); register 0 then ends as the root of
+/// column column_swizzle(c), in the P / CPT lanes that share c / (P / CPT). The pairs added are
+/// the tree's (p_j + p_{j^d}; a + b and b + a are the same bits), so are the results.
+/// N independent sets go level by level, so their shuffle chains overlap.
+template <int P, int CPT>
+__device__ __forceinline__ int column_swizzle(int c) {
+  static_assert(CPT >= 1 && CPT <= P && (CPT & (CPT - 1)) == 0, "CPT: a power of two <= P");
+  return c / (P / CPT);
+}
+template <int P, int CPT, int N>
+__device__ __forceinline__ void tree_reduce_scatter(float (&v)[N][CPT]) {
+#pragma unroll
+  for (int d = P / 2; d >= 1; d /= 2) {
+    // Columns kept at this level: CPT * d / P while that halves them, then one.
+    const int keep = CPT * d / P;
+#pragma unroll
+    for (int x = 0; x < N; ++x) {
+      if (keep >= 1) {
+#pragma unroll
+        for (int i = 0; i < keep; ++i) {
+          v[x][i] = __fadd_rn(v[x][i], __shfl_xor_sync(0xffffffffu, v[x][i + keep], d));
+        }
+      } else {
+        v[x][0] = __fadd_rn(v[x][0], __shfl_xor_sync(0xffffffffu, v[x][0], d));
+      }
+    }
+  }
+}
+
+/// The inverse of tree_reduce_scatter's halving levels: from register 0 (column
+/// column_swizzle(c), as tree_reduce_scatter leaves it) to all CPT registers in the swizzled
+/// order (register j: column j ^ column_swizzle(c)); CPT - 1 shuffles.
+template <int P, int CPT>
+__device__ __forceinline__ void column_all_gather(float (&v)[CPT]) {
+#pragma unroll
+  for (int n = 1; n < CPT; n *= 2) {
+#pragma unroll
+    for (int i = 0; i < n; ++i) {
+      v[i + n] = __shfl_xor_sync(0xffffffffu, v[i], n * (P / CPT));
+    }
+  }
+}
+
 /// Combines this thread's NPT partials and the P lanes' into the tree's root (all P lanes
 /// return the same bits). `r` is clobbered.
 template <int P, int NPT>

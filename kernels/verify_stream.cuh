@@ -133,6 +133,11 @@ struct StagedSource : WeightReads<Item> {
   /// The record mode, fixed per instantiation: the ring kernel carries no snapshot code and the
   /// snapshot kernel no ring code (VerifyItem::run; fewer registers held, docs/perf.md v27).
   static constexpr int kFixedMode = static_cast<int>(kMode);
+  /// The ring kernel's forms, where the snapshot kernel measured slower (docs/perf.md v27, v30):
+  /// the stage refilled by warp 0 alone (load_state), and the trees' cross-lane levels as
+  /// reduce-scatters on swizzled columns (VerifyItem::run, step 4). The snapshot kernel spilled
+  /// 28 B with the first and 40-56 B with the second, and ran 2-8% and 18-32% slower.
+  static constexpr bool kRingForm = kMode == RecordMode::kRing;
   /// The per-item kernel's own state stage (GlobalSource): not this one's, whose state tiles
   /// arrive through `stage` (kStaged).
   static constexpr bool kStateStaged = false;
@@ -203,18 +208,18 @@ struct StagedSource : WeightReads<Item> {
   __device__ __forceinline__ void load_state(const Item& it, ColRegs<Slice> (&S)[Slice::CPT],
                                              const bool (&)[Slice::CPT], const float*) const {
     bulk.wait();
+    const int swz = it.template column_swizzle_of<StagedSource>();
 #pragma unroll
     for (int j = 0; j < Slice::CPT; ++j) {
-      load_slice<Slice>(S[j], stage + static_cast<int64_t>(it.col0 - it.v0 + j) * Slice::K, it.c);
+      load_slice<Slice>(S[j], stage + static_cast<int64_t>(it.col0 - it.v0 + (j ^ swz)) * Slice::K,
+                        it.c);
     }
     // Every thread is done with the stage, `next` is written, and (VerifyItem::run relies on
     // this barrier) the item's q/k norms are complete: refill.
     __syncthreads();
     // Ring kernel: warp 0 alone reads `next` and runs the fill's predicated asm (every thread
-    // did, 22 instructions a warp). The snapshot kernel keeps every thread on it: with the
-    // branch ptxas spilled 28 B there and it ran 2-8% slower (docs/perf.md v27).
-    constexpr bool kWarp0Refill = kMode == RecordMode::kRing;
-    if (!kWarp0Refill || threadIdx.x < 32) {
+    // did, 22 instructions a warp). The snapshot kernel keeps every thread on it (kRingForm).
+    if (!kRingForm || threadIdx.x < 32) {
       bulk.fill_one_if(threadIdx.x == 0 && next.valid != 0, next.run);
     }
   }

@@ -133,6 +133,13 @@ struct VerifyItem {
   static constexpr int kGateGroup = kGateStep >= 4 ? 1 : 4 / kGateStep;
   static_assert(kGateIters % kGateGroup == 0, "whole gate groups");
 
+  /// The ring streaming kernel's column swizzle (Src::kRingForm): register j of the state and
+  /// of the trees holds column col0 + (j ^ swizzle) (run, step 4); elsewhere 0.
+  template <typename Src>
+  __device__ __forceinline__ int column_swizzle_of() const {
+    return Src::kRingForm ? column_swizzle<P, CPT>(c) : 0;
+  }
+
   __device__ __forceinline__ VerifyItem(const TileArgs& a, const ItemCoords& at)
       : args(a), p(a.p), tile(at.tile), hv(at.hv), n(at.n), h(at.h) {
     tid = threadIdx.x;
@@ -303,10 +310,14 @@ struct VerifyItem {
     constexpr bool kSpareWarpNorms = FUSED && kWideRegisters && !Src::kStaged && BV <= 32;
     static_assert(!kSpareWarpNorms || kSpareWarps >= 3, "three warps without a conv pair");
     ColRegs<Slice> S[CPT];
+    // The ring streaming kernel holds its columns swizzled (register j: column col0 + (j ^ swz),
+    // for its reduce-scatter trees, step 4; swz is recomputed where it is used: held from
+    // here, it cost spills). Streaming calls have V % 8 == 0 (launcher-checked)
+    // and col0 % CPT == 0, so there a thread's columns are all below V or all past it.
     bool col_ok[CPT];
 #pragma unroll
     for (int j = 0; j < CPT; ++j) {
-      col_ok[j] = col0 + j < p.V;
+      col_ok[j] = (Src::kRingForm ? col0 : col0 + j) < p.V;
     }
     const float* s_base =
         p.ssm_state + slot * p.ssm_slot_stride + static_cast<int64_t>(hv) * p.V * K;
@@ -588,39 +599,28 @@ struct VerifyItem {
       }
 
       // 4. The recurrence.
-      // The streaming kernel (issue-bound) takes the thread's CPT values in one shared-memory
-      // load (CPT = 2 or 4: 8 * CPT-byte aligned group offsets), columns past V as zeros. The
-      // per-item kernels keep per-column loads: the one-load form changed their allocation
-      // (the BV = 128 fallback tile spilled 72 B more).
+      // v of the thread's CPT columns (per-item kernels), columns past V as zeros. Their
+      // per-column loads: one load of CPT values changed their allocation (the BV = 128
+      // fallback tile spilled 72 B more, docs/perf.md v27).
       const auto v_of = [&](int tt, float(&vv)[CPT]) {
-        if constexpr (Src::kStaged && (CPT == 2 || CPT == 4)) {
-          load_vec<CPT>(vv, &sm.v[tt][group * CPT]);
 #pragma unroll
-          for (int j = 0; j < CPT; ++j) {
-            vv[j] = col_ok[j] ? vv[j] : 0.0f;
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < CPT; ++j) {
-            vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
-          }
+        for (int j = 0; j < CPT; ++j) {
+          vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
         }
       };
-      // Lane 0 of the group writes its CPT columns (every lane holds every column's bits):
-      // bf16 pairs, no per-lane column select (which nvcc lowered to a local-memory array).
-      // Pairs are whole: V, v0 and col0 are even when CPT >= 2.
+      // Per-item kernels' outputs: lane 0 of the group writes its CPT columns (every lane holds
+      // every column's bits): bf16 pairs, no per-lane column select (which nvcc lowered to a
+      // local-memory array). Pairs are whole: V, v0 and col0 are even when CPT >= 2.
       // The output is indexed in 32 bits (the launchers check that `out` has fewer than 2^31
       // elements). Per-item kernels (latency-bound) add t rows of HV*V to the item's token-0
       // index: B = 1..4 1-3% faster (docs/perf.md v8e, v9a). The streaming kernel computes
-      // the row's index per store: its token-0 index held through the steps cost 32 B of
-      // spills (v9a), the 64-bit form ~17 instructions a warp per store (v27).
+      // the row's index per store (store_step_outputs): its token-0 index held through the
+      // steps cost 32 B of spills (v9a), the 64-bit form ~17 instructions a warp per store (v27).
       const uint32_t out_item = (static_cast<uint32_t>(n) * T * p.HV + hv) * p.V + col0;
       const uint32_t out_token = static_cast<uint32_t>(p.HV) * p.V;
       const auto store_outputs = [&](int t, const float* o) {
         if (c == 0) {
-          bf16_t* orow =
-              p.out + (Src::kStaged ? ((static_cast<uint32_t>(n) * T + t) * p.HV + hv) * p.V + col0
-                                    : out_item + t * out_token);
+          bf16_t* orow = p.out + (out_item + t * out_token);  // one 32-bit index
           if constexpr (CPT == 1) {
             if (col_ok[0]) {
               orow[0] = to_bf16(o[0]);
@@ -642,6 +642,7 @@ struct VerifyItem {
 #pragma unroll
           for (int j = 0; j < CPT; ++j) {
             if (col_ok[j]) {
+              // Unswizzled: the ring kernel stores none.
               float* col = dst + static_cast<int64_t>(col0 + j) * K;
               if constexpr (Src::kStaged) {
                 store_column_per_partial<Slice>(col, S[j], c);
@@ -654,33 +655,102 @@ struct VerifyItem {
       };
       float vv[CPT];
       if constexpr (Src::kStaged) {
-        // Software-pipelined (throughput-bound streaming kernel): step tt's output dot and
-        // step tt+1's key dot both read the state after step tt's update, so their
-        // cross-lane tree levels run together (8 shuffle chains per thread instead of 4:
-        // the chains' latency was the recurrence's main stall). Per value, the operations
-        // and their order are those of delta_rule_step + output_dot.
-        {
-          v_of(0, vv);
-          float kv[CPT];
-          decay_and_key_partials<Slice>(S, sm.qk[0][1], sm.decay[0], c, kv);
-          tree_across_lanes<P, CPT>(kv);
-          apply_update<Slice>(S, sm.qk[0][1], kv, vv, sm.beta[0], c);
-        }
-        for (int tt = 0; tt < tc; ++tt) {
-          const bool next = tt + 1 < tc;
-          float part[2 * CPT];  // [0, CPT): outputs of step tt; [CPT, 2 CPT): kv of tt + 1
-          query_partials<Slice>(S, sm.qk[tt][0], c, part);
-          store_snapshot(t0 + tt);  // the state after step tt, before step tt + 1 decays it
-          if (next) {
-            decay_and_key_partials<Slice>(S, sm.qk[tt + 1][1], sm.decay[tt + 1], c, part + CPT);
-            tree_across_lanes<P, 2 * CPT>(part);
-          } else {
-            tree_across_lanes<P, CPT>(reinterpret_cast<float(&)[CPT]>(part));
+        // Streaming kernel (issue-bound), software-pipelined: step tt's output dot and step
+        // tt+1's key dot both read the state after step tt's update, so their cross-lane tree
+        // levels run together (the shuffle chains' latency was the recurrence's main stall).
+        // Per value, the operations and their order are those of delta_rule_step + output_dot.
+        // The row's output index is computed per store (v27).
+        if constexpr (Src::kRingForm) {
+          // Ring kernel: the cross-lane levels as reduce-scatters on the swizzled columns
+          // (device_math.cuh tree_reduce_scatter). A step's key tree leaves each lane the root
+          // of column swz, the lane computes that column's u, and CPT - 1 shuffles give it the
+          // other columns' u; the output tree leaves the lanes with c % (P / CPT) == 0 one
+          // output each to store. Per thread and step: 11 shuffles, 8 adds and one u where the
+          // all-reduce form below takes 24 shuffles, 24 adds and CPT u (docs/perf.md v30).
+          static_assert(CPT <= P, "one column per lane at the root");
+          // Column swz's u at step tt from its key-tree root kv, then every column's u.
+          const auto update = [&](int tt, float kv) {
+            float u[CPT];
+            const float v = col_ok[0] ? sm.v[tt][group * CPT + column_swizzle_of<Src>()] : 0.0f;
+            u[0] = __fmul_rn(__fsub_rn(v, kv), sm.beta[tt]);
+            column_all_gather<P, CPT>(u);
+            apply_update<Slice>(S, sm.qk[tt][1], u, c);
+          };
+          {
+            float kv[1][CPT];
+            decay_and_key_partials<Slice>(S, sm.qk[0][1], sm.decay[0], c, kv[0]);
+            tree_reduce_scatter<P, CPT, 1>(kv);
+            update(0, kv[0][0]);
           }
-          store_outputs(t0 + tt, part);
-          if (next) {
-            v_of(tt + 1, vv);
-            apply_update<Slice>(S, sm.qk[tt + 1][1], part + CPT, vv, sm.beta[tt + 1], c);
+          for (int tt = 0; tt < tc; ++tt) {
+            const bool next = tt + 1 < tc;
+            float part[2][CPT];  // [0]: outputs of step tt; [1]: kv of step tt + 1
+            query_partials<Slice>(S, sm.qk[tt][0], c, part[0]);
+            if (next) {
+              decay_and_key_partials<Slice>(S, sm.qk[tt + 1][1], sm.decay[tt + 1], c, part[1]);
+              tree_reduce_scatter<P, CPT, 2>(part);
+            } else {
+              tree_reduce_scatter<P, CPT, 1>(reinterpret_cast<float(&)[1][CPT]>(part));
+            }
+            if (c % (P / CPT) == 0 && col_ok[0]) {
+              p.out[((static_cast<uint32_t>(n) * T + t0 + tt) * p.HV + hv) * p.V + col0 +
+                    column_swizzle_of<Src>()] = to_bf16(part[0][0]);
+            }
+            if (next) {
+              update(tt + 1, part[1][0]);
+            }
+          }
+        } else {
+          // Snapshot kernel: the cross-lane levels as all-reduces (every lane gets every root),
+          // the thread's CPT values of v in one shared-memory load, lane 0 of the group stores
+          // the outputs. This form, not the ring kernel's, keeps it without spills.
+          const auto update = [&](int tt, const float(&vv)[CPT], const float(&kv)[CPT]) {
+            float u[CPT];
+#pragma unroll
+            for (int j = 0; j < CPT; ++j) {
+              u[j] = __fmul_rn(__fsub_rn(vv[j], kv[j]), sm.beta[tt]);
+            }
+            apply_update<Slice>(S, sm.qk[tt][1], u, c);
+          };
+          const auto v_staged = [&](int tt, float(&vv)[CPT]) {
+            load_vec<CPT>(vv, &sm.v[tt][group * CPT]);
+#pragma unroll
+            for (int j = 0; j < CPT; ++j) {
+              vv[j] = col_ok[j] ? vv[j] : 0.0f;
+            }
+          };
+          {
+            v_staged(0, vv);
+            float kv[CPT];
+            decay_and_key_partials<Slice>(S, sm.qk[0][1], sm.decay[0], c, kv);
+            tree_across_lanes<P, CPT>(kv);
+            update(0, vv, kv);
+          }
+          for (int tt = 0; tt < tc; ++tt) {
+            const bool next = tt + 1 < tc;
+            float part[2 * CPT];  // [0, CPT): outputs of step tt; [CPT, 2 CPT): kv of tt + 1
+            query_partials<Slice>(S, sm.qk[tt][0], c, part);
+            store_snapshot(t0 + tt);  // the state after step tt, before step tt + 1 decays it
+            if (next) {
+              decay_and_key_partials<Slice>(S, sm.qk[tt + 1][1], sm.decay[tt + 1], c, part + CPT);
+              tree_across_lanes<P, 2 * CPT>(part);
+            } else {
+              tree_across_lanes<P, CPT>(reinterpret_cast<float(&)[CPT]>(part));
+            }
+            if (c == 0) {
+              bf16_t* orow =
+                  p.out + (((static_cast<uint32_t>(n) * T + t0 + tt) * p.HV + hv) * p.V + col0);
+#pragma unroll
+              for (int j = 0; j < CPT; j += 2) {
+                if (col_ok[j]) {
+                  st_bf16x2(orow + j, part[j], part[j + 1]);
+                }
+              }
+            }
+            if (next) {
+              v_staged(tt + 1, vv);
+              update(tt + 1, vv, reinterpret_cast<const float(&)[CPT]>(part[CPT]));
+            }
           }
         }
       } else {
@@ -805,7 +875,8 @@ struct ItemStateStage {
 template <typename Item, bool kStateStaged_>
 struct GlobalSource : WeightReads<Item> {
   static constexpr bool kStaged = false;
-  static constexpr int kFixedMode = -1;  ///< the record mode is the call's (p.mode)
+  static constexpr int kFixedMode = -1;     ///< the record mode is the call's (p.mode)
+  static constexpr bool kRingForm = false;  ///< see StagedSource (the streaming kernel's)
   using Slice = typename Item::Slice;
 
   const bf16_t* x_row;  ///< token 0 of the request at the thread's channel pair: mixed_qkv
