@@ -28,9 +28,10 @@ constexpr int kDefaultFusedBlockV = 64;
 /// The default fused tile for a call of B requests, HV v-heads of V columns: the widest tile
 /// whose grid B*HV*ceil(V/BV) still has >= 96 CTAs, never below 16; BV = 128 (the heaviest
 /// CTAs) only from 192 CTAs or with 96..`one_per_sm_ctas` CTAs, where the launcher runs the
-/// tiles one CTA per SM with grouped steps (launch_utils.h TileOccupancy; in ring mode up to
-/// kWideFusedMaxWaves waves, beyond them streamed two per SM): pass the device's SM count in
-/// ring mode, 0 in snapshot mode (there the form is not used). Narrow tiles buy CTAs for small
+/// tiles one CTA per SM (launch_utils.h TileOccupancy; up to kWideFusedMaxWaves waves, beyond
+/// them streamed two per SM): pass the device's SM count in ring mode, 0 in snapshot mode
+/// (there BV = 64 below 192 CTAs: at 96 CTAs, K3 TP8 B = 8, BV = 128 one per SM was 0-3.5%
+/// slower than BV = 64 two per SM, docs/perf.md v31). Narrow tiles buy CTAs for small
 /// calls; wide tiles avoid recomputing the q/k conv per tile. Fitted to H200 (132 SMs)
 /// measurements (docs/perf.md v4, v13, v17); at kernel v17 it is the measured best tile in ring
 /// mode at every B in 1..64, T = 4 and 8, for Kimi-Linear (HV = 32) and Kimi-K3 TP8 (HV = 12).

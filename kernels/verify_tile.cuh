@@ -1041,13 +1041,15 @@ void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
   const int64_t ctas = tiles * p.HV * p.B;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.HV),
                   static_cast<unsigned>(p.B));
-  // The one-per-SM form's gain is its grouped ring-mode steps: snapshot mode (one step at a
-  // time) measured 1-3% slower in it at B = 1, 2 (docs/perf.md v13).
-  const bool grouped_steps = args.extend != 0 || p.mode == RecordMode::kRing;
+  // Where the one-per-SM form gains. Its grouped ring-mode steps (and extend's): snapshot mode
+  // (one step at a time) measured 1-3% slower in it at B = 1, 2 (docs/perf.md v13). The fused
+  // BV = 128 tile in every mode: in snapshot mode its one-per-SM CTAs beat the streaming kernel
+  // by 4.5-15% over 96-384 CTAs (Kimi-Linear B = 4, 8; K3 TP8 B = 8-32; docs/perf.md v31).
+  const bool gains = args.extend != 0 || p.mode == RecordMode::kRing || (FUSED && BV == 128);
   // The fused BV = 128 tile stays one per SM over several waves (launch_utils.h
   // kWideFusedMaxWaves); the unfused recurrence's did not gain from it (docs/perf.md v17).
   constexpr int kMaxWaves = FUSED && BV == 128 ? kWideFusedMaxWaves : 1;
-  if (one_cta_per_sm_tiles(ctas, grouped_steps, kMaxWaves)) {
+  if (one_cta_per_sm_tiles(ctas, gains, kMaxWaves)) {
     launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1>, grid, block, 0, stream, pdl_enabled(),
                args);
     return;

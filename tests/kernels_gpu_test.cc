@@ -205,8 +205,8 @@ TEST_CASE("kernels: fused == unfused bitwise over whole tensors, every BV", "[ke
 // forced one-per-SM cases above.
 TEST_CASE("kernels: the fused BV = 128 tile's auto schedules give the unfused bits",
           "[kernels][gpu][slow]") {
-  // Auto occupancy and streaming, ring mode: the per-item tiles one CTA per SM over 1.5 and
-  // kWideFusedMaxWaves waves, then one CTA past them (the streaming kernel, two per SM).
+  // Auto occupancy and streaming, ring and snapshot mode: the per-item tiles one CTA per SM over
+  // 1.5 and kWideFusedMaxWaves waves, then one CTA past them (the streaming kernel, two per SM).
   // Kimi-Linear heads, B from the device's SM count; a padding request, reversed slots.
   const int sms = kernels::device_sm_count();
   constexpr int kHV = 32;
@@ -214,8 +214,9 @@ TEST_CASE("kernels: the fused BV = 128 tile's auto schedules give the unfused bi
   int idx = 0;
   for (const int B : {(3 * sms + 2 * kHV - 1) / (2 * kHV), most, most + 1}) {
     for (const int T : {4, 8}) {
-      VerifyCase c = make_case(B, T, kHV, kHV, 128, 128, RecordMode::kRing,
-                               run_seed() + 7919 + static_cast<uint64_t>(idx));
+      const RecordMode mode = (idx / 2 + idx) % 2 == 1 ? RecordMode::kSnapshot : RecordMode::kRing;
+      VerifyCase c =
+          make_case(B, T, kHV, kHV, 128, 128, mode, run_seed() + 7919 + static_cast<uint64_t>(idx));
       c.neg_slot = true;
       c.pad_at = B / 2;
       c.reversed = (idx++ % 2) == 0;
