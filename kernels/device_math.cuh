@@ -140,13 +140,13 @@ __device__ __forceinline__ void tree_across_lanes(float (&v)[N]) {
 /// The tree levels d = P/2 .. 1 for CPT sums per thread whose lanes need only one root each
 /// (reduce-scatter): at a level, a lane adds its partner's values of half of its columns and
 /// leaves the other half to the partner, until it holds one column; the levels left add as in
-/// tree_across_lanes. tree_across_lanes adds every column in every lane, CPT * log2(P) shuffles
-/// and adds per thread; this form 2 (CPT - 1) + log2(P / CPT) of each (8, not 24, at P = 8,
-/// CPT = 4). For the partners' halves to line up without a select per value, register j of
-/// lane c must hold column j ^ column_swizzle<P, CPT>(c); register 0 then ends as the root of
-/// column column_swizzle(c), in the P / CPT lanes that share c / (P / CPT). The pairs added are
-/// the tree's (p_j + p_{j^d}; a + b and b + a are the same bits), so are the results.
-/// N independent sets go level by level, so their shuffle chains overlap.
+/// tree_across_lanes. Per set of CPT sums, tree_across_lanes adds every column in every lane,
+/// CPT * log2(P) shuffles and adds per thread; this form (CPT - 1) + log2(P / CPT) of each (4,
+/// not 12, at P = 8, CPT = 4). For the partners' halves to line up without a select per value,
+/// register j of lane c must hold column j ^ column_swizzle<P, CPT>(c); register 0 then ends as the
+/// root of column column_swizzle(c), in the P / CPT lanes that share c / (P / CPT). The pairs added
+/// are the tree's (p_j + p_{j^d}; a + b and b + a are the same bits), so are the results. N
+/// independent sets go level by level, so their shuffle chains overlap.
 template <int P, int CPT>
 __device__ __forceinline__ int column_swizzle(int c) {
   static_assert(CPT >= 1 && CPT <= P && (CPT & (CPT - 1)) == 0, "CPT: a power of two <= P");

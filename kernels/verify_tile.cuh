@@ -666,7 +666,8 @@ struct VerifyItem {
           // of column swz, the lane computes that column's u, and CPT - 1 shuffles give it the
           // other columns' u; the output tree leaves the lanes with c % (P / CPT) == 0 one
           // output each to store. Per thread and step: 11 shuffles, 8 adds and one u where the
-          // all-reduce form below takes 24 shuffles, 24 adds and CPT u (docs/perf.md v30).
+          // all-reduce form below takes 24 shuffles, 24 adds and CPT u (docs/perf.md v30). The
+          // ring kernel stores no snapshots (its record mode is fixed: StagedSource::kFixedMode).
           static_assert(CPT <= P, "one column per lane at the root");
           // Column swz's u at step tt from its key-tree root kv, then every column's u.
           const auto update = [&](int tt, float kv) {
@@ -701,22 +702,23 @@ struct VerifyItem {
             }
           }
         } else {
-          // Snapshot kernel: the cross-lane levels as all-reduces (every lane gets every root),
-          // the thread's CPT values of v in one shared-memory load, lane 0 of the group stores
-          // the outputs. This form, not the ring kernel's, keeps it without spills.
-          const auto update = [&](int tt, const float(&vv)[CPT], const float(&kv)[CPT]) {
+          // Snapshot kernel (v27's loop): the cross-lane levels as all-reduces (every lane gets
+          // every root), the thread's CPT values of v in one shared-memory load, lane 0 of the
+          // group stores the outputs. With the ring kernel's form it spilled 40-56 B and ran
+          // 18-32% slower (docs/perf.md v30).
+          const auto update = [&](int tt, const float(&v)[CPT], const float(&kv)[CPT]) {
             float u[CPT];
 #pragma unroll
             for (int j = 0; j < CPT; ++j) {
-              u[j] = __fmul_rn(__fsub_rn(vv[j], kv[j]), sm.beta[tt]);
+              u[j] = __fmul_rn(__fsub_rn(v[j], kv[j]), sm.beta[tt]);
             }
             apply_update<Slice>(S, sm.qk[tt][1], u, c);
           };
-          const auto v_staged = [&](int tt, float(&vv)[CPT]) {
-            load_vec<CPT>(vv, &sm.v[tt][group * CPT]);
+          const auto v_staged = [&](int tt, float(&v)[CPT]) {
+            load_vec<CPT>(v, &sm.v[tt][group * CPT]);
 #pragma unroll
             for (int j = 0; j < CPT; ++j) {
-              vv[j] = col_ok[j] ? vv[j] : 0.0f;
+              v[j] = col_ok[j] ? v[j] : 0.0f;
             }
           };
           {
