@@ -62,11 +62,11 @@ int device_sm_count();
 /// The per-item verify tiles come in two register budgets: two CTAs per SM (128 registers per
 /// thread) and one (up to 255, ring-mode steps grouped: 4-11% faster at B = 1..4 at BV <= 64,
 /// 20-26% at BV = 128, docs/perf.md v13). kAuto: one per SM when the launch gains from it
-/// (`grouped`: ring mode, extend, or the fused BV = 128 tile in any mode, docs/perf.md v31) and
-/// the grid has at most `max_waves` CTAs per SM (the
-/// launcher passes kWideFusedMaxWaves for the fused BV = 128 tile, 1 otherwise), also ahead of
-/// the BV = 128 streaming kernel; tests force each form (both give the same bits). A launch on
-/// another thread sees the old or the new setting.
+/// (`grouped`: ring mode, extend, or the fused BV = 128 tile in any mode, docs/perf.md v31)
+/// and the grid has at most `max_waves` CTAs per SM (the launcher passes kWideFusedMaxWaves
+/// for the fused BV = 128 tile, 1 otherwise), also ahead of the BV = 128 streaming kernel;
+/// tests force each form (both give the same bits). A launch on another thread sees the old
+/// or the new setting.
 enum class TileOccupancy { kAuto, kTwoPerSm, kOnePerSm };
 /// Waves of CTAs up to which a ring-mode fused BV = 128 grid runs its per-item tiles one CTA per
 /// SM ahead of the streaming kernel's two per SM. A wide CTA finishes its item in about half

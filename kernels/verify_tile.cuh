@@ -599,28 +599,40 @@ struct VerifyItem {
       }
 
       // 4. The recurrence.
-      // v of the thread's CPT columns (per-item kernels), columns past V as zeros. Their
-      // per-column loads: one load of CPT values changed their allocation (the BV = 128
+      // v of the thread's CPT columns (not the ring streaming kernel's: it loads one column),
+      // columns past V as zeros. The snapshot streaming kernel (issue-bound) takes them in one
+      // shared-memory load (CPT = 2 or 4: 8 * CPT-byte aligned group offsets). The per-item
+      // kernels keep per-column loads: the one-load form changed their allocation (the BV = 128
       // fallback tile spilled 72 B more, docs/perf.md v27).
       const auto v_of = [&](int tt, float(&vv)[CPT]) {
+        if constexpr (Src::kStaged && (CPT == 2 || CPT == 4)) {
+          load_vec<CPT>(vv, &sm.v[tt][group * CPT]);
 #pragma unroll
-        for (int j = 0; j < CPT; ++j) {
-          vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
+          for (int j = 0; j < CPT; ++j) {
+            vv[j] = col_ok[j] ? vv[j] : 0.0f;
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < CPT; ++j) {
+            vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
+          }
         }
       };
-      // Per-item kernels' outputs: lane 0 of the group writes its CPT columns (every lane holds
-      // every column's bits): bf16 pairs, no per-lane column select (which nvcc lowered to a
-      // local-memory array). Pairs are whole: V, v0 and col0 are even when CPT >= 2.
-      // The output is indexed in 32 bits (the launchers check that `out` has fewer than 2^31
-      // elements). Per-item kernels (latency-bound) add t rows of HV*V to the item's token-0
-      // index: B = 1..4 1-3% faster (docs/perf.md v8e, v9a). The streaming kernel computes
-      // the row's index per store (store_step_outputs): its token-0 index held through the
-      // steps cost 32 B of spills (v9a), the 64-bit form ~17 instructions a warp per store (v27).
+      // Outputs where every lane holds every column's bits (not the ring streaming kernel's):
+      // lane 0 of the group writes its CPT columns, bf16 pairs, no per-lane column select
+      // (which nvcc lowered to a local-memory array). Pairs are whole: V, v0 and col0 are even
+      // when CPT >= 2. The output is indexed in 32 bits (the launchers check that `out` has
+      // fewer than 2^31 elements). Per-item kernels (latency-bound) add t rows of HV*V to the
+      // item's token-0 index: B = 1..4 1-3% faster (docs/perf.md v8e, v9a). The streaming
+      // kernels compute the row's index per store: the token-0 index held through the steps
+      // cost 32 B of spills (v9a), the 64-bit form ~17 instructions a warp per store (v27).
       const uint32_t out_item = (static_cast<uint32_t>(n) * T * p.HV + hv) * p.V + col0;
       const uint32_t out_token = static_cast<uint32_t>(p.HV) * p.V;
       const auto store_outputs = [&](int t, const float* o) {
         if (c == 0) {
-          bf16_t* orow = p.out + (out_item + t * out_token);  // one 32-bit index
+          bf16_t* orow =
+              p.out + (Src::kStaged ? ((static_cast<uint32_t>(n) * T + t) * p.HV + hv) * p.V + col0
+                                    : out_item + t * out_token);
           if constexpr (CPT == 1) {
             if (col_ok[0]) {
               orow[0] = to_bf16(o[0]);
@@ -703,9 +715,8 @@ struct VerifyItem {
           }
         } else {
           // Snapshot kernel (v27's loop): the cross-lane levels as all-reduces (every lane gets
-          // every root), the thread's CPT values of v in one shared-memory load, lane 0 of the
-          // group stores the outputs. With the ring kernel's form it spilled 40-56 B and ran
-          // 18-32% slower (docs/perf.md v30).
+          // every root), v_of's one shared-memory load, store_outputs from lane 0. With the ring
+          // kernel's form it spilled 40-56 B and ran 18-32% slower (docs/perf.md v30).
           const auto update = [&](int tt, const float(&v)[CPT], const float(&kv)[CPT]) {
             float u[CPT];
 #pragma unroll
@@ -714,15 +725,8 @@ struct VerifyItem {
             }
             apply_update<Slice>(S, sm.qk[tt][1], u, c);
           };
-          const auto v_staged = [&](int tt, float(&v)[CPT]) {
-            load_vec<CPT>(v, &sm.v[tt][group * CPT]);
-#pragma unroll
-            for (int j = 0; j < CPT; ++j) {
-              v[j] = col_ok[j] ? v[j] : 0.0f;
-            }
-          };
           {
-            v_staged(0, vv);
+            v_of(0, vv);
             float kv[CPT];
             decay_and_key_partials<Slice>(S, sm.qk[0][1], sm.decay[0], c, kv);
             tree_across_lanes<P, CPT>(kv);
@@ -739,18 +743,9 @@ struct VerifyItem {
             } else {
               tree_across_lanes<P, CPT>(reinterpret_cast<float(&)[CPT]>(part));
             }
-            if (c == 0) {
-              bf16_t* orow =
-                  p.out + (((static_cast<uint32_t>(n) * T + t0 + tt) * p.HV + hv) * p.V + col0);
-#pragma unroll
-              for (int j = 0; j < CPT; j += 2) {
-                if (col_ok[j]) {
-                  st_bf16x2(orow + j, part[j], part[j + 1]);
-                }
-              }
-            }
+            store_outputs(t0 + tt, part);
             if (next) {
-              v_staged(tt + 1, vv);
+              v_of(tt + 1, vv);
               update(tt + 1, vv, reinterpret_cast<const float(&)[CPT]>(part[CPT]));
             }
           }

@@ -214,6 +214,7 @@ TEST_CASE("kernels: the fused BV = 128 tile's auto schedules give the unfused bi
   int idx = 0;
   for (const int B : {(3 * sms + 2 * kHV - 1) / (2 * kHV), most, most + 1}) {
     for (const int T : {4, 8}) {
+      // Ring and snapshot alternate, each B gets both; reversed slots alternate by index.
       const RecordMode mode = (idx / 2 + idx) % 2 == 1 ? RecordMode::kSnapshot : RecordMode::kRing;
       VerifyCase c =
           make_case(B, T, kHV, kHV, 128, 128, mode, run_seed() + 7919 + static_cast<uint64_t>(idx));
