@@ -187,4 +187,31 @@ TEST_CASE("kda_bench report: targets and dispatch advice", "[tools][bench]") {
   CHECK(rec.auto_bv_worst == Approx(1.1));
 }
 
+TEST_CASE("kda_bench report: snapshot-only rows get no ring verdict", "[tools][bench]") {
+  // The targets are ring mode's: a sweep of snapshot variants alone must not pass (or miss)
+  // them on untimed ring rows (an earlier report compared 0.00 us with the target).
+  BenchArgs args = parse({"--preset", "kimi-linear", "--batch-sizes", "1,64", "--draft-tokens", "4",
+                          "--variants", "fused"});
+  std::vector<Row> rows;
+  for (int B : {1, 64}) {
+    Row r;
+    r.what = variant_name(Variant::kFused);
+    r.mode = variant_mode(Variant::kFused);
+    r.fused = true;
+    r.T = 4;
+    r.B = B;
+    r.bv = 64;
+    r.timing.median_us = 5.0 * B;
+    rows.push_back(r);
+  }
+  const Recommendation rec = recommend(rows, args);
+  REQUIRE(rec.entries.size() == 2);
+  for (const DispatchEntry& e : rec.entries) {
+    CAPTURE(e.B);
+    CHECK(e.ring_path.empty());
+    CHECK(e.snap_path == "fused");
+    CHECK_FALSE(e.target_us);
+  }
+}
+
 }  // namespace kda::bench

@@ -224,7 +224,10 @@ Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args) {
     if (auto it = snap.find(kv.first); it != snap.end()) {
       choose(it->second, &e.snap_path, &e.snap_bv, &e.snap_us, &e.snap_alt_us);
     }
-    e.target_us = target_us(args.preset, args.shape, RecordMode::kRing, e.T, e.B);
+    // The targets are ring mode's: a row with no ring path timed has no verdict.
+    if (!e.ring_path.empty()) {
+      e.target_us = target_us(args.preset, args.shape, RecordMode::kRing, e.T, e.B);
+    }
     rec.entries.push_back(e);
   }
 
@@ -316,15 +319,19 @@ void print_recommendation(const Recommendation& rec) {
   const auto vs_cell = [](double us, double alt) {
     return alt > 0.0 ? fmt::format("{:.2f}x", alt / us) : std::string("-");
   };
+  const auto us_cell = [](const std::string& path, double us) {
+    return path.empty() ? std::string("-") : fmt::format("{:.2f}", us);
+  };
   fmt::print(
       "\nrecommended dispatch (fastest measured path; 'vs other' = other path's time / "
       "chosen time):\n");
   fmt::print("{:>3} {:>5}  {:<13} {:>9} {:>8}  {:<13} {:>9} {:>8}  {:>7} {:>4}\n", "T", "B",
              "ring mode", "us", "vs other", "snapshot mode", "us", "vs other", "target", "ok");
   for (const DispatchEntry& e : rec.entries) {
-    fmt::print("{:>3} {:>5}  {:<13} {:>9.2f} {:>8}  {:<13} {:>9.2f} {:>8}  {}\n", e.T, e.B,
-               path_cell(e.ring_path, e.ring_bv), e.ring_us, vs_cell(e.ring_us, e.ring_alt_us),
-               path_cell(e.snap_path, e.snap_bv), e.snap_us, vs_cell(e.snap_us, e.snap_alt_us),
+    fmt::print("{:>3} {:>5}  {:<13} {:>9} {:>8}  {:<13} {:>9} {:>8}  {}\n", e.T, e.B,
+               path_cell(e.ring_path, e.ring_bv), us_cell(e.ring_path, e.ring_us),
+               vs_cell(e.ring_us, e.ring_alt_us), path_cell(e.snap_path, e.snap_bv),
+               us_cell(e.snap_path, e.snap_us), vs_cell(e.snap_us, e.snap_alt_us),
                target_cells(e.target_us, e.ring_us));
   }
   if (!rec.max_batch_per_T.empty()) {

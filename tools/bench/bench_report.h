@@ -55,7 +55,7 @@ struct DispatchEntry {
   std::string ring_path, snap_path;
   int ring_bv = 0, snap_bv = 0;
   double ring_us = 0.0, ring_alt_us = 0.0, snap_us = 0.0, snap_alt_us = 0.0;
-  std::optional<double> target_us;
+  std::optional<double> target_us;  ///< ring mode's contract §6 target; none if ring untimed
 };
 struct Recommendation {
   std::vector<DispatchEntry> entries;
