@@ -34,8 +34,8 @@ struct EngineFlags {
     return replayssm_spec ? RecordMode::kRing : RecordMode::kSnapshot;
   }
   /// The fused tile when nothing is known about the call (auto -> kDefaultFusedBlockV); the
-  /// dispatcher resolves auto per call with kernels::default_block_v(B, HV, V, SMs in ring
-  /// mode).
+  /// dispatcher resolves auto per call with kernels::default_block_v (ring mode) or
+  /// kernels::default_snapshot_block_v (snapshot mode) from B, HV, V and the device's SMs.
   int resolved_block_v() const { return resolve_block_v(verify_block_v); }
   DispatchFlags dispatch_flags() const {
     return DispatchFlags{fused_verify, fused_ring_max_batch, verify_block_v};

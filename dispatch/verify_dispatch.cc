@@ -216,10 +216,10 @@ DispatchDecision choose_verify_path(const DispatchProblem& p, const Platform& pl
   check_index(c, p.rows, p.B, "rows shape", "rows dtype", "rows stride");
 
   // auto (0): the benchmark's best tile for this grid.
-  const int block_v = flags.block_v == 0
-                          ? kernels::default_block_v(
-                                p.B, p.HV, p.V, p.mode == RecordMode::kRing ? platform.sm_count : 0)
-                          : flags.block_v;
+  const int block_v = flags.block_v != 0 ? flags.block_v
+                      : p.mode == RecordMode::kRing
+                          ? kernels::default_block_v(p.B, p.HV, p.V, platform.sm_count)
+                          : kernels::default_snapshot_block_v(p.B, p.HV, p.V, platform.sm_count);
   c.require(is_fused_block_v(block_v), R::kUnsupportedBlockV, "block_v", "8, 16, 32, 64 or 128",
             block_v);
   if (c.failed()) {

@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/kda_params.h"
+#include "kernels/launch_utils.h"
 
 namespace kda::kernels {
 
@@ -47,6 +48,31 @@ constexpr int default_block_v(int B, int HV, int V, int one_per_sm_ctas = 0) {
     }
   }
   return 16;
+}
+/// Snapshot mode's default tile on a device of `sms` SMs (0: unknown, default_block_v's rule).
+/// default_block_v's BV = 128 becomes BV = 64 where the launcher's BV = 64 grid fills its waves
+/// at least 100 per mille better (launch_utils.h wave_fill_permille; BV = 64 one CTA per SM
+/// where one_per_sm_fills_waves_better), and beyond kSnapshotWideMaxWaves waves of BV = 128
+/// CTAs. H200: K3 TP8 B = 16 (192 BV = 128 CTAs, 1.45 waves) -2.4% / -4.9% at T = 4 / 8,
+/// Kimi-Linear B = 32 / 64 -1.8..-6.6%; every other row of both models keeps its tile
+/// (docs/perf.md v32).
+constexpr int default_snapshot_block_v(int B, int HV, int V, int sms) {
+  const int bv = default_block_v(B, HV, V);
+  if (sms <= 0 || bv != 128) {
+    return bv;
+  }
+  const long long wide = static_cast<long long>(B) * HV * ((V + 127) / 128);
+  const long long narrow = static_cast<long long>(B) * HV * ((V + 63) / 64);
+  if (wide > static_cast<long long>(kSnapshotWideMaxWaves) * sms) {
+    return 64;
+  }
+  if (wide <= static_cast<long long>(kWideFusedMaxWaves) * sms) {  // BV = 128 one per SM
+    const int per_sm = one_per_sm_fills_waves_better(narrow, sms) ? 1 : 2;
+    if (wave_fill_permille(narrow, sms, per_sm) >= wave_fill_permille(wide, sms, 1) + 100) {
+      return 64;
+    }
+  }
+  return 128;
 }
 bool is_supported_block_v(int bv);
 

@@ -76,6 +76,27 @@ enum class TileOccupancy { kAuto, kTwoPerSm, kOnePerSm };
 /// tile and the narrower tiles keep one wave (there it did not gain, or the two-per-SM form
 /// fits the grid in one wave).
 constexpr int kWideFusedMaxWaves = 3;
+/// Waves of CTAs (one per SM) up to which snapshot mode's default tile stays BV = 128: beyond
+/// them (streamed two per SM) the BV = 64 per-item tiles two per SM measured faster in snapshot
+/// mode (H200, Kimi-Linear B = 32 / 64: -1.8..-3.6% / -5.2..-6.6%; K3 TP8 B = 64 at 5.8 waves
+/// within -1.4..0%; docs/perf.md v32). The rule is fitted to those grids, as the others here.
+constexpr int kSnapshotWideMaxWaves = 6;
+/// Thousandths of the SM slots that a grid of `ctas` equal CTAs, `per_sm` resident per SM,
+/// keeps busy over the waves it takes: ctas / (ceil(ctas / slots) * slots).
+constexpr int64_t wave_fill_permille(int64_t ctas, int sms, int per_sm) {
+  const int64_t slots = int64_t{sms} * per_sm;
+  return slots > 0 && ctas > 0 ? ctas * 1000 / (ceil_div(ctas, slots) * slots) : 0;
+}
+/// Snapshot mode's fused tiles below BV = 128 step one token at a time (no grouped steps to
+/// gain from 255 registers): one CTA per SM pays only where it fills the grid's waves better.
+/// True for a grid beyond one wave of two CTAs per SM whose one-per-SM waves are at least 100
+/// per mille fuller: K3 TP8 B = 16 at BV = 64 is 384 CTAs, 969 per mille one per SM against
+/// 727 two per SM on 132 SMs, and ran 2.4% / 2.8% faster one per SM at T = 4 / 8 (docs/perf.md
+/// v32); at 256-768 CTAs (equal fills) two per SM was 4-15% faster.
+constexpr bool one_per_sm_fills_waves_better(int64_t ctas, int sms) {
+  return sms > 0 && ctas > 2 * int64_t{sms} &&
+         wave_fill_permille(ctas, sms, 1) >= wave_fill_permille(ctas, sms, 2) + 100;
+}
 TileOccupancy tile_occupancy_mode();
 void set_tile_occupancy_mode(TileOccupancy mode);
 /// The rule behind one_cta_per_sm_tiles on a device of `sms` SMs (a host-side pure function;
@@ -88,6 +109,9 @@ constexpr bool one_cta_per_sm_tiles_on(int64_t ctas, bool grouped, int sms, Tile
 /// Whether a per-item verify grid of `ctas` CTAs takes the one-CTA-per-SM form on the current
 /// device, under tile_occupancy_mode().
 bool one_cta_per_sm_tiles(int64_t ctas, bool grouped, int max_waves = 1);
+/// The same for a snapshot-mode fused grid below BV = 128: under kAuto where
+/// one_per_sm_fills_waves_better on the current device; the forced modes as above.
+bool one_cta_per_sm_by_wave_fill(int64_t ctas);
 
 /// Grid size for a persistent streaming launch of `kernel` (`threads` per CTA, `smem_bytes`
 /// dynamic shared memory) over `items` work items on the current device, or 0 when the

@@ -65,6 +65,14 @@ bool one_cta_per_sm_tiles(int64_t ctas, bool grouped, int max_waves) {
   return one_cta_per_sm_tiles_on(ctas, grouped, sms, mode, max_waves);
 }
 
+bool one_cta_per_sm_by_wave_fill(int64_t ctas) {
+  const TileOccupancy mode = tile_occupancy_mode();
+  if (mode != TileOccupancy::kAuto) {
+    return mode == TileOccupancy::kOnePerSm;
+  }
+  return one_per_sm_fills_waves_better(ctas, device_sm_count());
+}
+
 StateStreamMode state_stream_mode() { return g_stream_mode.load(std::memory_order_relaxed); }
 void set_state_stream_mode(StateStreamMode mode, int max_ctas) {
   g_stream_max_ctas.store(max_ctas > 0 ? max_ctas : 0, std::memory_order_relaxed);

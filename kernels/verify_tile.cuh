@@ -1046,7 +1046,11 @@ void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
   // The fused BV = 128 tile stays one per SM over several waves (launch_utils.h
   // kWideFusedMaxWaves); the unfused recurrence's did not gain from it (docs/perf.md v17).
   constexpr int kMaxWaves = FUSED && BV == 128 ? kWideFusedMaxWaves : 1;
-  if (one_cta_per_sm_tiles(ctas, gains, kMaxWaves)) {
+  // The narrower fused tiles in snapshot mode: one per SM only where that fills the waves
+  // better (docs/perf.md v32).
+  const bool by_wave_fill = FUSED && BV < 128 && !gains;
+  if (by_wave_fill ? one_cta_per_sm_by_wave_fill(ctas)
+                   : one_cta_per_sm_tiles(ctas, gains, kMaxWaves)) {
     launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1>, grid, block, 0, stream, pdl_enabled(),
                args);
     return;

@@ -120,7 +120,8 @@ TEST_CASE("dispatch: contract §4 table, platform x batch x mode", "[dispatch]")
       if (!ring) {
         CHECK(d.path == VerifyPath::kFused);
         CHECK(d.reason == DispatchReason::kSnapshotFused);
-        CHECK(d.block_v == kernels::default_block_v(B, problem.HV, problem.V));
+        CHECK(d.block_v ==
+              kernels::default_snapshot_block_v(B, problem.HV, problem.V, pc.platform.sm_count));
       } else if (B > 1) {
         CHECK(d.path == VerifyPath::kUnfused);
         CHECK(d.reason == DispatchReason::kRingBatchAboveLimit);
@@ -137,9 +138,11 @@ TEST_CASE("dispatch: contract §4 table, platform x batch x mode", "[dispatch]")
         CHECK(d.describe() ==
               "unfused: ring mode on other (fused+ring is enabled on SM90 and SM100 only)");
       }
-      CHECK(d.block_v == (d.fused() ? kernels::default_block_v(B, problem.HV, problem.V,
-                                                               ring ? pc.platform.sm_count : 0)
-                                    : 0));
+      const int sms = pc.platform.sm_count;
+      CHECK(d.block_v == (!d.fused() ? 0
+                          : ring
+                              ? kernels::default_block_v(B, problem.HV, problem.V, sms)
+                              : kernels::default_snapshot_block_v(B, problem.HV, problem.V, sms)));
     }
     SECTION("fused verify switched off") {
       DispatchFlags flags;
@@ -412,7 +415,7 @@ TEST_CASE("dispatch: each ring-layout failure has its own reason", "[dispatch]")
   }
 }
 
-TEST_CASE("dispatch: the default tile is the H200's measured best (docs/perf.md, v4, v13)",
+TEST_CASE("dispatch: the default tile is the H200's measured best (docs/perf.md, v4, v13, v32)",
           "[dispatch]") {
   // Best fused BV per B = 1, 2, 4, 8, 16, 32, 64 (T = 4 and 8 agree), kda_bench on the H200
   // (132 SMs): snapshot mode docs/bench/h200_v4_*.txt; ring mode, where grids of 96..132 CTAs
@@ -428,6 +431,18 @@ TEST_CASE("dispatch: the default tile is the H200's measured best (docs/perf.md,
     CHECK(kernels::default_block_v(batches[i], 12, 128) == k3_tp8[i]);
     CHECK(kernels::default_block_v(batches[i], 32, 128, 132) == kimi_linear_ring[i]);
     CHECK(kernels::default_block_v(batches[i], 12, 128, 132) == k3_tp8_ring[i]);
+  }
+  // Snapshot mode on the H200 (docs/perf.md v32): K3 TP8 B = 16 takes BV = 64 (384 CTAs one
+  // per SM fill 2.9 waves, BV = 128's 192 fill 1.45), Kimi-Linear B = 32 and 64 BV = 64 (beyond
+  // kSnapshotWideMaxWaves waves of BV = 128 CTAs); without a device, default_block_v's rule.
+  const int kimi_linear_snapshot[] = {32, 64, 64, 128, 128, 64, 64};
+  const int k3_tp8_snapshot[] = {16, 32, 64, 64, 64, 128, 128};
+  for (size_t i = 0; i < std::size(batches); ++i) {
+    CAPTURE(batches[i]);
+    CHECK(kernels::default_snapshot_block_v(batches[i], 32, 128, 132) == kimi_linear_snapshot[i]);
+    CHECK(kernels::default_snapshot_block_v(batches[i], 12, 128, 132) == k3_tp8_snapshot[i]);
+    CHECK(kernels::default_snapshot_block_v(batches[i], 32, 128, 0) == kimi_linear[i]);
+    CHECK(kernels::default_snapshot_block_v(batches[i], 12, 128, 0) == k3_tp8[i]);
   }
   // Fewer SMs than the widest grid's CTAs: no one-per-SM window (H100 PCIe: 114 SMs).
   CHECK(kernels::default_block_v(4, 32, 128, 114) == 64);

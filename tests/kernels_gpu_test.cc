@@ -237,6 +237,44 @@ TEST_CASE("kernels: the fused BV = 128 tile's auto schedules give the unfused bi
   }
 }
 
+// [slow]: grids of ~400 CTAs.
+TEST_CASE("kernels: snapshot mode's auto tile and wave-fill schedule give the unfused bits",
+          "[kernels][gpu][slow]") {
+  // K3 TP8 heads, B so that the BV = 128 grid fills ~1.5 waves of one CTA per SM: the default
+  // snapshot tile is BV = 64, and its grid runs one CTA per SM (one_per_sm_fills_waves_better;
+  // B = 16, 384 CTAs on 132 SMs). Also the forced two-per-SM form of the same grid.
+  const int sms = kernels::device_sm_count();
+  constexpr int kHV = 12;
+  const int B = 3 * sms / (2 * kHV);  // BV = 64: 3 waves or just under, one per SM
+  const int bv = kernels::default_snapshot_block_v(B, kHV, 128, sms);
+  const int64_t ctas = int64_t{B} * kHV * (128 / bv);
+  CAPTURE(sms, B, bv, ctas);
+  CHECK(bv == 64);
+  CHECK(kernels::one_per_sm_fills_waves_better(ctas, sms));
+  int idx = 0;
+  for (const int T : {4, 8}) {
+    for (auto occupancy : {kernels::TileOccupancy::kAuto, kernels::TileOccupancy::kTwoPerSm}) {
+      const ForceTileOccupancy force(occupancy);
+      VerifyCase c = make_case(B, T, kHV, kHV, 128, 128, RecordMode::kSnapshot,
+                               run_seed() + 104729 + static_cast<uint64_t>(idx));
+      c.neg_slot = true;
+      c.pad_at = B / 3;
+      c.reversed = (idx++ % 2) == 0;
+      CAPTURE(c, static_cast<int>(occupancy));
+      CHECK(kernels::one_cta_per_sm_by_wave_fill(ctas) ==
+            (occupancy == kernels::TileOccupancy::kAuto));
+      const VerifyProblem initial(c, kGpu);
+      VerifyProblem unfused = initial.clone_to(kGpu);
+      VerifyProblem fused = initial.clone_to(kGpu);
+      kernels::invoke_verify_unfused(unfused.params(), nullptr);
+      kernels::invoke_verify_fused(fused.params(), bv, nullptr);
+      sync();
+      require_same_bytes(fused, unfused, "snapshot auto tile vs unfused");
+      REQUIRE(bitwise_equal(fused.raw(Tensor::kSsmState), initial.raw(Tensor::kSsmState)));
+    }
+  }
+}
+
 namespace {
 
 /// Gathers the snapshots of real requests into [B', T, HV, V, K] request order.

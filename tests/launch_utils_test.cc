@@ -79,3 +79,25 @@ TEST_CASE("launch_utils: the per-item tiles' register budget (one or two CTAs pe
   CHECK(one_cta_per_sm_tiles_on(4096, false, 132, TileOccupancy::kOnePerSm));
   CHECK_FALSE(one_cta_per_sm_tiles_on(1, true, 132, TileOccupancy::kTwoPerSm));
 }
+
+TEST_CASE("launch_utils: snapshot tiles go one per SM only for fuller waves", "[kernels]") {
+  using kda::kernels::one_per_sm_fills_waves_better;
+  using kda::kernels::wave_fill_permille;
+  // ctas / (waves * slots) in thousandths, rounded down.
+  CHECK(wave_fill_permille(384, 132, 1) == 969);  // 3 waves of 132
+  CHECK(wave_fill_permille(384, 132, 2) == 727);  // 2 waves of 264
+  CHECK(wave_fill_permille(132, 132, 1) == 1000);
+  CHECK(wave_fill_permille(133, 132, 1) == 503);
+  CHECK(wave_fill_permille(10, 0, 1) == 0);
+  CHECK(wave_fill_permille(0, 132, 2) == 0);
+  // K3 TP8 B = 16 at BV = 64 (measured 2.4-2.8% faster one per SM, docs/perf.md v32).
+  CHECK(one_per_sm_fills_waves_better(384, 132));
+  CHECK(one_per_sm_fills_waves_better(600, 132));  // 909 against 757
+  // Within one wave of two per SM, or equal fills (256, 512, 768 CTAs: two per SM measured
+  // 4-15% faster), or no device: two per SM.
+  CHECK_FALSE(one_per_sm_fills_waves_better(192, 132));
+  CHECK_FALSE(one_per_sm_fills_waves_better(264, 132));
+  CHECK_FALSE(one_per_sm_fills_waves_better(512, 132));
+  CHECK_FALSE(one_per_sm_fills_waves_better(768, 132));
+  CHECK_FALSE(one_per_sm_fills_waves_better(384, 0));
+}
