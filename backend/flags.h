@@ -8,7 +8,8 @@
 //   --kda-fused-verify on|off          fused verify kernel allowed (default on)
 //   --kda-fused-ring-max-batch N       0..4096 (default 1): largest B fused in ring mode
 //   --kda-verify-block-v auto|N        fused V tile: auto (= 0: per call, the measured best
-//                                      for its grid, kernels::default_block_v) or
+//                                      for its grid, kernels::default_block_v in ring mode,
+//                                      default_snapshot_block_v in snapshot mode) or
 //                                      8|16|32|64|128
 #pragma once
 
