@@ -53,8 +53,8 @@ constexpr int default_block_v(int B, int HV, int V, int one_per_sm_ctas = 0) {
 /// default_block_v's BV = 128 becomes BV = 64 where the launcher's BV = 64 grid fills its waves
 /// at least 100 per mille better (launch_utils.h wave_fill_permille; BV = 64 one CTA per SM
 /// where one_per_sm_fills_waves_better), and beyond kSnapshotWideMaxWaves waves of BV = 128
-/// CTAs. H200: K3 TP8 B = 16 (192 BV = 128 CTAs, 1.45 waves) -2.4% / -4.9% at T = 4 / 8,
-/// Kimi-Linear B = 32 / 64 -1.8..-6.6%; every other row of both models keeps its tile
+/// CTAs. H200: K3 TP8 B = 16 (192 BV = 128 CTAs, 1.45 waves) -3.5% / -5.5% at T = 4 / 8,
+/// Kimi-Linear B = 32 / 64 -1.4..-6.9%; every other row of both models keeps its tile
 /// (docs/perf.md v32).
 constexpr int default_snapshot_block_v(int B, int HV, int V, int sms) {
   const int bv = default_block_v(B, HV, V);

@@ -78,8 +78,8 @@ enum class TileOccupancy { kAuto, kTwoPerSm, kOnePerSm };
 constexpr int kWideFusedMaxWaves = 3;
 /// Waves of CTAs (one per SM) up to which snapshot mode's default tile stays BV = 128: beyond
 /// them (streamed two per SM) the BV = 64 per-item tiles two per SM measured faster in snapshot
-/// mode (H200, Kimi-Linear B = 32 / 64: -1.8..-3.6% / -5.2..-6.6%; K3 TP8 B = 64 at 5.8 waves
-/// within -1.4..0%; docs/perf.md v32). The rule is fitted to those grids, as the others here.
+/// mode (H200, Kimi-Linear B = 32 / 64: -1.4..-2.5% / -5.7..-6.9%; K3 TP8 B = 64 at 5.8 waves:
+/// within +-1%; docs/perf.md v32). The rule is fitted to those grids, as the others here.
 constexpr int kSnapshotWideMaxWaves = 6;
 /// Thousandths of the SM slots that a grid of `ctas` equal CTAs, `per_sm` resident per SM,
 /// keeps busy over the waves it takes: ctas / (ceil(ctas / slots) * slots).
@@ -92,7 +92,7 @@ constexpr int64_t wave_fill_permille(int64_t ctas, int sms, int per_sm) {
 /// True for a grid beyond one wave of two CTAs per SM whose one-per-SM waves are at least 100
 /// per mille fuller: K3 TP8 B = 16 at BV = 64 is 384 CTAs, 969 per mille one per SM against
 /// 727 two per SM on 132 SMs, and ran 2.4% / 2.8% faster one per SM at T = 4 / 8 (docs/perf.md
-/// v32); at 256-768 CTAs (equal fills) two per SM was 4-15% faster.
+/// v32); at 256-768 CTAs (equal fills) two per SM was 7-17% faster.
 constexpr bool one_per_sm_fills_waves_better(int64_t ctas, int sms) {
   return sms > 0 && ctas > 2 * int64_t{sms} &&
          wave_fill_permille(ctas, sms, 1) >= wave_fill_permille(ctas, sms, 2) + 100;

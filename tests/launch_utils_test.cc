@@ -94,7 +94,7 @@ TEST_CASE("launch_utils: snapshot tiles go one per SM only for fuller waves", "[
   CHECK(one_per_sm_fills_waves_better(384, 132));
   CHECK(one_per_sm_fills_waves_better(600, 132));  // 909 against 757
   // Within one wave of two per SM, or equal fills (256, 512, 768 CTAs: two per SM measured
-  // 4-15% faster), or no device: two per SM.
+  // 7-17% faster), or no device: two per SM.
   CHECK_FALSE(one_per_sm_fills_waves_better(192, 132));
   CHECK_FALSE(one_per_sm_fills_waves_better(264, 132));
   CHECK_FALSE(one_per_sm_fills_waves_better(512, 132));
