@@ -182,9 +182,14 @@ TEST_CASE("kda_bench report: targets and dispatch advice", "[tools][bench]") {
   CHECK(rec.entries[0].snap_path == "fused");
   // Auto tile for the Kimi-Linear shape: 32 at B = 1 (timed: 3.3 vs the best 3.0), 64 and 128
   // at B = 4 and 16 (not timed here).
-  CHECK(rec.auto_bv_rows == 1);
-  CHECK(rec.auto_bv_best == 0);
-  CHECK(rec.auto_bv_worst == Approx(1.1));
+  CHECK(rec.auto_ring.rows == 1);
+  CHECK(rec.auto_ring.best == 0);
+  CHECK(rec.auto_ring.worst == Approx(1.1));
+  // Snapshot mode: only BV = 64 timed; the auto tile without a device (args.sms = 0) is 32 at
+  // B = 1 (not timed), 64 at B = 4 (timed, the only one, so the best) and 128 at B = 16.
+  CHECK(rec.auto_snapshot.rows == 1);
+  CHECK(rec.auto_snapshot.best == 1);
+  CHECK(rec.auto_snapshot.worst == Approx(1.0));
 }
 
 TEST_CASE("kda_bench report: snapshot-only rows get no ring verdict", "[tools][bench]") {

@@ -231,18 +231,26 @@ Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args) {
     rec.entries.push_back(e);
   }
 
-  // How the dispatcher's per-call auto tile fares against the swept best.
-  for (const auto& [tb, t] : ring) {
-    const int auto_bv = kernels::default_block_v(tb.second, args.shape.HV, args.shape.V, args.sms);
-    const auto it = t.fused.find(auto_bv);
-    if (it == t.fused.end()) {
-      continue;
+  // How the dispatcher's per-call auto tile fares against the swept best, in each mode.
+  const auto score = [&](const auto& table, RecordMode mode, AutoTileScore* out) {
+    for (const auto& [tb, t] : table) {
+      const int B = tb.second;
+      const int auto_bv =
+          mode == RecordMode::kRing
+              ? kernels::default_block_v(B, args.shape.HV, args.shape.V, args.sms)
+              : kernels::default_snapshot_block_v(B, args.shape.HV, args.shape.V, args.sms);
+      const auto it = t.fused.find(auto_bv);
+      if (it == t.fused.end()) {
+        continue;
+      }
+      const auto best = best_fused(t);
+      out->rows += 1;
+      out->best += best->first == auto_bv ? 1 : 0;
+      out->worst = std::max(out->worst, it->second / best->second);
     }
-    const auto best = best_fused(t);
-    rec.auto_bv_rows += 1;
-    rec.auto_bv_best += best->first == auto_bv ? 1 : 0;
-    rec.auto_bv_worst = std::max(rec.auto_bv_worst, it->second / best->second);
-  }
+  };
+  score(ring, RecordMode::kRing, &rec.auto_ring);
+  score(snap, RecordMode::kSnapshot, &rec.auto_snapshot);
 
   // --kda-fused-ring-max-batch: per T, the largest B with fused fastest at every B' <= B.
   for (int T : args.draft_tokens) {
@@ -360,11 +368,17 @@ void print_recommendation(const Recommendation& rec) {
   if (rec.snapshot_bv && rec.bv_swept) {
     fmt::print("best BV for snapshot mode alone: {}\n", *rec.snapshot_bv);
   }
-  if (rec.bv_swept && rec.auto_bv_rows > 0) {
+  if (rec.bv_swept && rec.auto_ring.rows > 0) {
     fmt::print(
         "auto tile (--kda-verify-block-v=auto, kernels::default_block_v per call): the best BV "
         "at {} of {} ring rows, at worst {:.1f}% slower than the best\n",
-        rec.auto_bv_best, rec.auto_bv_rows, 100.0 * (rec.auto_bv_worst - 1.0));
+        rec.auto_ring.best, rec.auto_ring.rows, 100.0 * (rec.auto_ring.worst - 1.0));
+  }
+  if (rec.bv_swept && rec.auto_snapshot.rows > 0) {
+    fmt::print(
+        "auto tile (kernels::default_snapshot_block_v per call): the best BV at {} of {} "
+        "snapshot rows, at worst {:.1f}% slower than the best\n",
+        rec.auto_snapshot.best, rec.auto_snapshot.rows, 100.0 * (rec.auto_snapshot.worst - 1.0));
   }
   std::fflush(stdout);
 }

@@ -57,6 +57,12 @@ struct DispatchEntry {
   double ring_us = 0.0, ring_alt_us = 0.0, snap_us = 0.0, snap_alt_us = 0.0;
   std::optional<double> target_us;  ///< ring mode's contract §6 target; none if ring untimed
 };
+/// How an auto tile fared in a BV sweep: rows where it was timed, rows where it was the best,
+/// its worst time / best time.
+struct AutoTileScore {
+  int rows = 0, best = 0;
+  double worst = 1.0;
+};
 struct Recommendation {
   std::vector<DispatchEntry> entries;
   std::vector<std::pair<int, int>> max_batch_per_T;  ///< (T, largest B with fused fastest)
@@ -64,10 +70,9 @@ struct Recommendation {
   std::optional<int> default_bv;                     ///< ring mode, where fused is dispatched
   std::optional<int> snapshot_bv;                    ///< snapshot mode alone
   bool bv_swept = false;
-  /// The dispatcher's auto tile (kernels::default_block_v) against the swept best, ring mode:
-  /// rows where it was timed, rows where it is the best, its worst time / best time.
-  int auto_bv_rows = 0, auto_bv_best = 0;
-  double auto_bv_worst = 1.0;
+  /// The dispatcher's auto tile against the swept best, per mode (ring: kernels::default_block_v,
+  /// snapshot: kernels::default_snapshot_block_v).
+  AutoTileScore auto_ring, auto_snapshot;
 };
 Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args);
 void print_recommendation(const Recommendation& rec);
