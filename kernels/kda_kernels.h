@@ -74,6 +74,12 @@ constexpr int default_snapshot_block_v(int B, int HV, int V, int sms) {
   }
   return 128;
 }
+/// The auto tile of a call in `mode` (--kda-verify-block-v=auto): default_block_v in ring mode,
+/// default_snapshot_block_v in snapshot mode; `sms` = the device's SMs (0: unknown).
+constexpr int default_fused_block_v(RecordMode mode, int B, int HV, int V, int sms) {
+  return mode == RecordMode::kRing ? default_block_v(B, HV, V, sms)
+                                   : default_snapshot_block_v(B, HV, V, sms);
+}
 bool is_supported_block_v(int bv);
 
 /// Unfused step 1: conv + SiLU of all T tokens into p.qkv_act, conv windows into

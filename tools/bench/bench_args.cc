@@ -96,8 +96,7 @@ std::vector<int> BenchArgs::fused_block_vs(int B, RecordMode mode) const {
   if (block_v > 0) {
     return {block_v};
   }
-  return {mode == RecordMode::kRing ? kernels::default_block_v(B, shape.HV, shape.V, sms)
-                                    : kernels::default_snapshot_block_v(B, shape.HV, shape.V, sms)};
+  return {kernels::default_fused_block_v(mode, B, shape.HV, shape.V, sms)};
 }
 
 std::string BenchArgs::fused_block_v_text() const {

@@ -91,8 +91,7 @@ struct BenchArgs {
   bool any_mode(RecordMode m) const;
   /// The fused BV values to time at batch size B in `mode`: every kFusedBlockVs with
   /// --sweep-bv, else {block_v}, or with block_v == 0 (auto) the dispatcher's
-  /// {default_block_v(B, HV, V, sms)} in ring mode, {default_snapshot_block_v(B, HV, V, sms)}
-  /// in snapshot mode.
+  /// {kernels::default_fused_block_v(mode, B, HV, V, sms)}.
   std::vector<int> fused_block_vs(int B, RecordMode mode) const;
   /// The fused BV choice as text, for the plan: "8,16,32,64,128", "64" or "auto".
   std::string fused_block_v_text() const;

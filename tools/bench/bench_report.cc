@@ -234,11 +234,8 @@ Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args) {
   // How the dispatcher's per-call auto tile fares against the swept best, in each mode.
   const auto score = [&](const auto& table, RecordMode mode, AutoTileScore* out) {
     for (const auto& [tb, t] : table) {
-      const int B = tb.second;
       const int auto_bv =
-          mode == RecordMode::kRing
-              ? kernels::default_block_v(B, args.shape.HV, args.shape.V, args.sms)
-              : kernels::default_snapshot_block_v(B, args.shape.HV, args.shape.V, args.sms);
+          kernels::default_fused_block_v(mode, tb.second, args.shape.HV, args.shape.V, args.sms);
       const auto it = t.fused.find(auto_bv);
       if (it == t.fused.end()) {
         continue;
