@@ -9,7 +9,7 @@
 #include "kernels/launch_pdl.cuh"
 #include "kernels/launch_utils.h"
 #include "kernels/state_stream.cuh"
-#include "kernels/verify_tile.cuh"
+#include "kernels/verify_item.cuh"
 
 namespace kda::kernels {
 

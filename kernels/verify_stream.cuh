@@ -6,14 +6,14 @@
 // same way one item ahead, through per-thread cp.async into a double buffer, so the prologue
 // reads shared memory instead of waiting on three global round trips (docs/perf.md v5).
 // Weights, gate constants and beta logits are read as in verify_tile_kernel, and the
-// arithmetic is VerifyItem's (verify_tile.cuh), so the bits equal verify_tile_kernel's.
+// arithmetic is VerifyItem's (verify_item.cuh), so the bits equal verify_tile_kernel's.
 // Streamable (checked by the launcher, else verify_tile_kernel runs): sm_90+, verify (not
 // extend), T <= kChunk, state 16-byte aligned with a slot stride that is a multiple of 4,
 // and the inputs copyable in 16-byte pieces (stream_layout_ok).
 #pragma once
 
 #include "kernels/state_stream.cuh"
-#include "kernels/verify_tile.cuh"
+#include "kernels/verify_item.cuh"
 
 namespace kda::kernels {
 
