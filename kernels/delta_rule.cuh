@@ -55,25 +55,25 @@ __device__ __forceinline__ void load_column(ColRegs<Slice>& dst, const float* co
 }
 
 /// Stores this lane's slice to a [K] column in global memory (16/8-byte vector stores;
-/// addressed as in load_column).
-template <typename Slice>
+/// addressed as in load_column) with cache policy kHint.
+template <typename Slice, StoreHint kHint = StoreHint::kDefault>
 __device__ __forceinline__ void store_column(float* col, const ColRegs<Slice>& src, int c) {
   float* lane = col + Slice::k_of(c, 0);
 #pragma unroll
   for (int i = 0; i < Slice::NPT; ++i) {
-    store_vec_global<Slice::E>(lane + Slice::k_of(0, i), src[i]);
+    store_vec_global<Slice::E, kHint>(lane + Slice::k_of(0, i), src[i]);
   }
 }
 
 /// The same stores as store_column, each with its own address: the streaming verify's
 /// snapshots use this form, with which ptxas allocates that kernel without spills at the
 /// 128-register cap (the lane-base form spilled 16 B there, docs/perf.md v9a).
-template <typename Slice>
+template <typename Slice, StoreHint kHint = StoreHint::kDefault>
 __device__ __forceinline__ void store_column_per_partial(float* col, const ColRegs<Slice>& src,
                                                          int c) {
 #pragma unroll
   for (int i = 0; i < Slice::NPT; ++i) {
-    store_vec_global<Slice::E>(col + Slice::k_of(c, i), src[i]);
+    store_vec_global<Slice::E, kHint>(col + Slice::k_of(c, i), src[i]);
   }
 }
 

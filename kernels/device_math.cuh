@@ -233,11 +233,25 @@ __device__ __forceinline__ void store_vec(float* dst, const float (&src)[E]) {
   }
 }
 
-/// Global vector store of E floats (st.global.v4/v2: nvcc split the plain float4 store of a
-/// computed address into four scalar stores).
-template <int E>
+/// Cache policy of a global store. kStreaming (st.global.cs, evict first): data written once
+/// and mostly never read again (snapshot mode's per-step states), so that it does not push
+/// reused data (committed states, inputs, weights) out of L2.
+enum class StoreHint { kDefault, kStreaming };
+
+/// Global vector store of E floats (st.global[.cs].v4/v2: nvcc split the plain float4 store of
+/// a computed address into four scalar stores).
+template <int E, StoreHint kHint = StoreHint::kDefault>
 __device__ __forceinline__ void store_vec_global(float* dst, const float (&src)[E]) {
-  if constexpr (E == 4) {
+  if constexpr (kHint == StoreHint::kStreaming) {
+    if constexpr (E == 4) {
+      asm volatile("st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(src[0]),
+                   "f"(src[1]), "f"(src[2]), "f"(src[3])
+                   : "memory");
+    } else {
+      asm volatile("st.global.cs.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(src[0]), "f"(src[1])
+                   : "memory");
+    }
+  } else if constexpr (E == 4) {
     asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(src[0]), "f"(src[1]),
                  "f"(src[2]), "f"(src[3])
                  : "memory");

@@ -111,6 +111,10 @@ struct VerifyItem {
   using Slice = typename Cfg::Slice;
   static constexpr int P = Cfg::P;
   static constexpr int CPT = Cfg::CPT;
+  /// Snapshot mode's per-step states are written once and at most one of a request's T is read
+  /// again (by the commit, after every layer's verify): stored evict-first, they leave L2 to the
+  /// data that is reused (docs/perf.md v34).
+  static constexpr StoreHint kSnapshotStores = StoreHint::kStreaming;
 
   const TileArgs& args;
   const VerifyParams& p;
@@ -659,9 +663,9 @@ struct VerifyItem {
               // Unswizzled: the ring kernel stores none.
               float* col = dst + static_cast<int64_t>(col0 + j) * K;
               if constexpr (Src::kStaged) {
-                store_column_per_partial<Slice>(col, S[j], c);
+                store_column_per_partial<Slice, kSnapshotStores>(col, S[j], c);
               } else {
-                store_column<Slice>(col, S[j], c);
+                store_column<Slice, kSnapshotStores>(col, S[j], c);
               }
             }
           }
