@@ -226,7 +226,7 @@ __device__ __forceinline__ void divide_by_norm(float (&x)[E], float sumsq, float
   for (int e = 0; e < E; ++e) {
     // x * 1 is x (no flush to zero in these kernels): a multiply by a selected factor, not a
     // branch per element, so the E divisions overlap (docs/perf.md v13).
-    x[e] = __fmul_rn(kda_div(x[e], denom), apply_scale ? scale : 1.0f);
+    x[e] = __fmul_rn(kda_div_by_norm(x[e], denom), apply_scale ? scale : 1.0f);
   }
 }
 

@@ -43,15 +43,60 @@ __device__ __forceinline__ float kda_sqrt(float x) {
   return r;
 }
 
-/// SIG(z) = DIV(1, 1 + EXP(0 - z)).
-__device__ __forceinline__ float kda_sigmoid(float z) {
-  return kda_div(1.0f, __fadd_rn(1.0f, kda_exp(__fsub_rn(0.0f, z))));
+// ---- the same bits in fewer instructions, on the domain where the kernels use them ----
+//
+// In SASS (sm_90a), EXP's ex2.approx.f32 is a range test and two predicated multiplies around
+// MUFU.EX2 (they keep subnormal results), and DIV's div.full.f32 is
+//   |b| > 2^126: a, b *= 1/4;   |b| < 2^-126: a, b *= 2^24;   then MUFU.RCP(b), times a.
+// Where an operand cannot reach a branch's range, the branch is dead weight: these forms drop
+// it. They give the contract form's bits on their domain; tests/forms_gpu_test.cu checks every
+// float input of each use (2^32 of them) on the device, and plants a bug to show it can fail.
+
+/// 1 + EXP(x) (inside SiLU, SIG and the softplus), for every x: ex2.approx.ftz.f32, one MUFU.EX2.
+/// The .ftz form differs only where the input or the result of ex2 is subnormal, and there
+/// 1 + either result rounds to 1. A stored EXP (the decay) keeps kda_exp: there a subnormal is a
+/// value.
+__device__ __forceinline__ float kda_one_plus_exp(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(__fmul_rn(x, kLog2e)));
+  return __fadd_rn(1.0f, y);
 }
 
-/// SiLU then round to bf16 (rounding point #1: q, k, v enter the recurrence as bf16 values).
+/// DIV(a, b) for b >= 1, +inf or NaN (b = 1 + EXP(.) in SiLU and SIG): the small-divisor scaling
+/// cannot apply, so it is left out (3 of 8 instructions).
+__device__ __forceinline__ float kda_div_ge1(float a, float b) {
+  float r;
+  asm("{\n\t.reg .pred big;\n\t"
+      "setp.gt.f32 big, %1, 0f7E800000;\n\t"  // b > 2^126
+      "@big mul.rn.f32 %1, %1, 0f3E800000;\n\t"
+      "@big mul.rn.f32 %2, %2, 0f3E800000;\n\t"
+      "rcp.approx.ftz.f32 %0, %1;\n\t"
+      "mul.rn.f32 %0, %0, %2;\n\t}"
+      : "=f"(r), "+f"(b), "+f"(a));
+  return r;
+}
+
+/// DIV(a, b) for b = SQRT(s), s >= 1e-6, +inf or NaN (the q/k norms' denominator): b is in
+/// [1e-3, 2^64], +inf or NaN, so neither scaling changes the result (for b = +inf the reciprocal
+/// is 0 either way): DIV is MUFU.RCP(b) times a (2 of 8 instructions).
+__device__ __forceinline__ float kda_div_by_norm(float a, float b) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  return __fmul_rn(r, a);
+}
+
+/// SIG(z) = DIV(1, 1 + EXP(0 - z)).
+__device__ __forceinline__ float kda_sigmoid(float z) {
+  return kda_div_ge1(1.0f, kda_one_plus_exp(__fsub_rn(0.0f, z)));
+}
+
+/// SiLU then round to bf16 (rounding point #1: q, k, v enter the recurrence as bf16 values):
+/// DIV(acc, 1 + EXP(0 - acc)).
+__device__ __forceinline__ float silu_before_rounding(float acc) {
+  return kda_div_ge1(acc, kda_one_plus_exp(__fsub_rn(0.0f, acc)));
+}
 __device__ __forceinline__ float silu_bf16(float acc) {
-  const float y = kda_div(acc, __fadd_rn(1.0f, kda_exp(__fsub_rn(0.0f, acc))));
-  return __bfloat162float(__float2bfloat16_rn(y));
+  return __bfloat162float(__float2bfloat16_rn(silu_before_rounding(acc)));
 }
 
 // ---- bf16 storage <-> f32 ----
@@ -75,7 +120,7 @@ __device__ __forceinline__ bf16_t to_bf16(float x) {
 __device__ __forceinline__ float gate_standard(float x, float exp_a_log) {
   // Computed whichever side is taken (x > 20 gives log(1 + exp(x)) = inf or a finite value,
   // unused): a select, not a branch, so a thread's gates can overlap (docs/perf.md v13).
-  const float log1p_exp = kda_log(__fadd_rn(1.0f, kda_exp(x)));
+  const float log1p_exp = kda_log(kda_one_plus_exp(x));
   const float sp = (x <= 20.0f) ? log1p_exp : x;
   return fmaf(-exp_a_log, sp, 0.0f);
 }

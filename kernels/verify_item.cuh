@@ -421,20 +421,37 @@ struct VerifyItem {
           }
         };
         if constexpr (kTokenLoop) {
-          // Streaming kernel (throughput-bound, 128 registers): one token at a time, its window
-          // re-read from the ItemInputs rows in shared memory. Unrolled, the chunk's tokens and
-          // windows sat in registers and the kernel spilled 70 B (docs/perf.md v6).
+          // Streaming kernels (throughput-bound, 128 registers): the rows re-read from the
+          // ItemInputs rows in shared memory, kTokenStep tokens at a time. Unrolled over the
+          // chunk, the tokens and windows sat in registers and the kernel spilled 70 B
+          // (docs/perf.md v6). The ring kernel takes two tokens per step (the window of token
+          // tt, its x and token tt + 1's x: token tt + 1's window is rows tt + 1 .. tt + 3), so
+          // that their conv + SiLU chains overlap (v35); in the snapshot kernel that form
+          // spilled 20 B, and it keeps one token per step.
+          constexpr int kTokenStep = Src::kRingForm ? 2 : 1;
 #pragma unroll 1
-          for (int tt = 0; tt < tc; ++tt) {  // t0 = 0: one chunk
+          for (int tt = 0; tt < tc; tt += kTokenStep) {  // t0 = 0: one chunk
+            const bool second = kTokenStep == 2 && tt + 1 < tc;
             src.window(*this, tt, w0, w1);
-            const float2 x = bf16x2_bits_to_float2(src.x(*this, 0, tt));
-            const float y0 = token_y(taps0, w0[0], w0[1], w0[2], x.x);
-            const float y1 = token_y(taps1, w1[0], w1[1], w1[2], x.y);
-            const float s0[kConvHistory] = {w0[1], w0[2], x.x};
-            const float s1[kConvHistory] = {w1[1], w1[2], x.y};
-            token_stores(tt, y0, y1, s0, s1);
+            const float2 xa = bf16x2_bits_to_float2(src.x(*this, 0, tt));
+            const float2 xb =
+                second ? bf16x2_bits_to_float2(src.x(*this, 0, tt + 1)) : make_float2(0.0f, 0.0f);
+            const float ya0 = token_y(taps0, w0[0], w0[1], w0[2], xa.x);
+            const float ya1 = token_y(taps1, w1[0], w1[1], w1[2], xa.y);
+            const float yb0 = token_y(taps0, w0[1], w0[2], xa.x, xb.x);
+            const float yb1 = token_y(taps1, w1[1], w1[2], xa.y, xb.y);
+            const float sa0[kConvHistory] = {w0[1], w0[2], xa.x};
+            const float sa1[kConvHistory] = {w1[1], w1[2], xa.y};
+            token_stores(tt, ya0, ya1, sa0, sa1);
             win_off += 3 * D;
             ring_off += ring_step;
+            if (second) {
+              const float sb0[kConvHistory] = {w0[2], xa.x, xb.x};
+              const float sb1[kConvHistory] = {w1[2], xa.y, xb.y};
+              token_stores(tt + 1, yb0, yb1, sb0, sb1);
+              win_off += 3 * D;
+              ring_off += ring_step;
+            }
           }
         } else {
           // Per-item kernels (latency-bound): tokens in groups of kGroup, the window in
