@@ -51,20 +51,33 @@ __device__ __forceinline__ float kda_sqrt(float x) {
 // Where an operand cannot reach a branch's range, the branch is dead weight: these forms drop
 // it. They give the contract form's bits on their domain; tests/forms_gpu_test.cu checks every
 // float input of each use (2^32 of them) on the device, and plants a bug to show it can fail.
+// PTX promises neither that the .ftz ex2 nor that rcp times a gives these bits elsewhere, so the
+// short forms are compiled only for the target they were checked on (sm_90: the H200); other
+// targets (sm_100) compute the contract forms as written until forms_gpu_test has run there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+#define KDA_SHORT_FORMS 1
+#else
+#define KDA_SHORT_FORMS 0
+#endif
 
 /// 1 + EXP(x) (inside SiLU, SIG and the softplus), for every x: ex2.approx.ftz.f32, one MUFU.EX2.
 /// The .ftz form differs only where the input or the result of ex2 is subnormal, and there
 /// 1 + either result rounds to 1. A stored EXP (the decay) keeps kda_exp: there a subnormal is a
 /// value.
 __device__ __forceinline__ float kda_one_plus_exp(float x) {
+#if KDA_SHORT_FORMS
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(__fmul_rn(x, kLog2e)));
   return __fadd_rn(1.0f, y);
+#else
+  return __fadd_rn(1.0f, kda_exp(x));
+#endif
 }
 
 /// DIV(a, b) for b >= 1, +inf or NaN (b = 1 + EXP(.) in SiLU and SIG): the small-divisor scaling
 /// cannot apply, so it is left out (3 of 8 instructions).
 __device__ __forceinline__ float kda_div_ge1(float a, float b) {
+#if KDA_SHORT_FORMS
   float r;
   asm("{\n\t.reg .pred big;\n\t"
       "setp.gt.f32 big, %1, 0f7E800000;\n\t"  // b > 2^126
@@ -74,15 +87,22 @@ __device__ __forceinline__ float kda_div_ge1(float a, float b) {
       "mul.rn.f32 %0, %0, %2;\n\t}"
       : "=f"(r), "+f"(b), "+f"(a));
   return r;
+#else
+  return kda_div(a, b);
+#endif
 }
 
 /// DIV(a, b) for b = SQRT(s), s >= 1e-6, +inf or NaN (the q/k norms' denominator): b is in
 /// [1e-3, 2^64], +inf or NaN, so neither scaling changes the result (for b = +inf the reciprocal
 /// is 0 either way): DIV is MUFU.RCP(b) times a (2 of 8 instructions).
 __device__ __forceinline__ float kda_div_by_norm(float a, float b) {
+#if KDA_SHORT_FORMS
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
   return __fmul_rn(r, a);
+#else
+  return kda_div(a, b);
+#endif
 }
 
 /// SIG(z) = DIV(1, 1 + EXP(0 - z)).
