@@ -75,7 +75,7 @@ __device__ __forceinline__ float kda_one_plus_exp(float x) {
 }
 
 /// DIV(a, b) for b >= 1, +inf or NaN (b = 1 + EXP(.) in SiLU and SIG): the small-divisor scaling
-/// cannot apply, so it is left out (3 of 8 instructions).
+/// cannot apply, so it is left out (5 SASS instructions instead of 8).
 __device__ __forceinline__ float kda_div_ge1(float a, float b) {
 #if KDA_SHORT_FORMS
   float r;
@@ -94,7 +94,7 @@ __device__ __forceinline__ float kda_div_ge1(float a, float b) {
 
 /// DIV(a, b) for b = SQRT(s), s >= 1e-6, +inf or NaN (the q/k norms' denominator): b is in
 /// [1e-3, 2^64], +inf or NaN, so neither scaling changes the result (for b = +inf the reciprocal
-/// is 0 either way): DIV is MUFU.RCP(b) times a (2 of 8 instructions).
+/// is 0 either way): DIV is MUFU.RCP(b) times a (2 SASS instructions instead of 8).
 __device__ __forceinline__ float kda_div_by_norm(float a, float b) {
 #if KDA_SHORT_FORMS
   float r;
