@@ -81,13 +81,37 @@ template <int P, int CPT, int N>
 void check_trees() {
   constexpr int kGroups = 32 / P;
   const int per_set = kWarps * kGroups * CPT * P;
-  std::mt19937 rng(std::random_device{}());
-  // Magnitudes 2^-20 .. 2^20 and both signs: the bits depend on the order of the additions.
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  // Magnitudes 2^-20 .. 2^20 and both signs: the bits depend on the order of the additions, in
+  // ~20% (P = 4) to ~70% (P = 32) of the columns. The shapes with few columns (P = 32, CPT = 1:
+  // four) draw a set where no column's left-to-right sum differs from its tree about 1% of the
+  // time, and such a set cannot tell the tree from another order: drawn again.
   std::uniform_real_distribution<float> mant(1.0f, 2.0f);
   std::uniform_int_distribution<int> expo(-20, 20);
   std::vector<float> in(static_cast<size_t>(N) * per_set);
-  for (float& v : in) {
-    v = std::ldexp(mant(rng), expo(rng)) * (rng() & 1 ? 1.0f : -1.0f);
+  const auto order_matters = [&] {  // columns whose left-to-right sum has other bits
+    int n = 0;
+    for (size_t col = 0; col < in.size() / P; ++col) {
+      const std::vector<float> v(in.begin() + col * P, in.begin() + (col + 1) * P);
+      float seq = 0.0f;
+      for (float e : v) {
+        seq += e;
+      }
+      n += bits(seq) != bits(host_butterfly(v)) ? 1 : 0;
+    }
+    return n;
+  };
+  int draws = 0;
+  do {
+    for (float& v : in) {
+      v = std::ldexp(mant(rng), expo(rng)) * (rng() & 1 ? 1.0f : -1.0f);
+    }
+    ++draws;
+  } while (P >= 4 && order_matters() == 0 && draws < 100);
+  INFO("P " << P << " CPT " << CPT << " N " << N << " seed " << seed << " draws " << draws);
+  if (P >= 4) {  // at P >= 4 some order differs from the tree (at P = 2 none can)
+    REQUIRE(order_matters() > 0);
   }
   const int lanes = kWarps * 32;
   // Garbage-filled outputs (never zero), so a lane that stores nothing shows.
@@ -111,7 +135,6 @@ void check_trees() {
   d_root.download(root.data(), d_root.bytes());
   d_gath.download(gath.data(), d_gath.bytes());
 
-  int order_matters = 0;  // columns where a left-to-right sum has other bits than the tree
   for (int x = 0; x < N; ++x) {
     for (int t = 0; t < lanes; ++t) {
       const int warp = t / 32, group = (t % 32) / P, c = t % P;
@@ -122,13 +145,7 @@ void check_trees() {
           v[l] = in[static_cast<size_t>(x) * per_set +
                     (((warp * kGroups + group) * CPT + column) * P) + l];
         }
-        float seq = 0.0f;
-        for (float e : v) {
-          seq += e;
-        }
-        const float tree = host_butterfly(v);
-        order_matters += bits(seq) != bits(tree) ? 1 : 0;
-        return tree;
+        return host_butterfly(v);
       };
       const size_t o = (static_cast<size_t>(x) * lanes + t) * CPT;
       for (int j = 0; j < CPT; ++j) {
@@ -140,10 +157,6 @@ void check_trees() {
       INFO("P " << P << " CPT " << CPT << " set " << x << " lane " << t);
       CHECK(bits(root[static_cast<size_t>(x) * lanes + t]) == bits(expected(swz)));
     }
-  }
-  // The inputs can tell the tree from another order (at P >= 4 there is one).
-  if (P >= 4) {
-    CHECK(order_matters > 0);
   }
 }
 
