@@ -6,7 +6,8 @@
 //
 // Recurrence layout: thread tid = group*P + c owns columns v0 + group*CPT + j (j < CPT) of the
 //   state tile; lanes c split K as in delta_rule.cuh (P = 8 lanes per column for BV >= 32,
-//   else 256/BV; CPT = BV*P/256 columns per thread).
+//   else 256/BV; CPT = BV*P/256 columns per thread; the one-per-SM BV = 16 tile: P = 8 on
+//   threads 0-127, TileConfig).
 // Per chunk of up to kChunk tokens:
 //   1. q/k (2K channels of k-head h) and v (the BV channels of this tile) for every token,
 //      two adjacent channels per thread (bf16x2 loads/stores): FUSED: conv + SiLU from
@@ -63,20 +64,29 @@ struct ItemCoords {
   int n, hv, h, tile;
 };
 
-template <int K_, int BV_>
+/// A tile's thread layout. kWide_: the one-CTA-per-SM form of the per-item kernel (up to 255
+/// registers). The state tile is held by the first kStepThreads threads, P lanes per column
+/// and CPT columns each (delta_rule.cuh); the other threads skip the steps. Every tile uses all
+/// 256 threads, except the wide BV = 16 tile: P = 8 lanes per column on warps 0-3 (16 values
+/// per thread), one cross-lane tree level fewer per dot than P = 16 on all eight warps, was
+/// 1-4% faster at K3 TP8 B = 1; P = 4 (at BV = 16 and 32) was 1-7% slower (docs/perf.md v38).
+template <int K_, int BV_, bool kWide_ = false>
 struct TileConfig {
   static constexpr int K = K_;
   static constexpr int BV = BV_;
   static constexpr int kThreads = 256;
   static constexpr int kWarps = kThreads / 32;
-  static constexpr int P = BV >= 32 ? 8 : kThreads / BV;  ///< lanes per state column
-  static constexpr int CPT = BV * P / kThreads;           ///< columns per thread
-  static constexpr int kChunk = 8;                        ///< tokens per prologue chunk
-  static constexpr int kPairs = (2 * K + BV) / 2;         ///< channel pairs per CTA
+  static constexpr bool kHalfStepThreads = kWide_ && BV == 16;
+  static constexpr int kStepThreads = kHalfStepThreads ? kThreads / 2 : kThreads;
+  static constexpr int P = BV >= 32 || kHalfStepThreads ? 8 : kThreads / BV;  ///< lanes per column
+  static constexpr int CPT = BV * P / kStepThreads;  ///< columns per thread
+  static constexpr int kChunk = 8;                   ///< tokens per prologue chunk
+  static constexpr int kPairs = (2 * K + BV) / 2;    ///< channel pairs per CTA
   using Slice = ColumnSlice<K, P, CPT>;
   static_assert(BV >= 8 && BV <= 128 && BV % 2 == 0, "BV must be even, in [8, 128]");
   static_assert(kPairs <= kThreads, "one channel pair per thread");
-  static_assert(kThreads / P * CPT == BV, "the threads cover the tile");
+  static_assert(kStepThreads / P * CPT == BV, "the step threads cover the tile");
+  static_assert(kStepThreads % 32 == 0, "whole warps hold the tile");
 };
 
 /// Shared memory of one CTA (static, < 48 KiB).
@@ -103,11 +113,11 @@ __device__ __forceinline__ void load_conv_pair(const void* weight, const void* b
 /// GlobalSource). Both hand the same values to the same arithmetic, so the bits are equal.
 /// Src::kStaged: the state tile is copied to registers after the prologue (it is not live
 /// through it) and the kernel runs one token chunk (T <= kChunk).
-template <typename WeightT, int K, int BV, bool FUSED>
+template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false>
 struct VerifyItem {
   using Weight = WeightT;
   static constexpr bool kFused = FUSED;
-  using Cfg = TileConfig<K, BV>;
+  using Cfg = TileConfig<K, BV, kWide>;
   using Slice = typename Cfg::Slice;
   static constexpr int P = Cfg::P;
   static constexpr int CPT = Cfg::CPT;
@@ -320,10 +330,12 @@ struct VerifyItem {
     // for its reduce-scatter trees, step 4; swz is recomputed where it is used: held from
     // here, it cost spills). Streaming calls have V % 8 == 0 (launcher-checked)
     // and col0 % CPT == 0, so there a thread's columns are all below V or all past it.
+    // Threads past kStepThreads hold no state columns and skip the steps.
+    const bool holds_tile = Cfg::kStepThreads == Cfg::kThreads || tid < Cfg::kStepThreads;
     bool col_ok[CPT];
 #pragma unroll
     for (int j = 0; j < CPT; ++j) {
-      col_ok[j] = (Src::kRingForm ? col0 : col0 + j) < p.V;
+      col_ok[j] = (Src::kRingForm ? col0 : col0 + j) < p.V && holds_tile;
     }
     const float* s_base =
         p.ssm_state + slot * p.ssm_slot_stride + static_cast<int64_t>(hv) * p.V * K;
@@ -781,7 +793,7 @@ struct VerifyItem {
           delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
           output_dot<Slice>(S, sm.qk[tt][0], c, o);
         };
-        int tt = 0;
+        int tt = holds_tile ? 0 : tc;  // warps past the tile: no steps
         if constexpr (kStepGroup > 1) {
           // Whole groups with their outputs stored after the group: no store (behind its
           // branch) then separates step tt's output dot from step tt + 1's decay and key dot,

@@ -150,7 +150,7 @@ struct GlobalSource : WeightReads<Item> {
 template <typename WeightT, int K, int BV, bool FUSED, int kCtasPerSm>
 __global__ void __launch_bounds__(256, kCtasPerSm)
     verify_tile_kernel(const __grid_constant__ TileArgs args) {
-  using Item = VerifyItem<WeightT, K, BV, FUSED>;
+  using Item = VerifyItem<WeightT, K, BV, FUSED, kCtasPerSm == 1>;
   using Stage = ItemStateStage<K, BV, kCtasPerSm>;
   static_assert(sizeof(TileSmem<typename Item::Cfg>) + sizeof(Stage) + 128 <= 48 * 1024,
                 "static shared memory (tile + state stage, with alignment) over 48 KiB");
