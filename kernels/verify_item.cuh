@@ -6,8 +6,8 @@
 //
 // Recurrence layout: thread tid = group*P + c owns columns v0 + group*CPT + j (j < CPT) of the
 //   state tile; lanes c split K as in delta_rule.cuh (P = 8 lanes per column for BV >= 32,
-//   else 256/BV; CPT = BV*P/256 columns per thread; the one-per-SM BV = 16 tile: P = 8 on
-//   threads 0-127, TileConfig).
+//   else 256/BV; CPT = BV*P/256 columns per thread; the one-per-SM BV = 16 and 32 tiles: P = 8
+//   on threads 128-255, tid - 128 in place of tid, TileConfig).
 // Per chunk of up to kChunk tokens:
 //   1. q/k (2K channels of k-head h) and v (the BV channels of this tile) for every token,
 //      two adjacent channels per thread (bf16x2 loads/stores): FUSED: conv + SiLU from
@@ -65,19 +65,25 @@ struct ItemCoords {
 };
 
 /// A tile's thread layout. kWide_: the one-CTA-per-SM form of the per-item kernel (up to 255
-/// registers). The state tile is held by the first kStepThreads threads, P lanes per column
-/// and CPT columns each (delta_rule.cuh); the other threads skip the steps. Every tile uses all
-/// 256 threads, except the wide BV = 16 tile: P = 8 lanes per column on warps 0-3 (16 values
-/// per thread), one cross-lane tree level fewer per dot than P = 16 on all eight warps, was
-/// 1-4% faster at K3 TP8 B = 1; P = 4 (at BV = 16 and 32) was 1-7% slower (docs/perf.md v38).
+/// registers). The state tile is held by the last kStepThreads threads, P lanes per column and
+/// CPT columns each (delta_rule.cuh); the threads before kFirstStepThread hold no columns and
+/// skip the steps. Every tile uses all 256 threads, except the wide BV = 16 and 32 tiles: P = 8
+/// lanes per column on warps 4-7 (one warp per scheduler; 16 / 32 values per thread). Against
+/// all eight warps (BV = 16: P = 16, one cross-lane tree level more per dot; BV = 32: two warps
+/// per scheduler) that was 1-4% faster at B = 1-2 in the H200's graph of calls. Warps 4-7 are
+/// the warps without a channel pair (and the last conv warp): their tile loads go out during
+/// the conv; on warps 0-3 the BV = 32 tile landed later and its L2-cold calls were 2.5% slower.
+/// P = 4 (at BV = 16 and 32) and the BV = 64 tile on four warps were 1-28% slower (docs/perf.md
+/// v38).
 template <int K_, int BV_, bool kWide_ = false>
 struct TileConfig {
   static constexpr int K = K_;
   static constexpr int BV = BV_;
   static constexpr int kThreads = 256;
   static constexpr int kWarps = kThreads / 32;
-  static constexpr bool kHalfStepThreads = kWide_ && BV == 16;
+  static constexpr bool kHalfStepThreads = kWide_ && (BV == 16 || BV == 32);
   static constexpr int kStepThreads = kHalfStepThreads ? kThreads / 2 : kThreads;
+  static constexpr int kFirstStepThread = kThreads - kStepThreads;
   static constexpr int P = BV >= 32 || kHalfStepThreads ? 8 : kThreads / BV;  ///< lanes per column
   static constexpr int CPT = BV * P / kStepThreads;  ///< columns per thread
   static constexpr int kChunk = 8;                   ///< tokens per prologue chunk
@@ -162,8 +168,11 @@ struct VerifyItem {
     lane = tid & 31;
     warp = tid >> 5;
     v0 = tile * BV;
-    group = tid / P;
-    c = tid % P;
+    {
+      const int step_tid = tid - Cfg::kFirstStepThread;  // < 0: no state columns (TileConfig)
+      group = step_tid / P;
+      c = step_tid % P;
+    }
     col0 = v0 + group * CPT;
     D = qkv_dim(p);
     HK = static_cast<int64_t>(p.H) * K;
@@ -330,8 +339,8 @@ struct VerifyItem {
     // for its reduce-scatter trees, step 4; swz is recomputed where it is used: held from
     // here, it cost spills). Streaming calls have V % 8 == 0 (launcher-checked)
     // and col0 % CPT == 0, so there a thread's columns are all below V or all past it.
-    // Threads past kStepThreads hold no state columns and skip the steps.
-    const bool holds_tile = Cfg::kStepThreads == Cfg::kThreads || tid < Cfg::kStepThreads;
+    // Threads before kFirstStepThread hold no state columns and skip the steps.
+    const bool holds_tile = Cfg::kFirstStepThread == 0 || tid >= Cfg::kFirstStepThread;
     bool col_ok[CPT];
 #pragma unroll
     for (int j = 0; j < CPT; ++j) {
@@ -793,7 +802,7 @@ struct VerifyItem {
           delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
           output_dot<Slice>(S, sm.qk[tt][0], c, o);
         };
-        int tt = holds_tile ? 0 : tc;  // warps past the tile: no steps
+        int tt = holds_tile ? 0 : tc;  // warps without state columns: no steps
         if constexpr (kStepGroup > 1) {
           // Whole groups with their outputs stored after the group: no store (behind its
           // branch) then separates step tt's output dot from step tt + 1's decay and key dot,
