@@ -6,8 +6,8 @@
 //
 // Recurrence layout: thread tid = group*P + c owns columns v0 + group*CPT + j (j < CPT) of the
 //   state tile; lanes c split K as in delta_rule.cuh (P = 8 lanes per column for BV >= 32,
-//   else 256/BV; CPT = BV*P/256 columns per thread; the one-per-SM BV = 16 and 32 tiles but
-//   K = 128's BV = 32: P = 8 on threads 128-255, tid - 128 in place of tid, TileConfig).
+//   else 256/BV; CPT = BV*P/256 columns per thread; the one-per-SM BV = 16 tile: P = 8 on
+//   threads 128-255, tid - 128 in place of tid, TileConfig).
 // Per chunk of up to kChunk tokens:
 //   1. q/k (2K channels of k-head h) and v (the BV channels of this tile) for every token,
 //      two adjacent channels per thread (bf16x2 loads/stores): FUSED: conv + SiLU from
@@ -68,32 +68,29 @@ struct ItemCoords {
 /// registers: see kMinCtasPerSm). The state tile is held by the last kStepThreads threads, P
 /// lanes per column and CPT columns each (delta_rule.cuh); the threads before kFirstStepThread
 /// hold no columns and skip the steps. Every tile uses all 256 threads, except the wide BV = 16
-/// and 32 tiles (but kCappedWide): P = 8 lanes per column on warps 4-7 (one warp per scheduler;
-/// 16 / 32 values per thread). Against all eight warps (BV = 16: P = 16, one cross-lane tree
-/// level more per dot; BV = 32: two warps per scheduler) that was 1-4% faster at B = 1-2 in the
-/// H200's graph of calls. Warps 4-7 are the warps without a channel pair (and the last conv
-/// warp): their tile loads go out during the conv; on warps 0-3 the BV = 32 tile landed later and
-/// its L2-cold calls were 2.5% slower. P = 4 (at BV = 16 and 32) and the BV = 64 tile on four
-/// warps were 1-28% slower (docs/perf.md v38). The capped K = 128 BV = 32 tile keeps all eight
-/// warps: on warps 4-7 it spills 80 B at 128 registers and was 16% slower (v39).
+/// tile: P = 8 lanes per column on warps 4-7 (one warp per scheduler, 16 values per thread).
+/// Against all eight warps at P = 16 (one cross-lane tree level more per dot) that was 1-4%
+/// faster at B = 1-2 in the H200's graph of calls. Warps 4-7 are the warps without a channel
+/// pair (and the last conv warp): their tile loads go out during the conv. P = 4 and the BV = 64
+/// tile on four warps were 1-28% slower (docs/perf.md v38). The wide BV = 32 tile on warps 4-7
+/// (two columns per thread) spills 80 B at its 128-register cap and was 16% slower there (v39).
 template <int K_, int BV_, bool kWide_ = false>
 struct TileConfig {
   static constexpr int K = K_;
   static constexpr int BV = BV_;
   static constexpr int kThreads = 256;
   static constexpr int kWarps = kThreads / 32;
-  /// The wide K = 128, BV = 32 tile is capped at 128 registers (kMinCtasPerSm).
-  static constexpr bool kCappedWide = kWide_ && K == 128 && BV == 32;
   /// The kernel's __launch_bounds__ minimum of resident CTAs per SM: 2 (128 registers per
-  /// thread), but 1 (up to 255) for the wide tiles other than kCappedWide. The launcher runs a
-  /// wide tile only on grids of at most one CTA per SM (or a few waves at BV = 128), so the
-  /// second slot of the capped tile is for the next kernel: its CTA becomes resident under PDL
-  /// and runs its part before griddepcontrol.wait while this one finishes. At B = 1-2 (H200,
-  /// graph of calls) that was 2-4% faster than 239 registers, despite 16 B of spills. At 128
-  /// registers the BV = 16 and 64 tiles were 3-9% slower, and so was the K = 64 BV = 32 tile
-  /// by 1-3.5% (docs/perf.md v39).
-  static constexpr int kMinCtasPerSm = !kWide_ || kCappedWide ? 2 : 1;
-  static constexpr bool kHalfStepThreads = kWide_ && (BV == 16 || BV == 32) && !kCappedWide;
+  /// thread), but 1 (up to 255) for the wide tiles other than BV = 32. The launcher runs a wide
+  /// tile only on grids of at most one CTA per SM (or a few waves at BV = 128), so the second
+  /// slot of the wide BV = 32 tile is for the next kernel: its CTA becomes resident under PDL and
+  /// runs its part before griddepcontrol.wait while this one finishes. On the H200, against the
+  /// same tile at up to 255 registers on warps 4-7 (v38), in the graph of calls: Kimi-Linear
+  /// T = 4 B = 1 -1.8%, a K = V = 64 shape -1..-3.4% at B = 1-2, K3 TP8 T = 8 B = 2 +1%; despite
+  /// 4-16 B of spills. At 128 registers the BV = 16 and 64 tiles were 3-9% slower (docs/perf.md
+  /// v39).
+  static constexpr int kMinCtasPerSm = !kWide_ || BV == 32 ? 2 : 1;
+  static constexpr bool kHalfStepThreads = kWide_ && BV == 16;
   static constexpr int kStepThreads = kHalfStepThreads ? kThreads / 2 : kThreads;
   static constexpr int kFirstStepThread = kThreads - kStepThreads;
   static constexpr int P = BV >= 32 || kHalfStepThreads ? 8 : kThreads / BV;  ///< lanes per column
@@ -210,7 +207,7 @@ struct VerifyItem {
   /// wait; the streaming kernel loads its taps in the conv step). kExpInRun: leave EXP(A_log)
   /// to run<1>: the one-CTA-per-SM kernel starts only when the previous kernel's CTA has left
   /// its SM, so a wait for the A_log load before griddepcontrol.wait is not hidden behind that
-  /// kernel (docs/perf.md v15e). The capped wide tile, whose CTA can enter early (TileConfig::
+  /// kernel (docs/perf.md v15e). The wide BV = 32 tile, whose CTA can enter early (TileConfig::
   /// kMinCtasPerSm), measured the same with EXP(A_log) on either side of the wait (v39).
   template <bool kExpInRun = false, typename Src>
   __device__ __forceinline__ void load_constants(const Src& src) {

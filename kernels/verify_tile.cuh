@@ -146,8 +146,7 @@ struct GlobalSource : WeightReads<Item> {
 /// CTAs share an SM; kCtasPerSm = 1, the wide form (launched in ring mode and extend when the
 /// grid fits one CTA per SM, or kWideFusedMaxWaves of them for the fused BV = 128 tile, ahead
 /// of the streaming kernel): the ring-mode steps grouped and the other wide-register choices of
-/// VerifyItem::run, up to 255 registers (the K = 128 BV = 32 tile: 128, TileConfig::
-/// kMinCtasPerSm).
+/// VerifyItem::run, up to 255 registers (the BV = 32 tile: 128, TileConfig::kMinCtasPerSm).
 template <typename WeightT, int K, int BV, bool FUSED, int kCtasPerSm>
 __global__ void __launch_bounds__(256, TileConfig<K, BV, kCtasPerSm == 1>::kMinCtasPerSm)
     verify_tile_kernel(const __grid_constant__ TileArgs args) {

@@ -162,7 +162,7 @@ TEST_CASE("kernels: fused == unfused bitwise over whole tensors, every BV", "[ke
         }
         // Every BV in both forms of the per-item tiles (one and two CTAs per SM: the one-per-SM
         // form runs the ring-mode steps in groups, and at BV <= 32 the q/k norms on the spare
-        // warps; its K = 128 BV = 32 tile at 128 registers, with spills).
+        // warps; its BV = 32 tile at 128 registers, with spills).
         for (auto occupancy :
              {kernels::TileOccupancy::kTwoPerSm, kernels::TileOccupancy::kOnePerSm}) {
           const ForceTileOccupancy force(occupancy);

@@ -162,9 +162,9 @@ Other:
                          auto (default: fused verify whenever its layout allows; the unfused
                          recurrence and the fold beyond one wave of CTAs), always, never
   --tile-occupancy MODE  per-item verify tiles' form: auto (default: the one-CTA-per-SM form,
-                         up to 255 registers (K = 128 BV = 32: 128), for ring-mode grids of
-                         at most one CTA per SM, three for the fused BV = 128 tile; else two
-                         per SM with 128), one, two
+                         up to 255 registers (BV = 32: 128), for ring-mode grids of at most
+                         one CTA per SM, three for the fused BV = 128 tile; else two per SM
+                         with 128), one, two
   --device N             CUDA device ordinal (default 0)
   --out FILE             also write every row to FILE (.csv or .json)
   -h, --help             this text
