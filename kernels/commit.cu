@@ -128,6 +128,7 @@ struct FoldItem {
   using Slice = typename Cfg::Slice;
   static constexpr int P = Cfg::P;
   static constexpr int CPT = Cfg::CPT;
+  static_assert(Slice::kLaneStride == 1, "the fold's lanes: c = tid % P");
 
   const CommitParams& p;
   int tile, n, layer, hv, h;

@@ -1,10 +1,12 @@
 // delta_rule.cuh: the per-step recurrence on one thread's slice of CPT state columns, and the
 // warp-level q/k L2 normalisation — shared by verify (fused and unfused), extend and fold.
 //
-// Column tile: a v-column S[:, v] (K contiguous in memory, contract §2) is split over P
-// consecutive lanes; lane c holds the NPT = 32/P tree partials j = c + P*i, each E = K/32
-// consecutive k, of CPT columns: S[j][i][e] = S[k = (c + P*i)*E + e][v_j]. Holding several
-// columns per thread lets one shared-memory load of kn / decay / qs serve CPT columns.
+// Column tile: a v-column S[:, v] (K contiguous in memory, contract §2) is split over P lanes
+// kLaneStride apart (lanes r + c*kLaneStride, c < P; consecutive lanes when kLaneStride = 1);
+// lane c holds the NPT = 32/P tree partials j = c + P*i, each E = K/32 consecutive k, of CPT
+// columns: S[j][i][e] = S[k = (c + P*i)*E + e][v_j]. Holding several columns per thread lets one
+// shared-memory load of kn / decay / qs serve CPT columns; with kLaneStride > 1, neighbouring
+// lanes load the same slice, which halves a warp's 128-bit shared-load requests.
 // Per-step vectors (kn, qs, decay) live in shared memory as [K] f32.
 #pragma once
 
@@ -12,17 +14,21 @@
 
 namespace kda::kernels {
 
-/// Compile-time shape of a thread's column slice: K (64|128) split over P lanes, CPT columns.
-template <int K_, int P_, int CPT_>
+/// Compile-time shape of a thread's column slice: K (64|128) split over P lanes kLaneStride apart,
+/// CPT columns.
+template <int K_, int P_, int CPT_, int kLaneStride_ = 1>
 struct ColumnSlice {
   static constexpr int K = K_;
   static constexpr int P = P_;
   static constexpr int CPT = CPT_;
+  static constexpr int kLaneStride = kLaneStride_;
   static constexpr int E = K / 32;
   static constexpr int NPT = 32 / P;
   static_assert(K == 64 || K == 128, "K must be 64 or 128 (contract §2)");
   static_assert(P >= 1 && P <= 32 && (P & (P - 1)) == 0, "P must be a power of two <= 32");
   static_assert(CPT >= 1 && CPT <= 8, "CPT columns per thread");
+  static_assert(kLaneStride >= 1 && P * kLaneStride <= 32 && 32 % (P * kLaneStride) == 0,
+                "a column's lanes lie in one warp");
 
   /// First k of this lane's i-th partial.
   static __device__ __forceinline__ int k_of(int c, int i) { return (c + P * i) * E; }
@@ -183,7 +189,7 @@ __device__ __forceinline__ void delta_rule_step(ColRegs<Slice> (&S)[Slice::CPT],
   float u[Slice::CPT];
 #pragma unroll
   for (int j = 0; j < Slice::CPT; ++j) {
-    const float kv = tree_dot<Slice::P, Slice::NPT, Slice::E>(S[j], kn);
+    const float kv = tree_dot<Slice::P, Slice::NPT, Slice::E, Slice::kLaneStride>(S[j], kn);
     u[j] = __fmul_rn(__fsub_rn(v[j], kv), beta);
   }
 #pragma unroll
@@ -206,7 +212,7 @@ __device__ __forceinline__ void output_dot(const ColRegs<Slice> (&S)[Slice::CPT]
   load_slice<Slice>(qs, qs_vec, c);
 #pragma unroll
   for (int j = 0; j < Slice::CPT; ++j) {
-    o[j] = tree_dot<Slice::P, Slice::NPT, Slice::E>(S[j], qs);
+    o[j] = tree_dot<Slice::P, Slice::NPT, Slice::E, Slice::kLaneStride>(S[j], qs);
   }
 }
 

@@ -160,8 +160,9 @@ __device__ __forceinline__ float gate_safe(float x, float exp_a_log, float lower
 // NPT = 32/P partials j = c + P*i. Butterfly levels with d >= P then pair partials inside
 // the thread (local index i with i + d/P), levels d < P pair lanes (shfl_xor d). The
 // additions, and therefore the bits, are the same for every P: the tree, not the thread
-// layout, is the contract. Lanes of one dot product must be the P consecutive lanes
-// c = lane % P, and every lane of the warp must call the function (full-mask shuffles).
+// layout, is the contract. Lanes of one dot product must be P lanes kLaneStride apart (lane c of
+// the dot at lane r + c*kLaneStride; consecutive lanes c = lane % P by default), and every lane
+// of the warp must call the function (full-mask shuffles).
 
 /// One partial over E consecutive elements (E = 2 or 4).
 template <int E>
@@ -189,15 +190,16 @@ __device__ __forceinline__ float tree_in_thread(float (&r)[NPT]) {
   return r[0];
 }
 
-/// The tree levels d = P/2 .. 1, across the P lanes, for N independent sums at once: level by
-/// level, so the N shuffle chains overlap (more independent work per warp than one by one).
-template <int P, int N>
+/// The tree levels d = P/2 .. 1, across the P lanes (lane distance d * kLaneStride), for N
+/// independent sums at once: level by level, so the N shuffle chains overlap (more independent
+/// work per warp than one by one).
+template <int P, int N, int kLaneStride = 1>
 __device__ __forceinline__ void tree_across_lanes(float (&v)[N]) {
 #pragma unroll
   for (int d = P / 2; d >= 1; d /= 2) {
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-      v[n] = __fadd_rn(v[n], __shfl_xor_sync(0xffffffffu, v[n], d));
+      v[n] = __fadd_rn(v[n], __shfl_xor_sync(0xffffffffu, v[n], d * kLaneStride));
     }
   }
 }
@@ -253,23 +255,23 @@ __device__ __forceinline__ void column_all_gather(float (&v)[CPT]) {
 
 /// Combines this thread's NPT partials and the P lanes' into the tree's root (all P lanes
 /// return the same bits). `r` is clobbered.
-template <int P, int NPT>
+template <int P, int NPT, int kLaneStride = 1>
 __device__ __forceinline__ float tree_combine(float (&r)[NPT]) {
   static_assert(P * NPT == 32, "32 partials per dot product");
   float v[1] = {tree_in_thread<NPT>(r)};
-  tree_across_lanes<P, 1>(v);
+  tree_across_lanes<P, 1, kLaneStride>(v);
   return v[0];
 }
 
 /// Tree dot product of this thread's slice x[NPT][E] with y[NPT][E].
-template <int P, int NPT, int E>
+template <int P, int NPT, int E, int kLaneStride = 1>
 __device__ __forceinline__ float tree_dot(const float (&x)[NPT][E], const float (&y)[NPT][E]) {
   float r[NPT];
 #pragma unroll
   for (int i = 0; i < NPT; ++i) {
     r[i] = tree_partial<E>(x[i], y[i]);
   }
-  return tree_combine<P, NPT>(r);
+  return tree_combine<P, NPT, kLaneStride>(r);
 }
 
 // ---- small vector loads of E floats (E = 2 or 4), 8/16-byte aligned ----

@@ -7,7 +7,8 @@
 // Recurrence layout: thread tid = group*P + c owns columns v0 + group*CPT + j (j < CPT) of the
 //   state tile; lanes c split K as in delta_rule.cuh (P = 8 lanes per column for BV >= 32,
 //   else 256/BV; CPT = BV*P/256 columns per thread; the one-per-SM BV = 16 tile: P = 8 on
-//   threads 128-255, tid - 128 in place of tid, TileConfig).
+//   threads 128-255, tid - 128 in place of tid; the one-per-SM BV = 32 tile: lane = c*4 + the
+//   group's index in its warp, TileConfig::kLaneStride).
 // Per chunk of up to kChunk tokens:
 //   1. q/k (2K channels of k-head h) and v (the BV channels of this tile) for every token,
 //      two adjacent channels per thread (bf16x2 loads/stores): FUSED: conv + SiLU from
@@ -95,9 +96,18 @@ struct TileConfig {
   static constexpr int kFirstStepThread = kThreads - kStepThreads;
   static constexpr int P = BV >= 32 || kHalfStepThreads ? 8 : kThreads / BV;  ///< lanes per column
   static constexpr int CPT = BV * P / kStepThreads;  ///< columns per thread
-  static constexpr int kChunk = 8;                   ///< tokens per prologue chunk
-  static constexpr int kPairs = (2 * K + BV) / 2;    ///< channel pairs per CTA
-  using Slice = ColumnSlice<K, P, CPT>;
+  /// Lane distance of a column's P lanes (ColumnSlice): 1 (thread step_tid = group * P + c),
+  /// except in the wide BV = 32 tile: 32 / P, lane = c * (32 / P) + the group's index in its warp.
+  /// There lanes n and n ^ 1 read the same K slice of kn / decay / qs, and a warp's 128-bit
+  /// shared loads take half the requests (each of its threads holds one column, so every step
+  /// loads its 48 values per column from shared memory). On the H200: that tile -6.5..-8.5% at
+  /// B = 1-2 (K = 128), -0.7..-1.2% (K = 64); the other one-per-SM tiles (BV = 16, and 64 / 128
+  /// with 2 / 4 columns per thread sharing each load) were 0.5-12% slower with it, and so were the
+  /// two-per-SM BV = 32 / 64 tiles (docs/perf.md v41).
+  static constexpr int kLaneStride = kWide_ && BV == 32 ? 32 / P : 1;
+  static constexpr int kChunk = 8;                 ///< tokens per prologue chunk
+  static constexpr int kPairs = (2 * K + BV) / 2;  ///< channel pairs per CTA
+  using Slice = ColumnSlice<K, P, CPT, kLaneStride>;
   static_assert(BV >= 8 && BV <= 128 && BV % 2 == 0, "BV must be even, in [8, 128]");
   static_assert(kPairs <= kThreads, "one channel pair per thread");
   static_assert(kStepThreads / P * CPT == BV, "the step threads cover the tile");
@@ -179,8 +189,15 @@ struct VerifyItem {
     v0 = tile * BV;
     {
       const int step_tid = tid - Cfg::kFirstStepThread;  // < 0: no state columns (TileConfig)
-      group = step_tid / P;
-      c = step_tid % P;
+      if constexpr (Cfg::kLaneStride == 1) {
+        group = step_tid / P;
+        c = step_tid % P;
+      } else {
+        constexpr int G = Cfg::kLaneStride;  // column groups per warp
+        const int l = step_tid & 31;
+        group = (step_tid >> 5) * G + l % G;
+        c = l / G;
+      }
     }
     col0 = v0 + group * CPT;
     D = qkv_dim(p);
@@ -721,6 +738,7 @@ struct VerifyItem {
       };
       float vv[CPT];
       if constexpr (Src::kStaged) {
+        static_assert(Slice::kLaneStride == 1, "the streaming kernel's trees pair lanes c ^ d");
         // Streaming kernel (issue-bound), software-pipelined: step tt's output dot and step
         // tt+1's key dot both read the state after step tt's update, so their cross-lane tree
         // levels run together (the shuffle chains' latency was the recurrence's main stall).
