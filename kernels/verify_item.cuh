@@ -100,10 +100,11 @@ struct TileConfig {
   /// except in the wide BV = 32 tile: 32 / P, lane = c * (32 / P) + the group's index in its warp.
   /// There lanes n and n ^ 1 read the same K slice of kn / decay / qs, and a warp's 128-bit
   /// shared loads take half the requests (each of its threads holds one column, so every step
-  /// loads its 48 values per column from shared memory). On the H200: that tile -6.5..-8.5% at
-  /// B = 1-2 (K = 128), -0.7..-1.2% (K = 64); the other one-per-SM tiles (BV = 16, and 64 / 128
-  /// with 2 / 4 columns per thread sharing each load) were 0.5-12% slower with it, and so were the
-  /// two-per-SM BV = 32 / 64 tiles (docs/perf.md v41).
+  /// loads its 48 values per column from shared memory). On the H200: that tile -6.9..-8.6% at
+  /// B = 1-2 (K = 128), -0.1..-0.7% (K = 64). Elsewhere it lost: the one-per-SM BV = 64 / 128
+  /// tiles (2 / 4 columns per thread share each load) +1.6..+11.6%, the two-per-SM BV = 32 / 64
+  /// tiles +0.5..+12%; the one-per-SM BV = 16 tile moved -1.7..+1.8% (+1.8% at K3 TP8 T = 4 B = 1)
+  /// (docs/perf.md v41).
   static constexpr int kLaneStride = kWide_ && BV == 32 ? 32 / P : 1;
   static constexpr int kChunk = 8;                 ///< tokens per prologue chunk
   static constexpr int kPairs = (2 * K + BV) / 2;  ///< channel pairs per CTA
