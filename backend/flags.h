@@ -8,7 +8,7 @@
 //   --kda-fused-verify on|off          fused verify kernel allowed (default on)
 //   --kda-fused-ring-max-batch N       0..4096 (default 1): largest B fused in ring mode
 //   --kda-verify-block-v auto|N        fused V tile: auto (= 0: per call, the measured best
-//                                      for its grid, kernels::default_block_v in ring mode,
+//                                      for its grid and T, kernels::default_block_v in ring mode,
 //                                      default_snapshot_block_v in snapshot mode) or
 //                                      8|16|32|64|128
 #pragma once
@@ -35,8 +35,8 @@ struct EngineFlags {
     return replayssm_spec ? RecordMode::kRing : RecordMode::kSnapshot;
   }
   /// The fused tile when nothing is known about the call (auto -> kDefaultFusedBlockV); the
-  /// dispatcher resolves auto per call with kernels::default_block_v (ring mode) or
-  /// kernels::default_snapshot_block_v (snapshot mode) from B, HV, V and the device's SMs.
+  /// dispatcher resolves auto per call with kernels::default_block_v (ring mode: from B, T, HV,
+  /// V and the device's SMs) or kernels::default_snapshot_block_v (snapshot mode: B, HV, V, SMs).
   int resolved_block_v() const { return resolve_block_v(verify_block_v); }
   DispatchFlags dispatch_flags() const {
     return DispatchFlags{fused_verify, fused_ring_max_batch, verify_block_v};

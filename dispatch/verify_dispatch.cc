@@ -217,8 +217,8 @@ DispatchDecision choose_verify_path(const DispatchProblem& p, const Platform& pl
 
   // auto (0): the benchmark's best tile for this grid.
   const int block_v = flags.block_v != 0 ? flags.block_v
-                                         : kernels::default_fused_block_v(p.mode, p.B, p.HV, p.V,
-                                                                          platform.sm_count);
+                                         : kernels::default_fused_block_v(p.mode, p.B, p.T, p.HV,
+                                                                          p.V, platform.sm_count);
   c.require(is_fused_block_v(block_v), R::kUnsupportedBlockV, "block_v", "8, 16, 32, 64 or 128",
             block_v);
   if (c.failed()) {

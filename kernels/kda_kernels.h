@@ -17,6 +17,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <iterator>
+
 #include "kernels/kda_params.h"
 #include "kernels/launch_utils.h"
 
@@ -26,28 +28,58 @@ namespace kda::kernels {
 constexpr int kFusedBlockVs[] = {8, 16, 32, 64, 128};
 /// The tile when nothing else is known (the measured best over B = 1..64, docs/perf.md).
 constexpr int kDefaultFusedBlockV = 64;
-/// The default fused tile for a call of B requests, HV v-heads of V columns: the widest tile
-/// whose grid B*HV*ceil(V/BV) still has >= 96 CTAs, never below 16; BV = 128 (the heaviest
-/// CTAs) only from 192 CTAs or with 96..`one_per_sm_ctas` CTAs, where the launcher runs the
-/// tiles one CTA per SM (launch_utils.h TileOccupancy; up to kWideFusedMaxWaves waves, beyond
-/// them streamed two per SM): pass the device's SM count in ring mode, 0 in snapshot mode
-/// (there BV = 64 below 192 CTAs: at 96 CTAs, K3 TP8 B = 8, BV = 128 one per SM was 0-3.5%
-/// slower than BV = 64 two per SM, docs/perf.md v31). Narrow tiles buy CTAs for small
-/// calls; wide tiles avoid recomputing the q/k conv per tile. Fitted to H200 (132 SMs)
-/// measurements (docs/perf.md v4, v13, v17); at kernel v17 it is the measured best tile in ring
-/// mode at every B in 1..64, T = 4 and 8, for Kimi-Linear (HV = 32) and Kimi-K3 TP8 (HV = 12).
-constexpr int default_block_v(int B, int HV, int V, int one_per_sm_ctas = 0) {
-  const long long widest = static_cast<long long>(B) * HV * ((V + 127) / 128);
-  if (widest >= 192 || (widest >= 96 && widest <= one_per_sm_ctas)) {
-    return 128;
-  }
-  for (int bv = 64; bv > 16; bv /= 2) {
-    const long long ctas = static_cast<long long>(B) * HV * ((V + bv - 1) / bv);
-    if (ctas >= 96) {
+/// The narrowest fused tile that holds a v-head's V columns (128 for V > 128): the widest
+/// worth running, since a wider one computes the same item with idle columns (at V = 64 the
+/// BV = 128 tile ran 11-37% slower than BV = 64 in ring mode, docs/perf.md v42).
+constexpr int head_block_v(int V) {
+  for (const int bv : kFusedBlockVs) {
+    if (bv >= V) {
       return bv;
     }
   }
-  return 16;
+  return kFusedBlockVs[std::size(kFusedBlockVs) - 1];
+}
+/// CTAs of a fused verify grid: B requests x HV v-heads x ceil(V / BV) tiles.
+constexpr long long fused_grid_ctas(int B, int HV, int V, int bv) {
+  return static_cast<long long>(B) * HV * ((V + bv - 1) / bv);
+}
+/// Draft tokens up to which a ring-mode BV = 32 tile takes a grid of 48..95 CTAs one per SM: at
+/// T = 2 / 4 it beat BV = 16 by 4-11% / 2-8% in the 20-layer round, at T = 8 it lost 1-3%
+/// (H200, docs/perf.md v42). Its shorter prologue pays for its longer steps only up to here.
+inline constexpr int kNarrowBv32MaxT = 4;
+/// The default fused tile for a call of B requests of T tokens, HV v-heads of V columns.
+/// `one_per_sm_ctas`: the largest grid the launcher runs one CTA per SM (ring mode: the device's
+/// SM count; 0 in snapshot mode or when the device is unknown; launch_utils.h TileOccupancy).
+/// T = 0: unknown (as T > kNarrowBv32MaxT).
+/// - The head tile (head_block_v: BV = 128 at V = 128) from 192 CTAs, or with 96..one_per_sm_ctas
+///   CTAs (one CTA per SM up to kWideFusedMaxWaves waves, beyond them streamed two per SM). In
+///   snapshot mode it is BV = 64 below 192 CTAs: at 96 CTAs, K3 TP8 B = 8, BV = 128 one per SM
+///   was 0-3.5% slower than BV = 64 two per SM (docs/perf.md v31).
+/// - Else the widest tile up to BV = 64 whose grid has >= 96 CTAs, or >= 48 CTAs that run one per
+///   SM for BV = 16 (and BV = 32 with T <= kNarrowBv32MaxT); else BV = 8 where its grid runs one
+///   per SM, BV = 16 otherwise.
+/// Narrow tiles buy CTAs for small calls; wide tiles avoid recomputing the q/k conv per tile.
+/// Fitted to H200 (132 SMs) measurements (docs/perf.md v4, v13, v17, v42). Ring mode, kernel
+/// v41, B = 1..8, T = 2, 4, 8, HV = 4..64 at K = V = 128 and HV = 16, 32 at K = V = 64 (v42):
+/// v41's rule (no head tile, BV = 32 only from 96 CTAs, never BV = 8) was on average 3.75% (at
+/// most 58%) slower than each row's best tile in the warm graph and 2.24% (54%) L2-cold; this
+/// one 0.36% (6.8%) and 0.32% (5.7%).
+constexpr int default_block_v(int B, int HV, int V, int one_per_sm_ctas = 0, int T = 0) {
+  const int head = head_block_v(V);
+  const long long head_ctas = fused_grid_ctas(B, HV, V, head);
+  if (head_ctas >= 192 || (head_ctas >= 96 && head_ctas <= one_per_sm_ctas)) {
+    return head;
+  }
+  const bool short_chunk = T >= 1 && T <= kNarrowBv32MaxT;
+  for (int bv = head < 64 ? head : 64; bv >= 16; bv /= 2) {
+    const long long ctas = fused_grid_ctas(B, HV, V, bv);
+    const bool narrow_floor = ctas <= one_per_sm_ctas && (bv == 16 || (bv == 32 && short_chunk));
+    if (ctas >= (narrow_floor ? 48 : 96)) {
+      return bv;
+    }
+  }
+  const int narrow = fused_grid_ctas(B, HV, V, 8) <= one_per_sm_ctas ? 8 : 16;
+  return narrow < head ? narrow : head;
 }
 /// Snapshot mode's default tile on a device of `sms` SMs (0: unknown, default_block_v's rule).
 /// default_block_v's BV = 128 becomes BV = 64 where the launcher's BV = 64 grid fills its waves
@@ -74,10 +106,11 @@ constexpr int default_snapshot_block_v(int B, int HV, int V, int sms) {
   }
   return 128;
 }
-/// The auto tile of a call in `mode` (--kda-verify-block-v=auto): default_block_v in ring mode,
-/// default_snapshot_block_v in snapshot mode; `sms` = the device's SMs (0: unknown).
-constexpr int default_fused_block_v(RecordMode mode, int B, int HV, int V, int sms) {
-  return mode == RecordMode::kRing ? default_block_v(B, HV, V, sms)
+/// The auto tile of a call of B requests of T tokens in `mode` (--kda-verify-block-v=auto):
+/// default_block_v in ring mode, default_snapshot_block_v in snapshot mode; `sms` = the device's
+/// SMs (0: unknown).
+constexpr int default_fused_block_v(RecordMode mode, int B, int T, int HV, int V, int sms) {
+  return mode == RecordMode::kRing ? default_block_v(B, HV, V, sms, T)
                                    : default_snapshot_block_v(B, HV, V, sms);
 }
 bool is_supported_block_v(int bv);

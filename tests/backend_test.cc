@@ -965,9 +965,9 @@ TEST_CASE("backend: dispatch decisions are logged at debug when they change",
   logger().sinks().pop_back();
   // Two rounds at B = 1 (fused, logged once per layer), then B = 2 (unfused, logged again).
   CHECK(log.str() ==
-        "debug verify layer 0 (B=1, T=4): fused (block_v = 16): ring mode with B = 1 <= "
+        "debug verify layer 0 (B=1, T=4): fused (block_v = 8): ring mode with B = 1 <= "
         "--kda-fused-ring-max-batch = 1 on SM90, ring layout ok\n"
-        "debug verify layer 1 (B=1, T=4): fused (block_v = 16): ring mode with B = 1 <= "
+        "debug verify layer 1 (B=1, T=4): fused (block_v = 8): ring mode with B = 1 <= "
         "--kda-fused-ring-max-batch = 1 on SM90, ring layout ok\n"
         "debug verify layer 0 (B=2, T=4): unfused: ring mode with B = 2 > "
         "--kda-fused-ring-max-batch = 1\n"

@@ -95,7 +95,7 @@ TEST_CASE("demo: fused ring path, safe gate, bf16 conv weights with bias", "[dem
        "-5", "--conv-weight", "bf16", "--conv-bias", "--accept", "uniform"}));
   INFO(r.out << r.err);
   REQUIRE(r.rc == kExitPass);
-  CHECK(contains(r.out, "12 x fused (block_v = 16): ring mode with B = 1"));
+  CHECK(contains(r.out, "12 x fused (block_v = 8): ring mode with B = 1"));
   CHECK(contains(r.out, "safe gate (lower bound -5), bf16 conv weights, conv bias"));
 }
 

@@ -1,5 +1,7 @@
 // dispatch_test.cc: the contract §4 dispatch table and the ring-layout checks.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -177,7 +179,7 @@ TEST_CASE("dispatch: the fused ring decision says why", "[dispatch]") {
   const DispatchDecision d = choose_verify_path(fixture().problem(1, RecordMode::kRing),
                                                 fake_platform(10, 0), DispatchFlags{});
   CHECK(d.describe() ==
-        "fused (block_v = 16): ring mode with B = 1 <= --kda-fused-ring-max-batch = 1 on SM100, "
+        "fused (block_v = 8): ring mode with B = 1 <= --kda-fused-ring-max-batch = 1 on SM100, "
         "ring layout ok");
   const DispatchDecision s =
       choose_verify_path(fixture().problem(4, RecordMode::kSnapshot), Platform{}, DispatchFlags{});
@@ -417,21 +419,27 @@ TEST_CASE("dispatch: each ring-layout failure has its own reason", "[dispatch]")
 
 TEST_CASE("dispatch: the default tile is the H200's measured best (docs/perf.md, v4, v13, v32)",
           "[dispatch]") {
-  // Best fused BV per B = 1, 2, 4, 8, 16, 32, 64 (T = 4 and 8 agree), kda_bench on the H200
-  // (132 SMs): snapshot mode docs/bench/h200_v4_*.txt; ring mode, where grids of 96..132 CTAs
-  // run BV = 128 one CTA per SM, h200_v13k_*.txt.
+  // Best fused BV per B = 1, 2, 4, 8, 16, 32, 64 (T = 4 and 8 agree but for one row), kda_bench
+  // on the H200 (132 SMs): snapshot mode docs/bench/h200_v4_*.txt; ring mode, where grids of
+  // 96..132 CTAs run BV = 128 one CTA per SM, h200_v13k_*.txt. At K3 TP8 B = 1 ring mode takes
+  // BV = 32 one per SM on 48 CTAs up to T = 4, BV = 16 beyond (v42, h200_v42_block_v_sweep.txt:
+  // BV = 32 -7.2 / -3.7 / +2.2% at T = 2 / 4 / 8).
   const int batches[] = {1, 2, 4, 8, 16, 32, 64};
   const int kimi_linear[] = {32, 64, 64, 128, 128, 128, 128};  // HV = 32, V = 128
   const int k3_tp8[] = {16, 32, 64, 64, 128, 128, 128};        // HV = 12, V = 128
   const int kimi_linear_ring[] = {32, 64, 128, 128, 128, 128, 128};
-  const int k3_tp8_ring[] = {16, 32, 64, 128, 128, 128, 128};
+  const int k3_tp8_ring[] = {32, 32, 64, 128, 128, 128, 128};
   for (size_t i = 0; i < std::size(batches); ++i) {
     CAPTURE(batches[i]);
     CHECK(kernels::default_block_v(batches[i], 32, 128) == kimi_linear[i]);
     CHECK(kernels::default_block_v(batches[i], 12, 128) == k3_tp8[i]);
-    CHECK(kernels::default_block_v(batches[i], 32, 128, 132) == kimi_linear_ring[i]);
-    CHECK(kernels::default_block_v(batches[i], 12, 128, 132) == k3_tp8_ring[i]);
+    CHECK(kernels::default_block_v(batches[i], 32, 128, 132, /*T=*/4) == kimi_linear_ring[i]);
+    CHECK(kernels::default_block_v(batches[i], 12, 128, 132, /*T=*/4) == k3_tp8_ring[i]);
+    if (i > 0) {
+      CHECK(kernels::default_block_v(batches[i], 12, 128, 132, /*T=*/8) == k3_tp8_ring[i]);
+    }
   }
+  CHECK(kernels::default_block_v(1, 12, 128, 132, /*T=*/8) == 16);
   // Snapshot mode on the H200 (docs/perf.md v32): K3 TP8 B = 16 takes BV = 64 (384 CTAs one
   // per SM fill 2.9 waves, BV = 128's 192 fill 1.45), Kimi-Linear B = 32 and 64 BV = 64 (beyond
   // kSnapshotWideMaxWaves waves of BV = 128 CTAs); without a device, default_block_v's rule.
@@ -449,6 +457,69 @@ TEST_CASE("dispatch: the default tile is the H200's measured best (docs/perf.md,
   // Small and odd shapes stay on supported tiles.
   CHECK(kernels::default_block_v(1, 1, 64) == 16);
   CHECK(kernels::default_block_v(65535, 64, 1024) == 128);
+}
+
+TEST_CASE("dispatch: ring mode's default tile at small grids and V = 64 (docs/perf.md v42)",
+          "[dispatch]") {
+  // The ring-mode default per B = 1, 2, 4, 8 at T = 4 and T = 8 on the H200 (132 SMs), from the
+  // sweep of every tile at T = 2, 4, 8 (docs/bench/h200_v42_block_v_sweep.txt). Narrow grids:
+  // BV = 16 (BV = 32 up to T = kNarrowBv32MaxT) from 48 CTAs one per SM, else BV = 8; at V = 64
+  // never the half-idle BV = 128 tile.
+  struct Row {
+    int HV, V;
+    int t4[4], t8[4];
+  };
+  const Row rows[] = {
+      {4, 128, {8, 16, 32, 32}, {8, 16, 16, 32}},
+      {8, 128, {16, 32, 32, 64}, {16, 16, 32, 64}},
+      {12, 128, {32, 32, 64, 128}, {16, 32, 64, 128}},
+      {16, 128, {32, 32, 64, 128}, {16, 32, 64, 128}},
+      {24, 128, {32, 64, 128, 128}, {32, 64, 128, 128}},
+      {64, 128, {64, 128, 128, 128}, {64, 128, 128, 128}},
+      {16, 64, {16, 32, 32, 64}, {16, 16, 32, 64}},
+      {32, 64, {32, 32, 64, 64}, {16, 32, 64, 64}},
+  };
+  for (const Row& r : rows) {
+    for (int i = 0; i < 4; ++i) {
+      const int B = 1 << i;
+      CAPTURE(r.HV, r.V, B);
+      CHECK(kernels::default_block_v(B, r.HV, r.V, 132, /*T=*/2) == r.t4[i]);
+      CHECK(kernels::default_block_v(B, r.HV, r.V, 132, /*T=*/4) == r.t4[i]);
+      CHECK(kernels::default_block_v(B, r.HV, r.V, 132, /*T=*/8) == r.t8[i]);
+      CHECK(kernels::default_block_v(B, r.HV, r.V, 132) == r.t8[i]);  // T unknown
+      CHECK(kernels::default_fused_block_v(RecordMode::kRing, B, 4, r.HV, r.V, 132) == r.t4[i]);
+    }
+  }
+  // Snapshot mode keeps its rule but, at V = 64, the head tile BV = 64 where it took BV = 128.
+  CHECK(kernels::default_block_v(8, 32, 64) == 64);
+  CHECK(kernels::default_snapshot_block_v(64, 32, 64, 132) == 64);
+  CHECK(kernels::default_block_v(1, 4, 128) == 16);
+  CHECK(kernels::head_block_v(64) == 64);
+  CHECK(kernels::head_block_v(6) == 8);
+  CHECK(kernels::head_block_v(96) == 128);
+  CHECK(kernels::head_block_v(256) == 128);
+  // On any device size: a supported tile never wider than the head. Below the head, BV = 8
+  // only where its grid runs one CTA per SM (its steps grouped), and BV = 32 below 96 CTAs
+  // likewise (BV = 16 is also the fallback of a grid that does not fit one CTA per SM).
+  for (const int sms : {0, 80, 114, 132, 148}) {
+    for (const int HV : {1, 4, 12, 16, 32, 64}) {
+      for (const int V : {8, 32, 64, 96, 128, 256}) {
+        for (int B = 1; B <= 64; ++B) {
+          CAPTURE(sms, HV, V, B);
+          const int bv = kernels::default_block_v(B, HV, V, sms, /*T=*/4);
+          CHECK(std::count(std::begin(kernels::kFusedBlockVs), std::end(kernels::kFusedBlockVs),
+                           bv) == 1);
+          CHECK(bv <= kernels::head_block_v(V));
+          const long long ctas = kernels::fused_grid_ctas(B, HV, V, bv);
+          const bool one_per_sm = kernels::one_cta_per_sm_tiles_on(ctas, /*grouped=*/true, sms,
+                                                                   kernels::TileOccupancy::kAuto);
+          if (bv < kernels::head_block_v(V) && (bv == 8 || (bv == 32 && ctas < 96))) {
+            CHECK(one_per_sm);
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("dispatch: a BV = 128 default below 192 CTAs always runs one CTA per SM", "[dispatch]") {

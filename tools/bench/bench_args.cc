@@ -89,14 +89,14 @@ bool BenchArgs::any_mode(RecordMode m) const {
                      [m](Variant v) { return variant_mode(v) == m; });
 }
 
-std::vector<int> BenchArgs::fused_block_vs(int B, RecordMode mode) const {
+std::vector<int> BenchArgs::fused_block_vs(int B, int T, RecordMode mode) const {
   if (sweep_bv) {
     return std::vector<int>(std::begin(kernels::kFusedBlockVs), std::end(kernels::kFusedBlockVs));
   }
   if (block_v > 0) {
     return {block_v};
   }
-  return {kernels::default_fused_block_v(mode, B, shape.HV, shape.V, sms)};
+  return {kernels::default_fused_block_v(mode, B, T, shape.HV, shape.V, sms)};
 }
 
 std::string BenchArgs::fused_block_v_text() const {

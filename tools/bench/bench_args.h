@@ -89,10 +89,10 @@ struct BenchArgs {
   int effective_ring_len() const;
   bool has_variant(Variant v) const;
   bool any_mode(RecordMode m) const;
-  /// The fused BV values to time at batch size B in `mode`: every kFusedBlockVs with
-  /// --sweep-bv, else {block_v}, or with block_v == 0 (auto) the dispatcher's
-  /// {kernels::default_fused_block_v(mode, B, HV, V, sms)}.
-  std::vector<int> fused_block_vs(int B, RecordMode mode) const;
+  /// The fused BV values to time at batch size B and T draft tokens in `mode`: every
+  /// kFusedBlockVs with --sweep-bv, else {block_v}, or with block_v == 0 (auto) the dispatcher's
+  /// {kernels::default_fused_block_v(mode, B, T, HV, V, sms)}.
+  std::vector<int> fused_block_vs(int B, int T, RecordMode mode) const;
   /// The fused BV choice as text, for the plan: "8,16,32,64,128", "64" or "auto".
   std::string fused_block_v_text() const;
 };

@@ -47,16 +47,22 @@ TEST_CASE("kda_bench args: defaults and presets", "[tools][bench]") {
   CHECK(d.block_v == 0);  // auto: the dispatcher's tile per B
   const RecordMode ring = RecordMode::kRing;
   const RecordMode snap = RecordMode::kSnapshot;
-  CHECK(d.fused_block_vs(1, ring) == std::vector<int>{kernels::default_block_v(1, 32, 128)});
-  CHECK(d.fused_block_vs(64, ring) == std::vector<int>{kernels::default_block_v(64, 32, 128)});
-  CHECK(d.fused_block_vs(1, ring) != d.fused_block_vs(64, ring));  // 32 vs 128 for Kimi-Linear
-  // The device's SM count opens the one-CTA-per-SM window in ring mode only (B = 4: 128 CTAs).
+  CHECK(d.fused_block_vs(1, 4, ring) == std::vector<int>{kernels::default_block_v(1, 32, 128)});
+  CHECK(d.fused_block_vs(64, 4, ring) == std::vector<int>{kernels::default_block_v(64, 32, 128)});
+  CHECK(d.fused_block_vs(1, 4, ring) !=
+        d.fused_block_vs(64, 4, ring));  // 32 vs 128 for Kimi-Linear
+  // The device's SM count opens the one-CTA-per-SM window in ring mode only (B = 4: 128 CTAs),
+  // and the auto tile follows T (K3 TP8 B = 1: BV = 32 at T = 4, 16 at T = 8; docs/perf.md v42).
   BenchArgs on_h200 = d;
   on_h200.sms = 132;
-  CHECK(on_h200.fused_block_vs(4, ring) == std::vector<int>{128});
-  CHECK(on_h200.fused_block_vs(4, snap) == std::vector<int>{64});
-  CHECK(d.fused_block_vs(4, ring) == std::vector<int>{64});  // SM count unknown
-  CHECK(parse({"--block-v", "16"}).fused_block_vs(64, ring) == std::vector<int>{16});
+  CHECK(on_h200.fused_block_vs(4, 4, ring) == std::vector<int>{128});
+  CHECK(on_h200.fused_block_vs(4, 4, snap) == std::vector<int>{64});
+  BenchArgs k3_h200 = parse({"--preset", "k3-tp8"});
+  k3_h200.sms = 132;
+  CHECK(k3_h200.fused_block_vs(1, 4, ring) == std::vector<int>{32});
+  CHECK(k3_h200.fused_block_vs(1, 8, ring) == std::vector<int>{16});
+  CHECK(d.fused_block_vs(4, 4, ring) == std::vector<int>{64});  // SM count unknown
+  CHECK(parse({"--block-v", "16"}).fused_block_vs(64, 4, ring) == std::vector<int>{16});
   CHECK(parse({"--block-v", "16", "--block-v", "auto"}).block_v == 0);
   CHECK(d.variants.size() == 4);
   CHECK(d.effective_ring_len() == 16);
@@ -78,7 +84,7 @@ TEST_CASE("kda_bench args: defaults and presets", "[tools][bench]") {
   CHECK(l.draft_tokens == std::vector<int>{4, 16});
   CHECK(l.effective_ring_len() == 32);
   CHECK(l.variants == std::vector<Variant>{Variant::kUnfused, Variant::kFusedRing});
-  CHECK(parse({"--sweep-bv"}).fused_block_vs(8, RecordMode::kRing).size() ==
+  CHECK(parse({"--sweep-bv"}).fused_block_vs(8, 4, RecordMode::kRing).size() ==
         std::size(kernels::kFusedBlockVs));
   CHECK(parse({}).state_stream == kernels::StateStreamMode::kAuto);
   CHECK(parse({"--state-stream", "always"}).state_stream == kernels::StateStreamMode::kAlways);

@@ -133,7 +133,7 @@ void run_verify_phase(BenchContext& ctx) {
             continue;
           }
           const GuardResult g =
-              run_bitwise_guard(problem, T, mode, a.fused_block_vs(B, mode), ctx.stream);
+              run_bitwise_guard(problem, T, mode, a.fused_block_vs(B, T, mode), ctx.stream);
           runs += g.comparisons;
           if (!g.ok) {
             fmt::print(stderr, "bitwise guard FAILED\n");
@@ -156,7 +156,7 @@ void run_verify_phase(BenchContext& ctx) {
           params.push_back(problem.verify_params(c, T, variant_mode(v)));
         }
         const std::vector<int> bvs =
-            variant_is_fused(v) ? a.fused_block_vs(B, variant_mode(v)) : std::vector<int>{0};
+            variant_is_fused(v) ? a.fused_block_vs(B, T, variant_mode(v)) : std::vector<int>{0};
         for (int bv : bvs) {
           Row r = verify_row(ctx, Phase::kVerify, v, bv, T, B);
           r.copies = copies;
@@ -270,7 +270,7 @@ namespace {
 /// Round BV for a fused variant: the best verify BV of (T, B, mode) if measured, else the
 /// --block-v choice (auto: the dispatcher's tile for B).
 int round_bv(const BenchContext& ctx, Variant v, int T, int B) {
-  int bv = ctx.args.fused_block_vs(B, variant_mode(v)).front();
+  int bv = ctx.args.fused_block_vs(B, T, variant_mode(v)).front();
   double best = 0.0;
   for (const Row& r : ctx.rows) {
     if (r.phase == Phase::kVerify && r.fused && r.mode == variant_mode(v) && r.T == T && r.B == B &&

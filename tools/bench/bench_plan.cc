@@ -70,7 +70,7 @@ void print_plan(const BenchArgs& a, int64_t l2_bytes) {
           const VerifyBytes vb = verify_bytes(a.shape, B, T, variant_mode(v));
           const double us = floor_us(vb.moved(!variant_is_fused(v)), a.hbm_gbps);
           const int n = variant_is_fused(v)
-                            ? static_cast<int>(a.fused_block_vs(B, variant_mode(v)).size())
+                            ? static_cast<int>(a.fused_block_vs(B, T, variant_mode(v)).size())
                             : 1;
           s += n * timing_seconds(a, calls, a.iters, us);
           timings += n;

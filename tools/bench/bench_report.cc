@@ -234,8 +234,8 @@ Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args) {
   // How the dispatcher's per-call auto tile fares against the swept best, in each mode.
   const auto score = [&](const auto& table, RecordMode mode, AutoTileScore* out) {
     for (const auto& [tb, t] : table) {
-      const int auto_bv =
-          kernels::default_fused_block_v(mode, tb.second, args.shape.HV, args.shape.V, args.sms);
+      const int auto_bv = kernels::default_fused_block_v(mode, tb.second, tb.first, args.shape.HV,
+                                                         args.shape.V, args.sms);
       const auto it = t.fused.find(auto_bv);
       if (it == t.fused.end()) {
         continue;
