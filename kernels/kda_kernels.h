@@ -43,9 +43,10 @@ constexpr int head_block_v(int V) {
 constexpr long long fused_grid_ctas(int B, int HV, int V, int bv) {
   return static_cast<long long>(B) * HV * ((V + bv - 1) / bv);
 }
-/// Draft tokens up to which a ring-mode BV = 32 tile takes a grid of 48..95 CTAs one per SM: at
-/// T = 2 / 4 it beat BV = 16 by 4-11% / 2-8% in the 20-layer round, at T = 8 it lost 1-3%
-/// (H200, docs/perf.md v42). Its shorter prologue pays for its longer steps only up to here.
+/// Draft tokens up to which a ring-mode BV = 32 tile takes a grid of 48..95 CTAs one per SM: in
+/// the 20-layer round it beat BV = 16 by 4-8% at T = 2 and 2-4% at T = 4, and lost 0.5-3% at
+/// T = 8 (H200, docs/perf.md v42). Half as many prologues (q/k conv and norms per tile) pay for
+/// steps over twice the columns per CTA only while the steps are few.
 inline constexpr int kNarrowBv32MaxT = 4;
 /// The default fused tile for a call of B requests of T tokens, HV v-heads of V columns.
 /// `one_per_sm_ctas`: the largest grid the launcher runs one CTA per SM (ring mode: the device's
