@@ -78,7 +78,7 @@ std::string describe_engine_flags(const EngineFlags& f) {
       f.replayssm_spec ? fmt::format("ring mode (ReplaySSM, L={})", f.replayssm_cache_len)
                        : std::string("snapshot mode"),
       f.max_running_requests, f.fused_verify ? "on" : "off", f.fused_ring_max_batch,
-      f.verify_block_v == 0 ? std::string("auto (per call, by grid)")
+      f.verify_block_v == 0 ? std::string("auto (per call, by grid and T)")
                             : std::to_string(f.verify_block_v));
 }
 
