@@ -191,11 +191,57 @@ TEST_CASE("kda_bench report: targets and dispatch advice", "[tools][bench]") {
   CHECK(rec.auto_ring.rows == 1);
   CHECK(rec.auto_ring.best == 0);
   CHECK(rec.auto_ring.worst == Approx(1.1));
+  // BV = 32's slowdowns 1.1 (B = 1) and 1 (B = 4); the auto tile is not timed at B = 4.
+  REQUIRE(rec.default_bv_slowdown);
+  CHECK(*rec.default_bv_slowdown == Approx(std::sqrt(1.1)));
+  CHECK_FALSE(rec.auto_ring_slowdown);
+  CHECK_FALSE(rec.suggest_auto_bv());
   // Snapshot mode: only BV = 64 timed; the auto tile without a device (args.sms = 0) is 32 at
   // B = 1 (not timed), 64 at B = 4 (timed, the only one, so the best) and 128 at B = 16.
   CHECK(rec.auto_snapshot.rows == 1);
   CHECK(rec.auto_snapshot.best == 1);
   CHECK(rec.auto_snapshot.worst == Approx(1.0));
+}
+
+TEST_CASE("kda_bench report: the auto tile is suggested where it beats every fixed BV",
+          "[tools][bench]") {
+  // Kimi-Linear on 132 SMs, T = 4: the auto tile is BV = 32 at B = 1 and 128 at B = 4 (one CTA
+  // per SM). Each is its row's best; a fixed BV loses at one of the two rows.
+  BenchArgs args = parse({"--batch-sizes", "1,4", "--draft-tokens", "4", "--sweep-bv"});
+  args.sms = 132;
+  std::vector<Row> rows;
+  const auto add = [&](Variant v, int B, int bv, double us) {
+    Row r;
+    r.what = variant_name(v);
+    r.mode = variant_mode(v);
+    r.fused = variant_is_fused(v);
+    r.T = 4;
+    r.B = B;
+    r.bv = bv;
+    r.timing.median_us = us;
+    rows.push_back(r);
+  };
+  for (int B : {1, 4}) {
+    add(Variant::kUnfusedRing, B, 0, 10.0 * B);
+    add(Variant::kFusedRing, B, 32, B == 1 ? 3.0 : 9.0);
+    add(Variant::kFusedRing, B, 128, B == 1 ? 4.0 : 5.0);
+  }
+  Recommendation rec = recommend(rows, args);
+  REQUIRE(rec.default_bv);
+  CHECK(*rec.default_bv == 128);  // sqrt(4/3) beats sqrt(9/5)
+  REQUIRE(rec.default_bv_slowdown);
+  CHECK(*rec.default_bv_slowdown == Approx(std::sqrt(4.0 / 3.0)));
+  REQUIRE(rec.auto_ring_slowdown);
+  CHECK(*rec.auto_ring_slowdown == Approx(1.0));
+  CHECK(rec.suggest_auto_bv());
+  // Slow the auto tile's B = 1 row down past the fixed pick: BV = 128 is suggested again.
+  rows[1].timing.median_us = 6.0;  // B = 1, BV = 32: best is now BV = 128 (4.0)
+  rec = recommend(rows, args);
+  REQUIRE(rec.auto_ring_slowdown);
+  CHECK(*rec.auto_ring_slowdown == Approx(std::sqrt(1.5)));
+  CHECK(*rec.default_bv == 128);
+  CHECK(*rec.default_bv_slowdown == Approx(1.0));
+  CHECK_FALSE(rec.suggest_auto_bv());
 }
 
 TEST_CASE("kda_bench report: snapshot-only rows get no ring verdict", "[tools][bench]") {

@@ -273,8 +273,9 @@ Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args) {
 
   // Default BV: the smallest geometric-mean slowdown vs each (T, B)'s best BV, over the rows
   // where fused would be dispatched (ring: B <= the suggested max batch; all rows if none).
-  const auto pick_bv = [&](const std::map<std::pair<int, int>, Times>& m,
-                           int max_b) -> std::optional<int> {
+  // `slowdown` (if given) receives the pick's geometric-mean slowdown.
+  const auto pick_bv = [&](const std::map<std::pair<int, int>, Times>& m, int max_b,
+                           std::optional<double>* slowdown) -> std::optional<int> {
     std::map<int, std::pair<double, int>> score;  // bv -> (sum log slowdown, groups)
     for (const auto& kv : m) {
       if (kv.first.second > max_b || kv.second.fused.empty()) {
@@ -301,13 +302,38 @@ Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args) {
         pick_score = s.first;
       }
     }
+    if (pick && slowdown != nullptr) {
+      *slowdown = std::exp(pick_score / groups);
+    }
     return pick;
   };
   const int ring_scope = rec.fused_ring_max_batch && *rec.fused_ring_max_batch > 0
                              ? *rec.fused_ring_max_batch
                              : 1 << 30;
-  rec.default_bv = pick_bv(ring, ring_scope);
-  rec.snapshot_bv = pick_bv(snap, 1 << 30);
+  rec.default_bv = pick_bv(ring, ring_scope, &rec.default_bv_slowdown);
+  rec.snapshot_bv = pick_bv(snap, 1 << 30, nullptr);
+
+  // The auto tile over the same rows, when each row timed it.
+  double auto_log = 0.0;
+  int auto_groups = 0;
+  bool auto_everywhere = true;
+  for (const auto& [tb, t] : ring) {
+    if (tb.second > ring_scope || t.fused.empty()) {
+      continue;
+    }
+    const int auto_bv = kernels::default_fused_block_v(RecordMode::kRing, tb.second, tb.first,
+                                                       args.shape.HV, args.shape.V, args.sms);
+    const auto it = t.fused.find(auto_bv);
+    if (it == t.fused.end()) {
+      auto_everywhere = false;
+      break;
+    }
+    auto_log += std::log(it->second / best_fused(t)->second);
+    auto_groups += 1;
+  }
+  if (auto_everywhere && auto_groups > 0) {
+    rec.auto_ring_slowdown = std::exp(auto_log / auto_groups);
+  }
   return rec;
 }
 
@@ -354,10 +380,21 @@ void print_recommendation(const Recommendation& rec) {
         "unfused+ring)\n");
   }
   if (rec.default_bv && rec.bv_swept) {
-    fmt::print(
-        "suggested --kda-verify-block-v={}  (ring mode, smallest geometric-mean slowdown vs the "
-        "per-row best BV where fused is dispatched)\n",
-        *rec.default_bv);
+    const double fixed_pct = 100.0 * (*rec.default_bv_slowdown - 1.0);
+    if (rec.suggest_auto_bv()) {
+      fmt::print(
+          "suggested --kda-verify-block-v=auto  (ring mode, where fused is dispatched: the auto "
+          "tile is {:.1f}% slower than each row's best BV on geometric mean; the best fixed BV, "
+          "{}, {:.1f}%)\n",
+          100.0 * (*rec.auto_ring_slowdown - 1.0), *rec.default_bv, fixed_pct);
+    } else {
+      fmt::print(
+          "suggested --kda-verify-block-v={}  (ring mode, where fused is dispatched: {:.1f}% "
+          "slower than each row's best BV on geometric mean; the auto tile {})\n",
+          *rec.default_bv, fixed_pct,
+          rec.auto_ring_slowdown ? fmt::format("{:.1f}%", 100.0 * (*rec.auto_ring_slowdown - 1.0))
+                                 : std::string("not timed at every row"));
+    }
   } else if (rec.default_bv) {
     fmt::print(
         "suggested --kda-verify-block-v: not measured (BV not swept; run with --sweep-bv)\n");
@@ -440,9 +477,12 @@ void write_rows(const std::string& path, const RunInfo& info, const std::vector<
     fmt::print(f.get(),
                "\n    ],\n    \"fused_ring_max_batch_per_T\": {{{}}},\n"
                "    \"fused_ring_max_batch\": {},\n    \"default_block_v\": {},\n"
+               "    \"default_block_v_slowdown\": {},\n    \"auto_block_v_slowdown\": {},\n"
+               "    \"suggest_auto_block_v\": {},\n"
                "    \"snapshot_block_v\": {},\n    \"bv_swept\": {}\n  }}\n}}\n",
                fmt::join(per_t, ", "), opt_int(rec.fused_ring_max_batch), opt_int(rec.default_bv),
-               opt_int(rec.snapshot_bv), rec.bv_swept);
+               opt_num(rec.default_bv_slowdown), opt_num(rec.auto_ring_slowdown),
+               rec.suggest_auto_bv(), opt_int(rec.snapshot_bv), rec.bv_swept);
   }
   KDA_CHECK_CODE(std::ferror(f.get()) == 0, ErrorCode::kIo, "--out: write to '{}' failed", path);
 }

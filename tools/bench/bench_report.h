@@ -68,11 +68,19 @@ struct Recommendation {
   std::vector<std::pair<int, int>> max_batch_per_T;  ///< (T, largest B with fused fastest)
   std::optional<int> fused_ring_max_batch;           ///< min over T; nullopt: not measurable
   std::optional<int> default_bv;                     ///< ring mode, where fused is dispatched
-  std::optional<int> snapshot_bv;                    ///< snapshot mode alone
+  /// Over those rows, geometric means of time / each row's best time: default_bv's, and the
+  /// auto tile's (kernels::default_fused_block_v per row; nullopt where a row lacks its time).
+  std::optional<double> default_bv_slowdown, auto_ring_slowdown;
+  std::optional<int> snapshot_bv;  ///< snapshot mode alone
   bool bv_swept = false;
   /// The dispatcher's auto tile against the swept best, per mode (ring: kernels::default_block_v,
   /// snapshot: kernels::default_snapshot_block_v).
   AutoTileScore auto_ring, auto_snapshot;
+  /// Whether to suggest --kda-verify-block-v=auto over default_bv: the auto tile's geometric-mean
+  /// slowdown is known and no larger.
+  bool suggest_auto_bv() const {
+    return auto_ring_slowdown && default_bv_slowdown && *auto_ring_slowdown <= *default_bv_slowdown;
+  }
 };
 Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args);
 void print_recommendation(const Recommendation& rec);
