@@ -30,6 +30,19 @@ void require_arg_error(std::vector<const char*> argv, const std::string& needle)
   }
 }
 
+/// A timed verify row at T = 4 (the report's input).
+Row verify_row_at_t4(Variant v, int B, int bv, double us) {
+  Row r;
+  r.what = variant_name(v);
+  r.mode = variant_mode(v);
+  r.fused = variant_is_fused(v);
+  r.T = 4;
+  r.B = B;
+  r.bv = bv;
+  r.timing.median_us = us;
+  return r;
+}
+
 /// The full model's floor is within 0.05 us + 0.5% of contract §6's floor table (whose
 /// numbers match this model without the conv weights, 0.05 us per call at the Kimi shape).
 bool near_contract(const Shape& s, int B, int T, double contract_us) {
@@ -155,15 +168,7 @@ TEST_CASE("kda_bench report: targets and dispatch advice", "[tools][bench]") {
   BenchArgs args = parse({"--batch-sizes", "1,4,16", "--draft-tokens", "4", "--sweep-bv"});
   std::vector<Row> rows;
   const auto add = [&](Variant v, int B, int bv, double us) {
-    Row r;
-    r.what = variant_name(v);
-    r.mode = variant_mode(v);
-    r.fused = variant_is_fused(v);
-    r.T = 4;
-    r.B = B;
-    r.bv = bv;
-    r.timing.median_us = us;
-    rows.push_back(r);
+    rows.push_back(verify_row_at_t4(v, B, bv, us));
   };
   // Ring: fused wins at B=1 and 4 (BV 16 best at B=1, 32 at B=4), loses at 16.
   for (int B : {1, 4, 16}) {
@@ -211,15 +216,7 @@ TEST_CASE("kda_bench report: the auto tile is suggested where it beats every fix
   args.sms = 132;
   std::vector<Row> rows;
   const auto add = [&](Variant v, int B, int bv, double us) {
-    Row r;
-    r.what = variant_name(v);
-    r.mode = variant_mode(v);
-    r.fused = variant_is_fused(v);
-    r.T = 4;
-    r.B = B;
-    r.bv = bv;
-    r.timing.median_us = us;
-    rows.push_back(r);
+    rows.push_back(verify_row_at_t4(v, B, bv, us));
   };
   for (int B : {1, 4}) {
     add(Variant::kUnfusedRing, B, 0, 10.0 * B);
