@@ -94,8 +94,8 @@ constexpr int default_snapshot_block_v(int B, int HV, int V, int sms) {
   if (sms <= 0 || bv != 128) {
     return bv;
   }
-  const long long wide = static_cast<long long>(B) * HV * ((V + 127) / 128);
-  const long long narrow = static_cast<long long>(B) * HV * ((V + 63) / 64);
+  const long long wide = fused_grid_ctas(B, HV, V, 128);
+  const long long narrow = fused_grid_ctas(B, HV, V, 64);
   if (wide > static_cast<long long>(kSnapshotWideMaxWaves) * sms) {
     return 64;
   }

@@ -222,12 +222,12 @@ struct VerifyItem {
   }
 
   /// The gate constants, and the pair's conv taps in the per-item kernel (before the PDL
-  /// wait; the streaming kernel loads its taps in the conv step). kExpInRun: leave EXP(A_log)
-  /// to run<1>: the one-CTA-per-SM kernel starts only when the previous kernel's CTA has left
-  /// its SM, so a wait for the A_log load before griddepcontrol.wait is not hidden behind that
+  /// wait; the streaming kernel loads its taps in the conv step). The wide form (kWide) leaves
+  /// EXP(A_log) to run: the one-CTA-per-SM kernel starts only when the previous kernel's CTA has
+  /// left its SM, so a wait for the A_log load before griddepcontrol.wait is not hidden behind that
   /// kernel (docs/perf.md v15e). The wide BV = 32 tile, whose CTA can enter early (TileConfig::
   /// kMinCtasPerSm), measured the same with EXP(A_log) on either side of the wait (v39).
-  template <bool kExpInRun = false, typename Src>
+  template <typename Src>
   __device__ __forceinline__ void load_constants(const Src& src) {
     if constexpr (!Src::kStaged) {
       if (FUSED && gch >= 0) {
@@ -236,7 +236,7 @@ struct VerifyItem {
     }
     dt_bias = src.dt_bias(*this);
     a_log = p.A_log[hv];
-    if constexpr (!kExpInRun) {
+    if constexpr (!kWide) {
       exp_a_log = kda_exp(a_log);
     }
   }
@@ -270,15 +270,15 @@ struct VerifyItem {
     in.bs = tid < tc ? src.b(*this, t0) : 0u;
   }
 
-  /// kCtasPerSm: the register budget of the calling kernel (its __launch_bounds__). 2: 128
-  /// registers per thread. 1 (the per-item kernel's one-CTA-per-SM form, up to 255): every
+  /// kWide: the register budget of the calling kernel (its __launch_bounds__). false: 128
+  /// registers per thread. true (the per-item kernel's one-CTA-per-SM form, up to 255): every
   /// tile loads its first chunk early and convolves 4 tokens per group, the ring-mode steps
   /// run in groups of kStepGroup with their outputs stored after the group, a state tile
   /// loaded into registers is loaded after the gates (kLateStateLoads), and EXP(A_log) is
-  /// computed here (the kernel calls load_constants<true>).
-  template <int kCtasPerSm = 2, typename Src>
+  /// computed here (load_constants leaves it).
+  template <typename Src>
   __device__ __forceinline__ void run(TileSmem<Cfg>& sm, Src& src) {
-    constexpr bool kWideRegisters = kCtasPerSm == 1;
+    constexpr bool kWideRegisters = kWide;
     constexpr int kStepGroup = kWideRegisters ? 4 : 1;
     const int T = p.T;
     const int slot = src.slot(*this);

@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(256, TileConfig<K, BV, kCtasPerSm == 1>::kMinC
     src.bulk = &bulk;
     src.stage = state_stage.tile;
   }
-  item.template load_constants<kCtasPerSm == 1>(src);
+  item.load_constants(src);
   src.load_indices(item);
   if constexpr (Stage::kUsed) {
     // The barrier is initialised. Before the wait, this overlaps the previous kernel in the
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(256, TileConfig<K, BV, kCtasPerSm == 1>::kMinC
   // The committed state and the activations come from earlier kernels: wait for them.
   pdl_wait();
   pdl_launch_dependents();
-  item.template run<kCtasPerSm>(sm, src);
+  item.run(sm, src);
 }
 
 /// Launches one configuration with PDL (programmatic stream serialisation) on sm_90+.
