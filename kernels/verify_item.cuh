@@ -175,6 +175,10 @@ struct VerifyItem {
   static constexpr int kGateGroup = kGateStep >= 4 ? 1 : 4 / kGateStep;
   static_assert(kGateIters % kGateGroup == 0, "whole gate groups");
 
+  /// Warps with a conv channel pair, and the spare warps without one (run's kSpareWarpNorms).
+  static constexpr int kConvWarps = (Cfg::kPairs + 31) / 32;
+  static constexpr int kSpareWarps = Cfg::kWarps - kConvWarps;
+
   /// The ring streaming kernel's column swizzle (Src::kRingForm): register j of the state and
   /// of the trees holds column col0 + (j ^ swizzle) (run, step 4); elsewhere 0.
   template <typename Src>
@@ -270,6 +274,487 @@ struct VerifyItem {
     in.bs = tid < tc ? src.b(*this, t0) : 0u;
   }
 
+  /// The padding row (slot < 0): zero outputs, touch nothing else.
+  __device__ __forceinline__ void zero_outputs() const {
+    const int T = p.T;
+    for (int t = 0; t < T; ++t) {
+      bf16_t* out_row = p.out + ((static_cast<int64_t>(n) * T + t) * p.HV + hv) * p.V;
+      for (int j = tid; j < BV && v0 + j < p.V; j += Cfg::kThreads) {
+        out_row[v0 + j] = bf16_t{0};
+      }
+    }
+  }
+
+  /// Where this thread's channel pair stores each token's values (run, step 1).
+  struct PairStores {
+    float* sm_dst;      ///< token 0's pair in shared memory
+    int sm_stride;      ///< floats from one token's row of sm_dst's array to the next
+    bf16_t* win_base;   ///< the pair's conv window after token 0 (three rows of D per token)
+    bf16_t* ring_pair;  ///< ring record of this pair at step 0 (L-strided per step), or null
+    int64_t ring_step;  ///< elements per ring step
+    bool write_window;  ///< this CTA writes the pair's windows
+  };
+
+  /// The pair's destinations that do not depend on the token.
+  __device__ __forceinline__ PairStores pair_stores(TileSmem<Cfg>& sm, int slot, int64_t row,
+                                                    bool ring, bool qk_owner,
+                                                    bool write_window) const {
+    float* sm_dst = is_qk ? &sm.qk[0][ch_local / K][ch_local % K] : &sm.v[0][ch_local - 2 * K];
+    const int sm_stride = is_qk ? 2 * K : BV;
+    bf16_t* win_base = p.conv_window + row * p.conv_window_row_stride + gch;
+    bf16_t* ring_pair = nullptr;
+    int64_t ring_step = 0;
+    if (ring && gch >= 0) {
+      if (is_k && qk_owner) {
+        ring_pair = p.ring_rawk + slot * p.ring_rawk_slot_stride +
+                    static_cast<int64_t>(h) * p.L * K + (ch_local - K);
+        ring_step = K;
+      } else if (!is_qk) {
+        ring_pair = p.ring_rawv + slot * p.ring_rawv_slot_stride +
+                    static_cast<int64_t>(hv) * p.L * p.V + v0 + (ch_local - 2 * K);
+        ring_step = p.V;
+      }
+    }
+    return PairStores{sm_dst, sm_stride, win_base, ring_pair, ring_step, write_window};
+  }
+
+  /// Step 1: q/k/v of the chunk [t0, t0 + tc) for this thread's channel pair (gch >= 0): conv +
+  /// SiLU (fused) or the activations (unfused), to shared memory, the ring and the conv windows.
+  /// w0 / w1: the pair's conv window, oldest first; advanced past the chunk.
+  template <typename Src>
+  __device__ __forceinline__ void convolve_chunk(const Src& src, const PairStores& dst,
+                                                 float (&w0)[kConvHistory],
+                                                 float (&w1)[kConvHistory],
+                                                 const uint32_t (&xs)[Cfg::kChunk], int t0,
+                                                 int tc) {
+    float* const sm_dst = dst.sm_dst;
+    const int sm_stride = dst.sm_stride;
+    bf16_t* const win_base = dst.win_base;
+    bf16_t* const ring_pair = dst.ring_pair;
+    const int64_t ring_step = dst.ring_step;
+    const bool write_window = dst.write_window;
+    // The streaming kernel loads the taps here: held from the item's start they were live
+    // across its item loop and spilled (docs/perf.md v6). The per-item kernel loads them
+    // with the constants, before the PDL wait (at small B: 2-3% faster at T = 4).
+    if constexpr (FUSED && Src::kStaged) {
+      src.conv_taps(*this, taps0, taps1);
+    }
+    // Token t's record offsets from win_base / ring_pair advance by one step per token
+    // (no 64-bit multiply per token, docs/perf.md v8f, v9a).
+    constexpr bool kTokenLoop = FUSED && Src::kStaged;
+    int64_t win_off = static_cast<int64_t>(t0) * 3 * D;
+    int64_t ring_off = t0 * ring_step;
+    // A token's q/k/v value of one channel: conv + SiLU of (window c0..c2, input x).
+    const auto token_y = [&](const ConvTaps& taps, float c0, float c1, float c2, float x) {
+      if constexpr (FUSED) {
+        return silu_bf16(conv_acc<WeightT>(taps, c0, c1, c2, x));
+      } else {
+        return x;
+      }
+    };
+    // Token tt's stores: its pair (y0, y1) to shared memory and the ring, and its conv
+    // window (s0, s1: three values after the token, oldest first).
+    const auto token_stores = [&](int tt, float y0, float y1, const float* s0, const float* s1) {
+      const int t = t0 + tt;
+      if constexpr (FUSED) {
+        if (write_window) {
+          bf16_t* w = win_base + win_off;
+          st_bf16x2(w, s0[0], s1[0]);
+          st_bf16x2(w + D, s0[1], s1[1]);
+          st_bf16x2(w + 2 * D, s0[2], s1[2]);
+        }
+      }
+      *reinterpret_cast<float2*>(sm_dst + tt * sm_stride) = make_float2(y0, y1);
+      if (ring_pair != nullptr && t < p.L) {
+        st_bf16x2(ring_pair + ring_off, y0, y1);
+      }
+    };
+    if constexpr (kTokenLoop) {
+      // Streaming kernels (throughput-bound, 128 registers): the rows re-read from the
+      // ItemInputs rows in shared memory, kTokenStep tokens at a time. Unrolled over the
+      // chunk, the tokens and windows sat in registers and the kernel spilled 70 B
+      // (docs/perf.md v6). The ring kernel takes two tokens per step (the window of token
+      // tt, its x and token tt + 1's x: token tt + 1's window is rows tt + 1 .. tt + 3), so
+      // that their conv + SiLU chains overlap (v35); in the snapshot kernel that form
+      // spilled 20 B, and it keeps one token per step.
+      constexpr int kTokenStep = Src::kRingForm ? 2 : 1;
+#pragma unroll 1
+      for (int tt = 0; tt < tc; tt += kTokenStep) {  // t0 = 0: one chunk
+        const bool second = kTokenStep == 2 && tt + 1 < tc;
+        src.window(*this, tt, w0, w1);
+        const float2 xa = bf16x2_bits_to_float2(src.x(*this, 0, tt));
+        const float2 xb =
+            second ? bf16x2_bits_to_float2(src.x(*this, 0, tt + 1)) : make_float2(0.0f, 0.0f);
+        const float ya0 = token_y(taps0, w0[0], w0[1], w0[2], xa.x);
+        const float ya1 = token_y(taps1, w1[0], w1[1], w1[2], xa.y);
+        const float yb0 = token_y(taps0, w0[1], w0[2], xa.x, xb.x);
+        const float yb1 = token_y(taps1, w1[1], w1[2], xa.y, xb.y);
+        const float sa0[kConvHistory] = {w0[1], w0[2], xa.x};
+        const float sa1[kConvHistory] = {w1[1], w1[2], xa.y};
+        token_stores(tt, ya0, ya1, sa0, sa1);
+        win_off += 3 * D;
+        ring_off += ring_step;
+        if (second) {
+          const float sb0[kConvHistory] = {w0[2], xa.x, xb.x};
+          const float sb1[kConvHistory] = {w1[2], xa.y, xb.y};
+          token_stores(tt + 1, yb0, yb1, sb0, sb1);
+          win_off += 3 * D;
+          ring_off += ring_step;
+        }
+      }
+    } else {
+      // Per-item kernels (latency-bound): tokens in groups of kGroup, the window in
+      // registers. A group's arithmetic comes first, branch-free (tokens past tc compute
+      // on zero inputs and are never stored), then its stores: with each token's stores
+      // (behind their branches) between its arithmetic and the next token's, the tokens'
+      // conv + SiLU chains ran one after another (docs/perf.md v13).
+      // BV = 128 at 128 registers (the fallback when the streaming kernel cannot run) keeps
+      // one token per group: with four, the fused tile spilled 144 B instead of 56.
+      constexpr int kGroup = BV <= 64 || kWide ? 4 : 1;
+      static_assert(Cfg::kChunk % kGroup == 0, "whole groups per chunk");
+#pragma unroll
+      for (int g = 0; g < Cfg::kChunk; g += kGroup) {
+        if (g >= tc) {
+          break;
+        }
+        // The pair's values from the window's oldest row to the group's last token.
+        float s0[kConvHistory + kGroup], s1[kConvHistory + kGroup];
+#pragma unroll
+        for (int j = 0; j < kConvHistory; ++j) {
+          s0[j] = w0[j];
+          s1[j] = w1[j];
+        }
+#pragma unroll
+        for (int u = 0; u < kGroup; ++u) {
+          const float2 x = bf16x2_bits_to_float2(xs[g + u]);
+          s0[kConvHistory + u] = x.x;
+          s1[kConvHistory + u] = x.y;
+        }
+        float y0[kGroup], y1[kGroup];
+#pragma unroll
+        for (int u = 0; u < kGroup; ++u) {
+          y0[u] = token_y(taps0, s0[u], s0[u + 1], s0[u + 2], s0[u + 3]);
+          y1[u] = token_y(taps1, s1[u], s1[u + 1], s1[u + 2], s1[u + 3]);
+        }
+#pragma unroll
+        for (int u = 0; u < kGroup; ++u) {
+          if (g + u < tc) {
+            token_stores(g + u, y0[u], y1[u], &s0[u + 1], &s1[u + 1]);
+          }
+          win_off += 3 * D;
+          ring_off += ring_step;
+        }
+#pragma unroll
+        for (int j = 0; j < kConvHistory; ++j) {
+          w0[j] = s0[kGroup + j];
+          w1[j] = s1[kGroup + j];
+        }
+      }
+    }
+  }
+
+  /// Step 2: this thread's gates (key gk) and beta (token tid) of the chunk [t0, t0 + tc): EXP(g)
+  /// and beta to shared memory; g and beta to the ring by the gate owner.
+  __device__ __forceinline__ void gates_chunk(TileSmem<Cfg>& sm, const ChunkInputs& in, int slot,
+                                              bool ring, bool gate_owner, int t0, int tc) const {
+    const uint32_t(&as)[kGateIters] = in.as;
+    // 2. gates and beta: this thread's gates of 4 consecutive tokens (kGateGroup of them)
+    // computed before their stores, as the conv above.
+#pragma unroll
+    for (int jg = 0; jg < kGateIters; jg += kGateGroup) {
+      if (jg * kGateStep >= tc) {
+        break;
+      }
+      float x[kGateGroup], g[kGateGroup], decay[kGateGroup];
+#pragma unroll
+      for (int u = 0; u < kGateGroup; ++u) {
+        x[u] = __fadd_rn(bf16_bits_to_float(as[jg + u]), dt_bias);
+      }
+      if (p.gate == GateKind::kStandard) {  // the kind's branch outside the group
+#pragma unroll
+        for (int u = 0; u < kGateGroup; ++u) {
+          g[u] = gate_standard(x[u], exp_a_log);
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < kGateGroup; ++u) {
+          g[u] = gate_safe(x[u], exp_a_log, p.lower_bound);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kGateGroup; ++u) {
+        decay[u] = kda_exp(g[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kGateGroup; ++u) {
+        const int tt = gt0 + (jg + u) * kGateStep;
+        if (tt < tc) {
+          const int t = t0 + tt;
+          sm.decay[tt][gk] = decay[u];
+          if (ring && gate_owner && t < p.L) {
+            p.ring_g[slot * p.ring_g_slot_stride + (static_cast<int64_t>(hv) * p.L + t) * K + gk] =
+                g[u];
+          }
+        }
+      }
+    }
+    if (tid < tc) {
+      const int t = t0 + tid;
+      const float beta = kda_sigmoid(bf16_bits_to_float(in.bs));
+      sm.beta[tid] = beta;
+      if (ring && gate_owner && t < p.L) {
+        p.ring_beta[slot * p.ring_beta_slot_stride + static_cast<int64_t>(hv) * p.L + t] = beta;
+      }
+    }
+  }
+
+  /// Step 3 on the spare warps (run's kSpareWarpNorms).
+  __device__ __forceinline__ void spare_warp_norms(TileSmem<Cfg>& sm, int tc) const {
+    // (spare warps) L2 norms of q (scaled by K^-0.5) and k: vector j = 2 t + (0: q,
+    // 1: k) at sm.qk[0][0] + j K; kNormJobs per warp at once, one pass at T <= 4.
+    constexpr int kNormJobs = (8 + kSpareWarps - 1) / kSpareWarps;
+    for (int first = warp - kConvWarps; first < 2 * tc; first += kNormJobs * kSpareWarps) {
+      float* vecs[kNormJobs];
+      bool on[kNormJobs], scaled[kNormJobs];
+#pragma unroll
+      for (int u = 0; u < kNormJobs; ++u) {
+        const int job = first + u * kSpareWarps;
+        on[u] = job < 2 * tc;
+        scaled[u] = (job & 1) == 0;
+        vecs[u] = &sm.qk[0][0][0] + job * K;
+      }
+      l2_normalize_warp_n<K, kNormJobs>(vecs, on, scaled, kQkScale<K>, lane);
+    }
+  }
+
+  /// Step 4's v of the thread's CPT columns at step tt (not the ring streaming kernel's: it loads
+  /// one column), columns past V as zeros. The snapshot streaming kernel (issue-bound) takes them
+  /// in one shared-memory load (CPT = 2 or 4: 8 * CPT-byte aligned group offsets). The per-item
+  /// kernels keep per-column loads: the one-load form changed their allocation (the BV = 128
+  /// fallback tile spilled 72 B more, docs/perf.md v27).
+  template <typename Src>
+  __device__ __forceinline__ void v_of(const TileSmem<Cfg>& sm, const bool (&col_ok)[CPT], int tt,
+                                       float (&vv)[CPT]) const {
+    if constexpr (Src::kStaged && (CPT == 2 || CPT == 4)) {
+      load_vec<CPT>(vv, &sm.v[tt][group * CPT]);
+#pragma unroll
+      for (int j = 0; j < CPT; ++j) {
+        vv[j] = col_ok[j] ? vv[j] : 0.0f;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < CPT; ++j) {
+        vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
+      }
+    }
+  }
+
+  /// Token t's outputs where every lane holds every column's bits (not the ring streaming
+  /// kernel's): lane 0 of the group writes its CPT columns, bf16 pairs, no per-lane column select
+  /// (which nvcc lowered to a local-memory array). Pairs are whole: V, v0 and col0 are even when
+  /// CPT >= 2. The output is indexed in 32 bits (the launchers check that `out` has fewer than
+  /// 2^31 elements). Per-item kernels (latency-bound) add t rows of HV*V (out_token) to the
+  /// item's token-0 index (out_item): B = 1..4 1-3% faster (docs/perf.md v8e, v9a). The
+  /// streaming kernels compute the row's index per store (they pass neither): the token-0 index
+  /// held through the steps cost 32 B of spills (v9a), the 64-bit form ~17 instructions a warp
+  /// per store (v27).
+  template <typename Src>
+  __device__ __forceinline__ void store_outputs(int t, const float* o, const bool (&col_ok)[CPT],
+                                                int T, uint32_t out_item,
+                                                uint32_t out_token) const {
+    if (c == 0) {
+      bf16_t* orow =
+          p.out + (Src::kStaged ? ((static_cast<uint32_t>(n) * T + t) * p.HV + hv) * p.V + col0
+                                : out_item + t * out_token);
+      if constexpr (CPT == 1) {
+        if (col_ok[0]) {
+          orow[0] = to_bf16(o[0]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < CPT; j += 2) {
+          if (col_ok[j]) {
+            st_bf16x2(orow + j, o[j], o[j + 1]);
+          }
+        }
+      }
+    }
+  }
+
+  /// Snapshot mode (snap): the state after token t's step, unswizzled (the ring kernel stores
+  /// none).
+  template <typename Src>
+  __device__ __forceinline__ void store_snapshot(int t, const ColRegs<Slice> (&S)[CPT],
+                                                 const bool (&col_ok)[CPT], int64_t row,
+                                                 bool snap) const {
+    if (snap) {
+      float* dst = p.snapshots + row * p.snapshot_row_stride +
+                   (static_cast<int64_t>(t) * p.HV + hv) * p.V * K;
+#pragma unroll
+      for (int j = 0; j < CPT; ++j) {
+        if (col_ok[j]) {
+          // Unswizzled: the ring kernel stores none.
+          float* col = dst + static_cast<int64_t>(col0 + j) * K;
+          if constexpr (Src::kStaged) {
+            store_column_per_partial<Slice, kSnapshotStores>(col, S[j], c);
+          } else {
+            store_column<Slice, kSnapshotStores>(col, S[j], c);
+          }
+        }
+      }
+    }
+  }
+
+  /// Step 4 in the ring streaming kernel (issue-bound). Both streaming kernels are
+  /// software-pipelined: step tt's output dot and step tt+1's key dot both read the state after
+  /// step tt's update, so their cross-lane tree levels run together (the shuffle chains' latency
+  /// was the recurrence's main stall). Per value, the operations and their order are those of
+  /// delta_rule_step + output_dot. The row's output index is computed per store (v27).
+  /// cols_ok: the thread's columns are below V. Here they all are or none is (run), so one value
+  /// stands for them; passed as run's array, it made the unfused ring kernel spill 44 B at its
+  /// register cap.
+  template <typename Src>
+  __device__ __forceinline__ void steps_ring_stream(const TileSmem<Cfg>& sm,
+                                                    ColRegs<Slice> (&S)[CPT], bool cols_ok, int T,
+                                                    int t0, int tc) const {
+    static_assert(Slice::kLaneStride == 1, "the streaming kernel's trees pair lanes c ^ d");
+    // The cross-lane levels as reduce-scatters on the swizzled columns
+    // (device_math.cuh tree_reduce_scatter). A step's key tree leaves each lane the root
+    // of column swz, the lane computes that column's u, and CPT - 1 shuffles give it the
+    // other columns' u; the output tree leaves the lanes with c % (P / CPT) == 0 one
+    // output each to store. Per thread and step: 11 shuffles, 8 adds and one u where the
+    // all-reduce form below takes 24 shuffles, 24 adds and CPT u (docs/perf.md v30). The
+    // ring kernel stores no snapshots (its record mode is fixed: StagedSource::kFixedMode).
+    static_assert(CPT <= P, "one column per lane at the root");
+    // Column swz's u at step tt from its key-tree root kv, then every column's u.
+    const auto update = [&](int tt, float kv) {
+      float u[CPT];
+      const float v = cols_ok ? sm.v[tt][group * CPT + column_swizzle_of<Src>()] : 0.0f;
+      u[0] = __fmul_rn(__fsub_rn(v, kv), sm.beta[tt]);
+      column_all_gather<P, CPT>(u);
+      apply_update<Slice>(S, sm.qk[tt][1], u, c);
+    };
+    {
+      float kv[1][CPT];
+      decay_and_key_partials<Slice>(S, sm.qk[0][1], sm.decay[0], c, kv[0]);
+      tree_reduce_scatter<P, CPT, 1>(kv);
+      update(0, kv[0][0]);
+    }
+    for (int tt = 0; tt < tc; ++tt) {
+      const bool next = tt + 1 < tc;
+      float part[2][CPT];  // [0]: outputs of step tt; [1]: kv of step tt + 1
+      query_partials<Slice>(S, sm.qk[tt][0], c, part[0]);
+      if (next) {
+        decay_and_key_partials<Slice>(S, sm.qk[tt + 1][1], sm.decay[tt + 1], c, part[1]);
+        tree_reduce_scatter<P, CPT, 2>(part);
+      } else {
+        tree_reduce_scatter<P, CPT, 1>(reinterpret_cast<float(&)[1][CPT]>(part));
+      }
+      if (c % (P / CPT) == 0 && cols_ok) {
+        p.out[((static_cast<uint32_t>(n) * T + t0 + tt) * p.HV + hv) * p.V + col0 +
+              column_swizzle_of<Src>()] = to_bf16(part[0][0]);
+      }
+      if (next) {
+        update(tt + 1, part[1][0]);
+      }
+    }
+  }
+
+  /// Step 4 in the snapshot streaming kernel, pipelined as steps_ring_stream (v27's loop): the
+  /// cross-lane levels as all-reduces (every lane gets every root), v_of's one shared-memory load,
+  /// store_outputs from lane 0. With the ring kernel's form it spilled 40-56 B and ran 18-32%
+  /// slower (docs/perf.md v30).
+  template <typename Src>
+  __device__ __forceinline__ void steps_snapshot_stream(const TileSmem<Cfg>& sm,
+                                                        ColRegs<Slice> (&S)[CPT],
+                                                        const bool (&col_ok)[CPT], int T,
+                                                        int64_t row, bool snap, int t0,
+                                                        int tc) const {
+    static_assert(Slice::kLaneStride == 1, "the streaming kernel's trees pair lanes c ^ d");
+    float vv[CPT];
+    const auto update = [&](int tt, const float(&v)[CPT], const float(&kv)[CPT]) {
+      float u[CPT];
+#pragma unroll
+      for (int j = 0; j < CPT; ++j) {
+        u[j] = __fmul_rn(__fsub_rn(v[j], kv[j]), sm.beta[tt]);
+      }
+      apply_update<Slice>(S, sm.qk[tt][1], u, c);
+    };
+    {
+      v_of<Src>(sm, col_ok, 0, vv);
+      float kv[CPT];
+      decay_and_key_partials<Slice>(S, sm.qk[0][1], sm.decay[0], c, kv);
+      tree_across_lanes<P, CPT>(kv);
+      update(0, vv, kv);
+    }
+    for (int tt = 0; tt < tc; ++tt) {
+      const bool next = tt + 1 < tc;
+      float part[2 * CPT];  // [0, CPT): outputs of step tt; [CPT, 2 CPT): kv of tt + 1
+      query_partials<Slice>(S, sm.qk[tt][0], c, part);
+      store_snapshot<Src>(t0 + tt, S, col_ok, row,
+                          snap);  // the state after step tt, before step tt + 1 decays it
+      if (next) {
+        decay_and_key_partials<Slice>(S, sm.qk[tt + 1][1], sm.decay[tt + 1], c, part + CPT);
+        tree_across_lanes<P, 2 * CPT>(part);
+      } else {
+        tree_across_lanes<P, CPT>(reinterpret_cast<float(&)[CPT]>(part));
+      }
+      store_outputs<Src>(t0 + tt, part, col_ok, T, 0u, 0u);
+      if (next) {
+        v_of<Src>(sm, col_ok, tt + 1, vv);
+        update(tt + 1, vv, reinterpret_cast<const float(&)[CPT]>(part[CPT]));
+      }
+    }
+  }
+
+  /// Step 4 in the per-item kernels: one step after the other (latency-bound at small B, where
+  /// the split form's extra shared loads cost 1-4%, docs/perf.md v5). The wide form runs the
+  /// ring-mode steps in groups of kStepGroup with their outputs stored after the group.
+  template <typename Src>
+  __device__ __forceinline__ void steps_per_item(const TileSmem<Cfg>& sm, ColRegs<Slice> (&S)[CPT],
+                                                 const bool (&col_ok)[CPT], bool holds_tile, int T,
+                                                 int64_t row, bool snap, int t0, int tc) const {
+    constexpr int kStepGroup = kWide ? 4 : 1;
+    const uint32_t out_item = (static_cast<uint32_t>(n) * T * p.HV + hv) * p.V + col0;
+    const uint32_t out_token = static_cast<uint32_t>(p.HV) * p.V;
+    float vv[CPT];
+    const auto step = [&](int tt, float(&o)[CPT]) {
+      v_of<Src>(sm, col_ok, tt, vv);
+      delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
+      output_dot<Slice>(S, sm.qk[tt][0], c, o);
+    };
+    int tt = holds_tile ? 0 : tc;  // warps without state columns: no steps
+    if constexpr (kStepGroup > 1) {
+      // Whole groups with their outputs stored after the group: no store (behind its
+      // branch) then separates step tt's output dot from step tt + 1's decay and key dot,
+      // which do not depend on it, and the scheduler overlaps them (docs/perf.md v13).
+      // Snapshot mode stores the state after every step, so it keeps the plain loop.
+      if (!snap) {
+        for (; tt + kStepGroup <= tc; tt += kStepGroup) {
+          float o[kStepGroup][CPT];
+#pragma unroll
+          for (int u = 0; u < kStepGroup; ++u) {
+            step(tt + u, o[u]);
+          }
+#pragma unroll
+          for (int u = 0; u < kStepGroup; ++u) {
+            store_outputs<Src>(t0 + tt + u, o[u], col_ok, T, out_item, out_token);
+          }
+        }
+      }
+    }
+    for (; tt < tc; ++tt) {
+      float o[CPT];
+      step(tt, o);
+      store_outputs<Src>(t0 + tt, o, col_ok, T, out_item, out_token);
+      store_snapshot<Src>(t0 + tt, S, col_ok, row, snap);
+    }
+  }
+
+  /// Runs the item: the state tile and the chunk's inputs in flight, then per chunk the steps of
+  /// the file's header: 1. convolve_chunk, 2. gates_chunk, 3. the norms (spare_warp_norms or every
+  /// warp), 4. steps_ring_stream, steps_snapshot_stream or steps_per_item. This function holds the
+  /// schedule (which loads and barriers go where); the phases hold the arithmetic.
   /// kWide: the register budget of the calling kernel (its __launch_bounds__). false: 128
   /// registers per thread. true (the per-item kernel's one-CTA-per-SM form, up to 255): every
   /// tile loads its first chunk early and convolves 4 tokens per group, the ring-mode steps
@@ -279,16 +764,10 @@ struct VerifyItem {
   template <typename Src>
   __device__ __forceinline__ void run(TileSmem<Cfg>& sm, Src& src) {
     constexpr bool kWideRegisters = kWide;
-    constexpr int kStepGroup = kWideRegisters ? 4 : 1;
     const int T = p.T;
     const int slot = src.slot(*this);
     if (slot < 0) {  // padding row: zero outputs, touch nothing else
-      for (int t = 0; t < T; ++t) {
-        bf16_t* out_row = p.out + ((static_cast<int64_t>(n) * T + t) * p.HV + hv) * p.V;
-        for (int j = tid; j < BV && v0 + j < p.V; j += Cfg::kThreads) {
-          out_row[v0 + j] = bf16_t{0};
-        }
-      }
+      zero_outputs();
       return;
     }
     src.begin(*this);
@@ -358,8 +837,6 @@ struct VerifyItem {
     //  - K = BV = 128 (two spare warps, four norms each at T = 4): +2..+3%;
     //  - the unfused recurrence has no conv to hide the norms behind (T = 8 +2%).
     // So BV >= 64 and the unfused recurrence keep the all-warp norms.
-    constexpr int kConvWarps = (Cfg::kPairs + 31) / 32;
-    constexpr int kSpareWarps = Cfg::kWarps - kConvWarps;
     constexpr bool kSpareWarpNorms = FUSED && kWideRegisters && !Src::kStaged && BV <= 32;
     static_assert(!kSpareWarpNorms || kSpareWarps >= 3, "three warps without a conv pair");
     ColRegs<Slice> S[CPT];
@@ -401,23 +878,7 @@ struct VerifyItem {
       exp_a_log = kda_exp(a_log);
     }
 
-    // Per-pair destinations that do not depend on the token.
-    float* sm_dst = is_qk ? &sm.qk[0][ch_local / K][ch_local % K] : &sm.v[0][ch_local - 2 * K];
-    const int sm_stride = is_qk ? 2 * K : BV;
-    bf16_t* win_base = p.conv_window + row * p.conv_window_row_stride + gch;
-    bf16_t* ring_pair = nullptr;  // ring record of this pair at step 0 (L-strided per step)
-    int64_t ring_step = 0;
-    if (ring && gch >= 0) {
-      if (is_k && qk_owner) {
-        ring_pair = p.ring_rawk + slot * p.ring_rawk_slot_stride +
-                    static_cast<int64_t>(h) * p.L * K + (ch_local - K);
-        ring_step = K;
-      } else if (!is_qk) {
-        ring_pair = p.ring_rawv + slot * p.ring_rawv_slot_stride +
-                    static_cast<int64_t>(hv) * p.L * p.V + v0 + (ch_local - 2 * K);
-        ring_step = p.V;
-      }
-    }
+    const PairStores pair = pair_stores(sm, slot, row, ring, qk_owner, write_window);
 
     // The streaming kernel serves T <= kChunk only (launcher-checked): one chunk, so the
     // state is never live through a prologue (no spills).
@@ -427,130 +888,10 @@ struct VerifyItem {
       if (!kEarlyInputs || t0 > 0) {
         load_chunk(src, t0, tc, in);
       }
-      const uint32_t(&xs)[Cfg::kChunk] = in.xs;
-      const uint32_t(&as)[kGateIters] = in.as;
 
       // 1. q/k/v of the chunk's tokens for this thread's channel pair.
       if (gch >= 0) {
-        // The streaming kernel loads the taps here: held from the item's start they were live
-        // across its item loop and spilled (docs/perf.md v6). The per-item kernel loads them
-        // with the constants, before the PDL wait (at small B: 2-3% faster at T = 4).
-        if constexpr (FUSED && Src::kStaged) {
-          src.conv_taps(*this, taps0, taps1);
-        }
-        // Token t's record offsets from win_base / ring_pair advance by one step per token
-        // (no 64-bit multiply per token, docs/perf.md v8f, v9a).
-        constexpr bool kTokenLoop = FUSED && Src::kStaged;
-        int64_t win_off = static_cast<int64_t>(t0) * 3 * D;
-        int64_t ring_off = t0 * ring_step;
-        // A token's q/k/v value of one channel: conv + SiLU of (window c0..c2, input x).
-        const auto token_y = [&](const ConvTaps& taps, float c0, float c1, float c2, float x) {
-          if constexpr (FUSED) {
-            return silu_bf16(conv_acc<WeightT>(taps, c0, c1, c2, x));
-          } else {
-            return x;
-          }
-        };
-        // Token tt's stores: its pair (y0, y1) to shared memory and the ring, and its conv
-        // window (s0, s1: three values after the token, oldest first).
-        const auto token_stores = [&](int tt, float y0, float y1, const float* s0,
-                                      const float* s1) {
-          const int t = t0 + tt;
-          if constexpr (FUSED) {
-            if (write_window) {
-              bf16_t* w = win_base + win_off;
-              st_bf16x2(w, s0[0], s1[0]);
-              st_bf16x2(w + D, s0[1], s1[1]);
-              st_bf16x2(w + 2 * D, s0[2], s1[2]);
-            }
-          }
-          *reinterpret_cast<float2*>(sm_dst + tt * sm_stride) = make_float2(y0, y1);
-          if (ring_pair != nullptr && t < p.L) {
-            st_bf16x2(ring_pair + ring_off, y0, y1);
-          }
-        };
-        if constexpr (kTokenLoop) {
-          // Streaming kernels (throughput-bound, 128 registers): the rows re-read from the
-          // ItemInputs rows in shared memory, kTokenStep tokens at a time. Unrolled over the
-          // chunk, the tokens and windows sat in registers and the kernel spilled 70 B
-          // (docs/perf.md v6). The ring kernel takes two tokens per step (the window of token
-          // tt, its x and token tt + 1's x: token tt + 1's window is rows tt + 1 .. tt + 3), so
-          // that their conv + SiLU chains overlap (v35); in the snapshot kernel that form
-          // spilled 20 B, and it keeps one token per step.
-          constexpr int kTokenStep = Src::kRingForm ? 2 : 1;
-#pragma unroll 1
-          for (int tt = 0; tt < tc; tt += kTokenStep) {  // t0 = 0: one chunk
-            const bool second = kTokenStep == 2 && tt + 1 < tc;
-            src.window(*this, tt, w0, w1);
-            const float2 xa = bf16x2_bits_to_float2(src.x(*this, 0, tt));
-            const float2 xb =
-                second ? bf16x2_bits_to_float2(src.x(*this, 0, tt + 1)) : make_float2(0.0f, 0.0f);
-            const float ya0 = token_y(taps0, w0[0], w0[1], w0[2], xa.x);
-            const float ya1 = token_y(taps1, w1[0], w1[1], w1[2], xa.y);
-            const float yb0 = token_y(taps0, w0[1], w0[2], xa.x, xb.x);
-            const float yb1 = token_y(taps1, w1[1], w1[2], xa.y, xb.y);
-            const float sa0[kConvHistory] = {w0[1], w0[2], xa.x};
-            const float sa1[kConvHistory] = {w1[1], w1[2], xa.y};
-            token_stores(tt, ya0, ya1, sa0, sa1);
-            win_off += 3 * D;
-            ring_off += ring_step;
-            if (second) {
-              const float sb0[kConvHistory] = {w0[2], xa.x, xb.x};
-              const float sb1[kConvHistory] = {w1[2], xa.y, xb.y};
-              token_stores(tt + 1, yb0, yb1, sb0, sb1);
-              win_off += 3 * D;
-              ring_off += ring_step;
-            }
-          }
-        } else {
-          // Per-item kernels (latency-bound): tokens in groups of kGroup, the window in
-          // registers. A group's arithmetic comes first, branch-free (tokens past tc compute
-          // on zero inputs and are never stored), then its stores: with each token's stores
-          // (behind their branches) between its arithmetic and the next token's, the tokens'
-          // conv + SiLU chains ran one after another (docs/perf.md v13).
-          // BV = 128 at 128 registers (the fallback when the streaming kernel cannot run) keeps
-          // one token per group: with four, the fused tile spilled 144 B instead of 56.
-          constexpr int kGroup = BV <= 64 || kWideRegisters ? 4 : 1;
-          static_assert(Cfg::kChunk % kGroup == 0, "whole groups per chunk");
-#pragma unroll
-          for (int g = 0; g < Cfg::kChunk; g += kGroup) {
-            if (g >= tc) {
-              break;
-            }
-            // The pair's values from the window's oldest row to the group's last token.
-            float s0[kConvHistory + kGroup], s1[kConvHistory + kGroup];
-#pragma unroll
-            for (int j = 0; j < kConvHistory; ++j) {
-              s0[j] = w0[j];
-              s1[j] = w1[j];
-            }
-#pragma unroll
-            for (int u = 0; u < kGroup; ++u) {
-              const float2 x = bf16x2_bits_to_float2(xs[g + u]);
-              s0[kConvHistory + u] = x.x;
-              s1[kConvHistory + u] = x.y;
-            }
-            float y0[kGroup], y1[kGroup];
-#pragma unroll
-            for (int u = 0; u < kGroup; ++u) {
-              y0[u] = token_y(taps0, s0[u], s0[u + 1], s0[u + 2], s0[u + 3]);
-              y1[u] = token_y(taps1, s1[u], s1[u + 1], s1[u + 2], s1[u + 3]);
-            }
-#pragma unroll
-            for (int u = 0; u < kGroup; ++u) {
-              if (g + u < tc) {
-                token_stores(g + u, y0[u], y1[u], &s0[u + 1], &s1[u + 1]);
-              }
-              win_off += 3 * D;
-              ring_off += ring_step;
-            }
-#pragma unroll
-            for (int j = 0; j < kConvHistory; ++j) {
-              w0[j] = s0[kGroup + j];
-              w1[j] = s1[kGroup + j];
-            }
-          }
-        }
+        convolve_chunk(src, pair, w0, w1, in.xs, t0, tc);
       }
 
       // 2. gates and beta, and (kSpareWarpNorms) 3. the q / k norms on the spare warps. In that
@@ -570,55 +911,7 @@ struct VerifyItem {
               src.load_state(*this, S, col_ok, s_base);
             }
           }
-          // 2. gates and beta: this thread's gates of 4 consecutive tokens (kGateGroup of them)
-          // computed before their stores, as the conv above.
-#pragma unroll
-          for (int jg = 0; jg < kGateIters; jg += kGateGroup) {
-            if (jg * kGateStep >= tc) {
-              break;
-            }
-            float x[kGateGroup], g[kGateGroup], decay[kGateGroup];
-#pragma unroll
-            for (int u = 0; u < kGateGroup; ++u) {
-              x[u] = __fadd_rn(bf16_bits_to_float(as[jg + u]), dt_bias);
-            }
-            if (p.gate == GateKind::kStandard) {  // the kind's branch outside the group
-#pragma unroll
-              for (int u = 0; u < kGateGroup; ++u) {
-                g[u] = gate_standard(x[u], exp_a_log);
-              }
-            } else {
-#pragma unroll
-              for (int u = 0; u < kGateGroup; ++u) {
-                g[u] = gate_safe(x[u], exp_a_log, p.lower_bound);
-              }
-            }
-#pragma unroll
-            for (int u = 0; u < kGateGroup; ++u) {
-              decay[u] = kda_exp(g[u]);
-            }
-#pragma unroll
-            for (int u = 0; u < kGateGroup; ++u) {
-              const int tt = gt0 + (jg + u) * kGateStep;
-              if (tt < tc) {
-                const int t = t0 + tt;
-                sm.decay[tt][gk] = decay[u];
-                if (ring && gate_owner && t < p.L) {
-                  p.ring_g[slot * p.ring_g_slot_stride + (static_cast<int64_t>(hv) * p.L + t) * K +
-                           gk] = g[u];
-                }
-              }
-            }
-          }
-          if (tid < tc) {
-            const int t = t0 + tid;
-            const float beta = kda_sigmoid(bf16_bits_to_float(in.bs));
-            sm.beta[tid] = beta;
-            if (ring && gate_owner && t < p.L) {
-              p.ring_beta[slot * p.ring_beta_slot_stride + static_cast<int64_t>(hv) * p.L + t] =
-                  beta;
-            }
-          }
+          gates_chunk(sm, in, slot, ring, gate_owner, t0, tc);
           if constexpr (kLateStateLoads) {
             // The first chunk's steps are the first to need the tile; the spare warps issue
             // theirs here, after their phase-0 gates (later, in phase 1, was slower: v18d).
@@ -627,21 +920,7 @@ struct VerifyItem {
             }
           }
         } else if (phase == 1) {
-          // (spare warps) L2 norms of q (scaled by K^-0.5) and k: vector j = 2 t + (0: q,
-          // 1: k) at sm.qk[0][0] + j K; kNormJobs per warp at once, one pass at T <= 4.
-          constexpr int kNormJobs = (8 + kSpareWarps - 1) / kSpareWarps;
-          for (int first = warp - kConvWarps; first < 2 * tc; first += kNormJobs * kSpareWarps) {
-            float* vecs[kNormJobs];
-            bool on[kNormJobs], scaled[kNormJobs];
-#pragma unroll
-            for (int u = 0; u < kNormJobs; ++u) {
-              const int job = first + u * kSpareWarps;
-              on[u] = job < 2 * tc;
-              scaled[u] = (job & 1) == 0;
-              vecs[u] = &sm.qk[0][0][0] + job * K;
-            }
-            l2_normalize_warp_n<K, kNormJobs>(vecs, on, scaled, kQkScale<K>, lane);
-          }
+          spare_warp_norms(sm, tc);
         }
       }
       __syncthreads();
@@ -671,192 +950,14 @@ struct VerifyItem {
       }
 
       // 4. The recurrence.
-      // v of the thread's CPT columns (not the ring streaming kernel's: it loads one column),
-      // columns past V as zeros. The snapshot streaming kernel (issue-bound) takes them in one
-      // shared-memory load (CPT = 2 or 4: 8 * CPT-byte aligned group offsets). The per-item
-      // kernels keep per-column loads: the one-load form changed their allocation (the BV = 128
-      // fallback tile spilled 72 B more, docs/perf.md v27).
-      const auto v_of = [&](int tt, float(&vv)[CPT]) {
-        if constexpr (Src::kStaged && (CPT == 2 || CPT == 4)) {
-          load_vec<CPT>(vv, &sm.v[tt][group * CPT]);
-#pragma unroll
-          for (int j = 0; j < CPT; ++j) {
-            vv[j] = col_ok[j] ? vv[j] : 0.0f;
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < CPT; ++j) {
-            vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
-          }
-        }
-      };
-      // Outputs where every lane holds every column's bits (not the ring streaming kernel's):
-      // lane 0 of the group writes its CPT columns, bf16 pairs, no per-lane column select
-      // (which nvcc lowered to a local-memory array). Pairs are whole: V, v0 and col0 are even
-      // when CPT >= 2. The output is indexed in 32 bits (the launchers check that `out` has
-      // fewer than 2^31 elements). Per-item kernels (latency-bound) add t rows of HV*V to the
-      // item's token-0 index: B = 1..4 1-3% faster (docs/perf.md v8e, v9a). The streaming
-      // kernels compute the row's index per store: the token-0 index held through the steps
-      // cost 32 B of spills (v9a), the 64-bit form ~17 instructions a warp per store (v27).
-      const uint32_t out_item = (static_cast<uint32_t>(n) * T * p.HV + hv) * p.V + col0;
-      const uint32_t out_token = static_cast<uint32_t>(p.HV) * p.V;
-      const auto store_outputs = [&](int t, const float* o) {
-        if (c == 0) {
-          bf16_t* orow =
-              p.out + (Src::kStaged ? ((static_cast<uint32_t>(n) * T + t) * p.HV + hv) * p.V + col0
-                                    : out_item + t * out_token);
-          if constexpr (CPT == 1) {
-            if (col_ok[0]) {
-              orow[0] = to_bf16(o[0]);
-            }
-          } else {
-#pragma unroll
-            for (int j = 0; j < CPT; j += 2) {
-              if (col_ok[j]) {
-                st_bf16x2(orow + j, o[j], o[j + 1]);
-              }
-            }
-          }
-        }
-      };
-      const auto store_snapshot = [&](int t) {
-        if (snap) {
-          float* dst = p.snapshots + row * p.snapshot_row_stride +
-                       (static_cast<int64_t>(t) * p.HV + hv) * p.V * K;
-#pragma unroll
-          for (int j = 0; j < CPT; ++j) {
-            if (col_ok[j]) {
-              // Unswizzled: the ring kernel stores none.
-              float* col = dst + static_cast<int64_t>(col0 + j) * K;
-              if constexpr (Src::kStaged) {
-                store_column_per_partial<Slice, kSnapshotStores>(col, S[j], c);
-              } else {
-                store_column<Slice, kSnapshotStores>(col, S[j], c);
-              }
-            }
-          }
-        }
-      };
-      float vv[CPT];
       if constexpr (Src::kStaged) {
-        static_assert(Slice::kLaneStride == 1, "the streaming kernel's trees pair lanes c ^ d");
-        // Streaming kernel (issue-bound), software-pipelined: step tt's output dot and step
-        // tt+1's key dot both read the state after step tt's update, so their cross-lane tree
-        // levels run together (the shuffle chains' latency was the recurrence's main stall).
-        // Per value, the operations and their order are those of delta_rule_step + output_dot.
-        // The row's output index is computed per store (v27).
         if constexpr (Src::kRingForm) {
-          // Ring kernel: the cross-lane levels as reduce-scatters on the swizzled columns
-          // (device_math.cuh tree_reduce_scatter). A step's key tree leaves each lane the root
-          // of column swz, the lane computes that column's u, and CPT - 1 shuffles give it the
-          // other columns' u; the output tree leaves the lanes with c % (P / CPT) == 0 one
-          // output each to store. Per thread and step: 11 shuffles, 8 adds and one u where the
-          // all-reduce form below takes 24 shuffles, 24 adds and CPT u (docs/perf.md v30). The
-          // ring kernel stores no snapshots (its record mode is fixed: StagedSource::kFixedMode).
-          static_assert(CPT <= P, "one column per lane at the root");
-          // Column swz's u at step tt from its key-tree root kv, then every column's u.
-          const auto update = [&](int tt, float kv) {
-            float u[CPT];
-            const float v = col_ok[0] ? sm.v[tt][group * CPT + column_swizzle_of<Src>()] : 0.0f;
-            u[0] = __fmul_rn(__fsub_rn(v, kv), sm.beta[tt]);
-            column_all_gather<P, CPT>(u);
-            apply_update<Slice>(S, sm.qk[tt][1], u, c);
-          };
-          {
-            float kv[1][CPT];
-            decay_and_key_partials<Slice>(S, sm.qk[0][1], sm.decay[0], c, kv[0]);
-            tree_reduce_scatter<P, CPT, 1>(kv);
-            update(0, kv[0][0]);
-          }
-          for (int tt = 0; tt < tc; ++tt) {
-            const bool next = tt + 1 < tc;
-            float part[2][CPT];  // [0]: outputs of step tt; [1]: kv of step tt + 1
-            query_partials<Slice>(S, sm.qk[tt][0], c, part[0]);
-            if (next) {
-              decay_and_key_partials<Slice>(S, sm.qk[tt + 1][1], sm.decay[tt + 1], c, part[1]);
-              tree_reduce_scatter<P, CPT, 2>(part);
-            } else {
-              tree_reduce_scatter<P, CPT, 1>(reinterpret_cast<float(&)[1][CPT]>(part));
-            }
-            if (c % (P / CPT) == 0 && col_ok[0]) {
-              p.out[((static_cast<uint32_t>(n) * T + t0 + tt) * p.HV + hv) * p.V + col0 +
-                    column_swizzle_of<Src>()] = to_bf16(part[0][0]);
-            }
-            if (next) {
-              update(tt + 1, part[1][0]);
-            }
-          }
+          steps_ring_stream<Src>(sm, S, col_ok[0], T, t0, tc);
         } else {
-          // Snapshot kernel (v27's loop): the cross-lane levels as all-reduces (every lane gets
-          // every root), v_of's one shared-memory load, store_outputs from lane 0. With the ring
-          // kernel's form it spilled 40-56 B and ran 18-32% slower (docs/perf.md v30).
-          const auto update = [&](int tt, const float(&v)[CPT], const float(&kv)[CPT]) {
-            float u[CPT];
-#pragma unroll
-            for (int j = 0; j < CPT; ++j) {
-              u[j] = __fmul_rn(__fsub_rn(v[j], kv[j]), sm.beta[tt]);
-            }
-            apply_update<Slice>(S, sm.qk[tt][1], u, c);
-          };
-          {
-            v_of(0, vv);
-            float kv[CPT];
-            decay_and_key_partials<Slice>(S, sm.qk[0][1], sm.decay[0], c, kv);
-            tree_across_lanes<P, CPT>(kv);
-            update(0, vv, kv);
-          }
-          for (int tt = 0; tt < tc; ++tt) {
-            const bool next = tt + 1 < tc;
-            float part[2 * CPT];  // [0, CPT): outputs of step tt; [CPT, 2 CPT): kv of tt + 1
-            query_partials<Slice>(S, sm.qk[tt][0], c, part);
-            store_snapshot(t0 + tt);  // the state after step tt, before step tt + 1 decays it
-            if (next) {
-              decay_and_key_partials<Slice>(S, sm.qk[tt + 1][1], sm.decay[tt + 1], c, part + CPT);
-              tree_across_lanes<P, 2 * CPT>(part);
-            } else {
-              tree_across_lanes<P, CPT>(reinterpret_cast<float(&)[CPT]>(part));
-            }
-            store_outputs(t0 + tt, part);
-            if (next) {
-              v_of(tt + 1, vv);
-              update(tt + 1, vv, reinterpret_cast<const float(&)[CPT]>(part[CPT]));
-            }
-          }
+          steps_snapshot_stream<Src>(sm, S, col_ok, T, row, snap, t0, tc);
         }
       } else {
-        // One step after the other (the per-item tiles: latency-bound at small B, where the
-        // split form's extra shared loads cost 1-4%, docs/perf.md v5).
-        const auto step = [&](int tt, float(&o)[CPT]) {
-          v_of(tt, vv);
-          delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
-          output_dot<Slice>(S, sm.qk[tt][0], c, o);
-        };
-        int tt = holds_tile ? 0 : tc;  // warps without state columns: no steps
-        if constexpr (kStepGroup > 1) {
-          // Whole groups with their outputs stored after the group: no store (behind its
-          // branch) then separates step tt's output dot from step tt + 1's decay and key dot,
-          // which do not depend on it, and the scheduler overlaps them (docs/perf.md v13).
-          // Snapshot mode stores the state after every step, so it keeps the plain loop.
-          if (!snap) {
-            for (; tt + kStepGroup <= tc; tt += kStepGroup) {
-              float o[kStepGroup][CPT];
-#pragma unroll
-              for (int u = 0; u < kStepGroup; ++u) {
-                step(tt + u, o[u]);
-              }
-#pragma unroll
-              for (int u = 0; u < kStepGroup; ++u) {
-                store_outputs(t0 + tt + u, o[u]);
-              }
-            }
-          }
-        }
-        for (; tt < tc; ++tt) {
-          float o[CPT];
-          step(tt, o);
-          store_outputs(t0 + tt, o);
-          store_snapshot(t0 + tt);
-        }
+        steps_per_item<Src>(sm, S, col_ok, holds_tile, T, row, snap, t0, tc);
       }
       // The next chunk overwrites shared memory. The streaming kernel runs one chunk per item,
       // and its next live item passes a barrier before it writes shared memory (after its
