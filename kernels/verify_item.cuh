@@ -458,8 +458,8 @@ struct VerifyItem {
   __device__ __forceinline__ void gates_chunk(TileSmem<Cfg>& sm, const ChunkInputs& in, int slot,
                                               bool ring, bool gate_owner, int t0, int tc) const {
     const uint32_t(&as)[kGateIters] = in.as;
-    // 2. gates and beta: this thread's gates of 4 consecutive tokens (kGateGroup of them)
-    // computed before their stores, as the conv above.
+    // A group: this thread's gates within 4 consecutive tokens (kGateGroup of them), computed
+    // before their stores, as convolve_chunk computes a group of tokens before storing it.
 #pragma unroll
     for (int jg = 0; jg < kGateIters; jg += kGateGroup) {
       if (jg * kGateStep >= tc) {
@@ -510,8 +510,8 @@ struct VerifyItem {
 
   /// Step 3 on the spare warps (run's kSpareWarpNorms).
   __device__ __forceinline__ void spare_warp_norms(TileSmem<Cfg>& sm, int tc) const {
-    // (spare warps) L2 norms of q (scaled by K^-0.5) and k: vector j = 2 t + (0: q,
-    // 1: k) at sm.qk[0][0] + j K; kNormJobs per warp at once, one pass at T <= 4.
+    // L2 norms of q (scaled by K^-0.5) and k: vector j = 2 t + (0: q, 1: k) at sm.qk[0][0] + j K;
+    // kNormJobs per warp at once, one pass at T <= 4.
     constexpr int kNormJobs = (8 + kSpareWarps - 1) / kSpareWarps;
     for (int first = warp - kConvWarps; first < 2 * tc; first += kNormJobs * kSpareWarps) {
       float* vecs[kNormJobs];
