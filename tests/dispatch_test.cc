@@ -17,7 +17,7 @@ using namespace kda;
 
 namespace {
 
-constexpr int kH = 2, kHV = 4, kK = 64, kV = 64, kT = 4, kL = 16, kMaxB = 64;
+constexpr int kH = 2, kHV = 4, kK = 64, kV = 64, kT = 4, kTMax = 8, kL = 16, kMaxB = 64;
 constexpr int64_t kD = 2 * kH * kK + kHV * kV;
 
 // Real (host) memory for every view of a verify call up to B = kMaxB. The dispatcher never
@@ -26,23 +26,24 @@ class DispatchFixture {
  public:
   DispatchFixture()
       : pool_(pool_config()),
-        qkv_(Device::host(), kMaxB * kT * kD * 2),
-        a_(Device::host(), kMaxB * kT * kHV * kK * 2),
-        b_(Device::host(), kMaxB * kT * kHV * 2),
+        qkv_(Device::host(), kMaxB * kTMax * kD * 2),
+        a_(Device::host(), kMaxB * kTMax * kHV * kK * 2),
+        b_(Device::host(), kMaxB * kTMax * kHV * 2),
         weight_(Device::host(), kD * 4 * 4),
         bias_(Device::host(), kD * 4),
         indices_(Device::host(), 2 * kMaxB * 4) {}
 
-  DispatchProblem problem(int B, RecordMode mode) const {
+  /// A verify call of B requests of T <= kTMax tokens.
+  DispatchProblem problem(int B, RecordMode mode, int T = kT) const {
     DispatchProblem p;
     p.B = B;
-    p.T = kT;
+    p.T = T;
     p.H = kH;
     p.HV = kHV;
     p.K = kK;
     p.V = kV;
     p.mode = mode;
-    const int64_t N = static_cast<int64_t>(B) * kT;
+    const int64_t N = static_cast<int64_t>(B) * T;
     p.qkv = qkv_.view(DType::kBF16, {N, kD});
     p.a = a_.view(DType::kBF16, {N, kHV * kK});
     p.b = b_.view(DType::kBF16, {N, kHV});
@@ -110,6 +111,27 @@ static_assert(noexcept(choose_verify_path(DispatchProblem{}, Platform{}, Dispatc
 static_assert(noexcept(check_ring_layout(RingViews{}, RingLayoutExpectation{})),
               "the ring-layout checks must never throw");
 
+TEST_CASE("dispatch: the auto tile follows the call's T", "[dispatch]") {
+  // B = 8 at HV = 4, V = 64 on 132 SMs: BV = 32's 64 CTAs run one per SM, which takes BV = 32 up
+  // to T = kNarrowBv32MaxT and BV = 16 beyond (docs/perf.md v42). Snapshot mode ignores T.
+  DispatchFlags flags;
+  flags.fused_ring_max_batch = 64;
+  for (const PlatformCase& pc : {PlatformCase{"SM90", fake_platform(9, 0, 132)},
+                                 PlatformCase{"SM100", fake_platform(10, 0, 132)}}) {
+    for (const int T : {2, 4, 8}) {
+      CAPTURE(pc.name, T);
+      const DispatchDecision ring =
+          choose_verify_path(fixture().problem(8, RecordMode::kRing, T), pc.platform, flags);
+      REQUIRE(ring.fused());
+      CHECK(ring.block_v == (T <= kernels::kNarrowBv32MaxT ? 32 : 16));
+      const DispatchDecision snap =
+          choose_verify_path(fixture().problem(8, RecordMode::kSnapshot, T), pc.platform, flags);
+      REQUIRE(snap.fused());
+      CHECK(snap.block_v == kernels::default_snapshot_block_v(8, kHV, kV, 132));
+    }
+  }
+}
+
 TEST_CASE("dispatch: contract §4 table, platform x batch x mode", "[dispatch]") {
   const int B = GENERATE(1, 2, 4, 16, 64);
   const bool ring = GENERATE(false, true);
@@ -133,7 +155,7 @@ TEST_CASE("dispatch: contract §4 table, platform x batch x mode", "[dispatch]")
         CHECK(d.path == VerifyPath::kFused);
         CHECK(d.reason == DispatchReason::kRingFused);
         CHECK(d.block_v ==
-              kernels::default_block_v(B, problem.HV, problem.V, pc.platform.sm_count));
+              kernels::default_block_v(B, problem.HV, problem.V, pc.platform.sm_count, problem.T));
       } else {
         CHECK(d.path == VerifyPath::kUnfused);
         CHECK(d.reason == DispatchReason::kRingPlatformUnmeasured);
@@ -143,7 +165,7 @@ TEST_CASE("dispatch: contract §4 table, platform x batch x mode", "[dispatch]")
       const int sms = pc.platform.sm_count;
       CHECK(d.block_v == (!d.fused() ? 0
                           : ring
-                              ? kernels::default_block_v(B, problem.HV, problem.V, sms)
+                              ? kernels::default_block_v(B, problem.HV, problem.V, sms, problem.T)
                               : kernels::default_snapshot_block_v(B, problem.HV, problem.V, sms)));
     }
     SECTION("fused verify switched off") {
