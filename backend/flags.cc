@@ -114,7 +114,7 @@ bool int_in_range(const FlagSpec& f, int v) {
     case FlagKind::kPowerOfTwo:
       return v >= f.lo && v <= f.hi && (v & (v - 1)) == 0;
     case FlagKind::kBlockV:
-      return v == 0 || is_fused_block_v(v);
+      return v == 0 || kernels::is_fused_block_v(v);
     case FlagKind::kBool:
     case FlagKind::kSwitch:
       return true;

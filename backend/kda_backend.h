@@ -42,7 +42,7 @@
 
 #include "backend/batch_indices.h"
 #include "backend/flags.h"
-#include "backend/kernel_set.h"
+#include "kernels/kernel_set.h"
 #include "backend/model_config.h"
 #include "backend/round_tracker.h"
 #include "core/buffer.h"

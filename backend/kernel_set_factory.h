@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "backend/kernel_set.h"
+#include "kernels/kernel_set.h"
 #include "core/tensor_view.h"
 
 namespace kda {

@@ -107,8 +107,6 @@ struct DispatchDecision {
 
 /// The fused tile `flags.block_v` resolves to (0 -> kernels::kDefaultFusedBlockV).
 int resolve_block_v(int block_v) noexcept;
-/// True if `block_v` is one of kernels::kFusedBlockVs.
-bool is_fused_block_v(int block_v) noexcept;
 
 /// Applies the rules above. `platform` is the device's (detect_platform) or a test's
 /// fake_platform. Never throws.

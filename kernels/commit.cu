@@ -9,11 +9,15 @@
 #include "kernels/launch_pdl.cuh"
 #include "kernels/launch_utils.h"
 #include "kernels/state_stream.cuh"
-#include "kernels/verify_item.cuh"
+#include "kernels/tile_layout.cuh"
 
 namespace kda::kernels {
 
 namespace {
+
+/// Where a fold item's state tile comes from: global memory (fold_kernel, FoldGlobalSource) or
+/// the streaming kernel's stage (fold_stream_kernel, FoldStagedSource: one chunk, T <= kChunk).
+enum class FoldSchedule { kPerItem, kStream };
 
 constexpr int kCopyThreads = 256;
 constexpr int kCopyInFlight = 4;  ///< 16-byte loads per thread issued before their stores
@@ -170,13 +174,13 @@ struct FoldItem {
     for (int j = 0; j < CPT; ++j) {
       col_ok[j] = col0 + j < p.V;
     }
-    if constexpr (!Src::kStaged) {
+    if constexpr (Src::kSchedule != FoldSchedule::kStream) {
       src.load_state(S, col_ok, s_base, col0 - v0);
     }
     src.wait_records();
 
     // Streaming serves T <= kChunk only (launcher-checked): one chunk.
-    const int t_limit = Src::kStaged ? 1 : steps;
+    const int t_limit = Src::kSchedule == FoldSchedule::kStream ? 1 : steps;
     for (int t0 = 0; t0 < t_limit; t0 += Cfg::kChunk) {
       const int tc = min(Cfg::kChunk, steps - t0);
       // The chunk's step rows, one job per warp and no barrier between loading a key row and
@@ -213,7 +217,7 @@ struct FoldItem {
       for (int tt = tid; tt < tc; tt += Cfg::kThreads) {
         sm.beta[tt] = src.beta(ring, t0 + tt, tt);
       }
-      if constexpr (Src::kStaged) {
+      if constexpr (Src::kSchedule == FoldSchedule::kStream) {
         // The state tile to registers, then the barrier inside load_state serves both: the
         // rows above are complete for every warp, and the stage is free to refill.
         src.load_state(S, col_ok, s_base, col0 - v0);
@@ -228,7 +232,7 @@ struct FoldItem {
         }
         delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
       }
-      if constexpr (!Src::kStaged) {
+      if constexpr (Src::kSchedule != FoldSchedule::kStream) {
         __syncthreads();  // the next chunk (or item) overwrites shared memory
       }
       // Staged: no closing barrier. The streaming kernel gives consecutive live items
@@ -251,7 +255,7 @@ struct FoldItem {
 /// tile's first column).
 template <typename Slice>
 struct FoldGlobalSource {
-  static constexpr bool kStaged = false;
+  static constexpr FoldSchedule kSchedule = FoldSchedule::kPerItem;
   int c;  // lane within the column's P lanes
   int v0;
   __device__ __forceinline__ void wait_records() const {}
@@ -396,7 +400,7 @@ struct FoldStreamItems {
 /// refilled with the next live item's once the state is in registers.
 template <typename Slice, typename Items>
 struct FoldStagedSource {
-  static constexpr bool kStaged = true;
+  static constexpr FoldSchedule kSchedule = FoldSchedule::kStream;
   using St = FoldStage<Slice::K>;
   BulkStage& bulk;
   unsigned char* stage;
@@ -533,12 +537,12 @@ unsigned copy_chunks(int64_t vecs, int64_t requests) {
 bool fold_stream_layout_ok(const CommitParams& p) {
   // Every bulk run 16-byte aligned at both ends (state_stream.cuh): f32 strides multiple of
   // 4 elements, bf16 ones of 8, V % 8 == 0 (the rawv rows).
-  const auto a16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  return a16(p.ssm_state) && p.ssm_slot_stride % 4 == 0 && p.ssm_layer_stride % 4 == 0 &&
-         p.T <= TileConfig<128, kFoldBlockV>::kChunk && p.V % 8 == 0 && a16(p.ring_rawk) &&
-         p.ring_rawk_slot_stride % 8 == 0 && p.ring_rawk_layer_stride % 8 == 0 &&
-         a16(p.ring_rawv) && p.ring_rawv_slot_stride % 8 == 0 &&
-         p.ring_rawv_layer_stride % 8 == 0 && a16(p.ring_g) && p.ring_g_slot_stride % 4 == 0 &&
+  return is_aligned(p.ssm_state, 16) && p.ssm_slot_stride % 4 == 0 && p.ssm_layer_stride % 4 == 0 &&
+         p.T <= TileConfig<128, kFoldBlockV>::kChunk && p.V % 8 == 0 &&
+         is_aligned(p.ring_rawk, 16) && p.ring_rawk_slot_stride % 8 == 0 &&
+         p.ring_rawk_layer_stride % 8 == 0 && is_aligned(p.ring_rawv, 16) &&
+         p.ring_rawv_slot_stride % 8 == 0 && p.ring_rawv_layer_stride % 8 == 0 &&
+         is_aligned(p.ring_g, 16) && p.ring_g_slot_stride % 4 == 0 &&
          p.ring_g_layer_stride % 4 == 0;
 }
 
@@ -546,9 +550,8 @@ bool conv_commit_vec8(const CommitParams& p) {
   const int64_t per_step = 3 * static_cast<int64_t>(qkv_dim(p));
   return per_step % 8 == 0 && p.conv_window_layer_stride % 8 == 0 &&
          p.conv_window_row_stride % 8 == 0 && p.conv_state_layer_stride % 8 == 0 &&
-         p.conv_state_slot_stride % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(p.conv_window) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(p.conv_state) % 16 == 0;
+         p.conv_state_slot_stride % 8 == 0 && is_aligned(p.conv_window, 16) &&
+         is_aligned(p.conv_state, 16);
 }
 
 template <int K>

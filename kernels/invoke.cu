@@ -2,6 +2,10 @@
 // launch relies on, maps runtime knobs to compile-time configurations and enqueues.
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -26,38 +30,23 @@
       KDA_FAIL("KDA_DISPATCH_K: head_k_dim K={} unsupported (64, 128)", k); \
   }
 
-#define KDA_DISPATCH_BV(bv, BV_, ...)                                               \
-  switch (bv) {                                                                     \
-    case 8: {                                                                       \
-      constexpr int BV_ = 8;                                                        \
-      __VA_ARGS__ break;                                                            \
-    }                                                                               \
-    case 16: {                                                                      \
-      constexpr int BV_ = 16;                                                       \
-      __VA_ARGS__ break;                                                            \
-    }                                                                               \
-    case 32: {                                                                      \
-      constexpr int BV_ = 32;                                                       \
-      __VA_ARGS__ break;                                                            \
-    }                                                                               \
-    case 64: {                                                                      \
-      constexpr int BV_ = 64;                                                       \
-      __VA_ARGS__ break;                                                            \
-    }                                                                               \
-    case 128: {                                                                     \
-      constexpr int BV_ = 128;                                                      \
-      __VA_ARGS__ break;                                                            \
-    }                                                                               \
-    default:                                                                        \
-      KDA_FAIL("KDA_DISPATCH_BV: block_v={} unsupported (8, 16, 32, 64, 128)", bv); \
-  }
-
 namespace kda::kernels {
 
 namespace {
 
-bool aligned(const void* ptr, int64_t bytes) {
-  return reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(bytes) == 0;
+/// Runs f(std::integral_constant<int, BV>) for the fused tile block_v, else a precise error.
+template <typename F, int... BVs>
+void dispatch_block_v(int block_v, F&& f, std::integer_sequence<int, BVs...>) {
+  const bool hit =
+      ((block_v == BVs ? (f(std::integral_constant<int, BVs>{}), true) : false) || ...);
+  if (!hit) {
+    KDA_FAIL("invoke_verify_fused: block_v={} unsupported ({})", block_v,
+             fmt::join(kFusedBlockVs, ", "));
+  }
+}
+template <typename F>
+void dispatch_block_v(int block_v, F&& f) {
+  dispatch_block_v(block_v, std::forward<F>(f), FusedBlockVSeq{});
 }
 
 constexpr int kMaxGridDim = 65535;  ///< gridDim.y / gridDim.z limit (B, HV, layers * HV)
@@ -89,38 +78,38 @@ void check_cuda_layout(const VerifyParams& p, const char* who, uint32_t needs) {
   }
   if ((needs & params::kConv) != 0) {
     check_row_pitch(p.qkv_stride, who, "qkv_stride");
-    KDA_CHECK(p.conv_weight_type != ConvWeightType::kF32 || aligned(p.conv_weight, 16),
+    KDA_CHECK(p.conv_weight_type != ConvWeightType::kF32 || is_aligned(p.conv_weight, 16),
               "{}: f32 conv_weight must be 16-byte aligned (one float4 per channel)", who);
-    KDA_CHECK(aligned(p.qkv, 4) && p.qkv_stride % 2 == 0,
+    KDA_CHECK(is_aligned(p.qkv, 4) && p.qkv_stride % 2 == 0,
               "{}: qkv must be 4-byte aligned with an even qkv_stride, got qkv_stride={}", who,
               p.qkv_stride);
-    KDA_CHECK(aligned(p.conv_state, 4) && p.conv_state_slot_stride % 2 == 0,
+    KDA_CHECK(is_aligned(p.conv_state, 4) && p.conv_state_slot_stride % 2 == 0,
               "{}: conv_state must be 4-byte aligned with an even conv_state_slot_stride, got {}",
               who, p.conv_state_slot_stride);
   }
   if ((needs & params::kWindows) != 0) {
-    KDA_CHECK(aligned(p.conv_window, 4) && p.conv_window_row_stride % 2 == 0,
+    KDA_CHECK(is_aligned(p.conv_window, 4) && p.conv_window_row_stride % 2 == 0,
               "{}: conv_window must be 4-byte aligned with an even conv_window_row_stride, got {}",
               who, p.conv_window_row_stride);
   }
   if ((needs & params::kAct) != 0) {
-    KDA_CHECK(aligned(p.qkv_act, 4), "{}: qkv_act must be 4-byte aligned", who);
+    KDA_CHECK(is_aligned(p.qkv_act, 4), "{}: qkv_act must be 4-byte aligned", who);
   }
   if ((needs & params::kRecurrence) != 0) {
     check_row_pitch(p.a_stride, who, "a_stride");
     check_row_pitch(p.b_stride, who, "b_stride");
-    KDA_CHECK(aligned(p.ssm_state, 16) && p.ssm_slot_stride % 4 == 0,
+    KDA_CHECK(is_aligned(p.ssm_state, 16) && p.ssm_slot_stride % 4 == 0,
               "{}: ssm_state must be 16-byte aligned with ssm_slot_stride a multiple of 4, got {}",
               who, p.ssm_slot_stride);
   }
   if ((needs & params::kRecords) != 0 && p.mode == RecordMode::kSnapshot) {
-    KDA_CHECK(aligned(p.snapshots, 16) && p.snapshot_row_stride % 4 == 0,
+    KDA_CHECK(is_aligned(p.snapshots, 16) && p.snapshot_row_stride % 4 == 0,
               "{}: snapshots must be 16-byte aligned with snapshot_row_stride a multiple of 4, "
               "got {}",
               who, p.snapshot_row_stride);
   }
   if ((needs & params::kRecords) != 0 && p.mode == RecordMode::kRing) {
-    KDA_CHECK(aligned(p.ring_rawv, 4) && aligned(p.ring_rawk, 4) &&
+    KDA_CHECK(is_aligned(p.ring_rawv, 4) && is_aligned(p.ring_rawk, 4) &&
                   p.ring_rawv_slot_stride % 2 == 0 && p.ring_rawk_slot_stride % 2 == 0,
               "{}: ring_rawk / ring_rawv must be 4-byte aligned with even slot strides", who);
   }
@@ -153,15 +142,6 @@ void dispatch_weight(ConvWeightType t, F&& f) {
 
 }  // namespace
 
-bool is_supported_block_v(int bv) {
-  for (int v : kFusedBlockVs) {
-    if (v == bv) {
-      return true;
-    }
-  }
-  return false;
-}
-
 bool verify_stream_layout_ok(const VerifyParams& p, bool fused) {
   return stream_layout_ok(p, TileConfig<128, 128>::kChunk, fused);
 }
@@ -183,11 +163,6 @@ void invoke_conv_update(const VerifyParams& p, cudaStream_t stream) {
   enqueue_conv_update(p, stream);
 }
 
-void invoke_verify_recurrent(const VerifyParams& p, cudaStream_t stream) {
-  check_verify_launch(p, "invoke_verify_recurrent", kRecurrentNeeds);
-  enqueue_verify_recurrent(p, stream);
-}
-
 void invoke_verify_unfused(const VerifyParams& p, cudaStream_t stream) {
   // Everything both kernels rely on is checked before the first one is enqueued.
   check_verify_launch(p, "invoke_verify_unfused", kConvUpdateNeeds | kRecurrentNeeds);
@@ -200,16 +175,19 @@ void invoke_verify_fused(const VerifyParams& p, int block_v, cudaStream_t stream
   const TileArgs args{p, nullptr, 0, {}};  // divisors: set by launch_verify_tile
   dispatch_weight(p.conv_weight_type, [&](auto w) {
     using W = decltype(w);
-    KDA_DISPATCH_K(
-        p.K, K,
-        {KDA_DISPATCH_BV(block_v, BV, { launch_verify_tile<W, K, BV, true>(args, stream); })})
+    KDA_DISPATCH_K(p.K, K, {
+      dispatch_block_v(block_v, [&](auto bv) {
+        launch_verify_tile<W, K, decltype(bv)::value, true>(args, stream);
+      });
+    })
   });
 }
 
 void invoke_extend(const ExtendParams& e, cudaStream_t stream) {
   params::check_extend(e, "invoke_extend");
   check_cuda_layout(e.v, "invoke_extend", params::kConv | params::kRecurrence | params::kOut);
-  KDA_CHECK(aligned(e.ssm_state_out, 16), "invoke_extend: ssm_state_out must be 16-byte aligned");
+  KDA_CHECK(is_aligned(e.ssm_state_out, 16),
+            "invoke_extend: ssm_state_out must be 16-byte aligned");
   const TileArgs args{e.v, e.ssm_state_out, 1, {}};  // divisors: set by launch_verify_tile
   constexpr int kExtendBlockV = 32;
   dispatch_weight(e.v.conv_weight_type, [&](auto w) {
@@ -229,12 +207,12 @@ void check_commit_launch(const CommitParams& p, const char* who, uint32_t needs)
             "{}: B={} and num_layers*HV={}*{} must be <= {} (grid dimensions)", who, p.B,
             p.num_layers, p.HV, kMaxGridDim);
   if ((needs & (params::kFold | params::kSnapshot)) != 0) {
-    KDA_CHECK(aligned(p.ssm_state, 16) && p.ssm_slot_stride % 4 == 0 && p.ssm_layer_stride % 4 == 0,
-              "{}: ssm_state must be 16-byte aligned with slot / layer strides multiples of 4",
-              who);
+    KDA_CHECK(
+        is_aligned(p.ssm_state, 16) && p.ssm_slot_stride % 4 == 0 && p.ssm_layer_stride % 4 == 0,
+        "{}: ssm_state must be 16-byte aligned with slot / layer strides multiples of 4", who);
   }
   if ((needs & params::kSnapshot) != 0) {
-    KDA_CHECK(aligned(p.snapshots, 16) && p.snapshot_row_stride % 4 == 0 &&
+    KDA_CHECK(is_aligned(p.snapshots, 16) && p.snapshot_row_stride % 4 == 0 &&
                   p.snapshot_layer_stride % 4 == 0,
               "{}: snapshots must be 16-byte aligned with row / layer strides multiples of 4", who);
   }

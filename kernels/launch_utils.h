@@ -7,6 +7,11 @@ namespace kda::kernels {
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/// `ptr` is a multiple of `bytes` (a power of two): vector and bulk-copy alignment checks.
+inline bool is_aligned(const void* ptr, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(bytes) == 0;
+}
+
 /// CTAs per work unit for a grid of `units` equal units, each splittable into 1..`most` equal
 /// CTAs, on a GPU that holds `wave` such CTAs at once: the count whose grid best fills its
 /// last wave (a grid of w waves costs ceil(w) waves when every CTA does the same work), the
@@ -68,35 +73,6 @@ int device_sm_count();
 /// tests force each form (both give the same bits). A launch on another thread sees the old
 /// or the new setting.
 enum class TileOccupancy { kAuto, kTwoPerSm, kOnePerSm };
-/// Waves of CTAs up to which a ring-mode fused BV = 128 grid runs its per-item tiles one CTA per
-/// SM ahead of the streaming kernel's two per SM. A wide CTA finishes its item in about half
-/// the time of a streamed pair (H200, Kimi-Linear T = 4: ~5.1 us per wave against ~9-11 us per
-/// two items per SM), so it wins where the streaming grid's items per CTA round up badly: at
-/// 2-3 waves -9..-25%, at 4 waves +1..+7% (docs/perf.md v17). The unfused recurrence's BV = 128
-/// tile and the narrower tiles keep one wave (there it did not gain, or the two-per-SM form
-/// fits the grid in one wave).
-constexpr int kWideFusedMaxWaves = 3;
-/// Waves of CTAs (one per SM) up to which snapshot mode's default tile stays BV = 128: beyond
-/// them (streamed two per SM) the BV = 64 per-item tiles two per SM measured faster in snapshot
-/// mode (H200, Kimi-Linear B = 32 / 64: -1.4..-2.5% / -5.7..-6.9%; K3 TP8 B = 64 at 5.8 waves:
-/// within +-1%; docs/perf.md v32). The rule is fitted to those grids, as the others here.
-constexpr int kSnapshotWideMaxWaves = 6;
-/// Thousandths of the SM slots that a grid of `ctas` equal CTAs, `per_sm` resident per SM,
-/// keeps busy over the waves it takes: ctas / (ceil(ctas / slots) * slots).
-constexpr int64_t wave_fill_permille(int64_t ctas, int sms, int per_sm) {
-  const int64_t slots = int64_t{sms} * per_sm;
-  return slots > 0 && ctas > 0 ? ctas * 1000 / (ceil_div(ctas, slots) * slots) : 0;
-}
-/// Snapshot mode's fused tiles below BV = 128 step one token at a time (no grouped steps to
-/// gain from 255 registers): one CTA per SM pays only where it fills the grid's waves better.
-/// True for a grid beyond one wave of two CTAs per SM whose one-per-SM waves are at least 100
-/// per mille fuller: K3 TP8 B = 16 at BV = 64 is 384 CTAs, 969 per mille one per SM against
-/// 727 two per SM on 132 SMs, and ran 2.4% / 2.8% faster one per SM at T = 4 / 8 (docs/perf.md
-/// v32); at 256-768 CTAs (equal fills) two per SM was 7-17% faster.
-constexpr bool one_per_sm_fills_waves_better(int64_t ctas, int sms) {
-  return sms > 0 && ctas > 2 * int64_t{sms} &&
-         wave_fill_permille(ctas, sms, 1) >= wave_fill_permille(ctas, sms, 2) + 100;
-}
 TileOccupancy tile_occupancy_mode();
 void set_tile_occupancy_mode(TileOccupancy mode);
 /// The rule behind one_cta_per_sm_tiles on a device of `sms` SMs (a host-side pure function;

@@ -9,6 +9,7 @@
 
 #include "core/cuda_check.h"
 #include "kernels/launch_utils.h"
+#include "kernels/tile_policy.h"
 
 namespace kda::kernels {
 

@@ -96,17 +96,18 @@ __device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& 
   const int64_t D = qkv_dim(p);
   const int64_t HK = static_cast<int64_t>(p.H) * K;
   // The piece's channel: q or k of k-head h, or the V tile's (none past V).
-  int64_t gch = -1;
+  int64_t pair_channel = -1;
   if (off < 2 * K) {
-    gch = (off / K) * HK + static_cast<int64_t>(at.h) * K + off % K;
+    pair_channel = (off / K) * HK + static_cast<int64_t>(at.h) * K + off % K;
   } else if (v0 + off - 2 * K < p.V) {
-    gch = 2 * HK + static_cast<int64_t>(at.hv) * p.V + v0 + off - 2 * K;
+    pair_channel = 2 * HK + static_cast<int64_t>(at.hv) * p.V + v0 + off - 2 * K;
   }
-  if (gch >= 0 && tid < kRowsPerPass * In::kPieces) {
-    const bf16_t* hist = p.conv_state + slot * p.conv_state_slot_stride + gch;  // + row * D
+  if (pair_channel >= 0 && tid < kRowsPerPass * In::kPieces) {
+    const bf16_t* hist =
+        p.conv_state + slot * p.conv_state_slot_stride + pair_channel;  // + row * D
     const int64_t tok_pitch = FUSED ? p.qkv_stride : D;
     const bf16_t* tok = (FUSED ? p.qkv : p.qkv_act) + static_cast<int64_t>(at.n) * p.T * tok_pitch +
-                        gch;  // + t * tok_pitch
+                        pair_channel;  // + t * tok_pitch
     const int first_row = FUSED ? 0 : kConvHistory;
     for (int row = first_row + tid / In::kPieces; row < kConvHistory + p.T; row += kRowsPerPass) {
       const bf16_t* src =
@@ -129,18 +130,12 @@ __device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& 
 /// load_state() waits for this item's tile, copies it to registers and refills the stage.
 template <typename Item, RecordMode kMode>
 struct StagedSource : WeightReads<Item> {
-  static constexpr bool kStaged = true;
-  /// The record mode, fixed per instantiation: the ring kernel carries no snapshot code and the
-  /// snapshot kernel no ring code (VerifyItem::run; fewer registers held, docs/perf.md v27).
-  static constexpr int kFixedMode = static_cast<int>(kMode);
-  /// The ring kernel's forms, where the snapshot kernel measured slower (docs/perf.md v27, v30):
-  /// the stage refilled by warp 0 alone (load_state), and the trees' cross-lane levels as
-  /// reduce-scatters on swizzled columns (VerifyItem::run, step 4). The snapshot kernel spilled
-  /// 28 B with the first and 40-56 B with the second, and ran 2-8% and 18-32% slower.
-  static constexpr bool kRingForm = kMode == RecordMode::kRing;
-  /// The per-item kernel's own state stage (GlobalSource): not this one's, whose state tiles
-  /// arrive through `stage` (kStaged).
-  static constexpr bool kStateStaged = false;
+  /// One schedule per record mode: the ring kernel carries no snapshot code and the snapshot
+  /// kernel no ring code (fewer registers held). The ring kernel's forms, which made the
+  /// snapshot kernel spill: the stage refilled by warp 0 alone (load_state) and the trees'
+  /// cross-lane levels as reduce-scatters on swizzled columns (item_steps.cuh).
+  static constexpr ItemSchedule kSchedule =
+      kMode == RecordMode::kRing ? ItemSchedule::kStreamRing : ItemSchedule::kStreamSnapshot;
   using Slice = typename Item::Slice;
   using Cfg = typename Item::Cfg;
   using Items = VerifyStreamItems<Cfg::K, Cfg::BV>;
@@ -188,7 +183,7 @@ struct StagedSource : WeightReads<Item> {
     return ld_bf16x2_bits(&cur->x[kConvHistory + tt][it.ch_local]);
   }
   __device__ __forceinline__ uint32_t a(const Item& it, int, int tt) const {
-    return ld_bf16_bits(&cur->a[tt][it.gk]);
+    return ld_bf16_bits(&cur->a[tt][it.gate_key]);
   }
   __device__ __forceinline__ uint32_t b(const Item& it, int t0) const {
     return ld_bf16_bits(
@@ -218,8 +213,9 @@ struct StagedSource : WeightReads<Item> {
     // this barrier) the item's q/k norms are complete: refill.
     __syncthreads();
     // Ring kernel: warp 0 alone reads `next` and runs the fill's predicated asm (every thread
-    // did, 22 instructions a warp). The snapshot kernel keeps every thread on it (kRingForm).
-    if (!kRingForm || threadIdx.x < 32) {
+    // did, 22 instructions a warp). The snapshot kernel keeps every thread on it
+    // (is_ring_stream(kSchedule)).
+    if (!is_ring_stream(kSchedule) || threadIdx.x < 32) {
       bulk.fill_one_if(threadIdx.x == 0 && next.valid != 0, next.run);
     }
   }
@@ -229,7 +225,7 @@ template <typename WeightT, int K, int BV, bool FUSED, RecordMode kMode>
 __global__ void __launch_bounds__(256, 2)
     verify_stream_kernel(const __grid_constant__ TileArgs args) {
   using Item = VerifyItem<WeightT, K, BV, FUSED>;
-  using Src = StagedSource<Item, kMode>;
+  using Src = StagedSource<typename Item::Prologue, kMode>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
   __shared__ uint64_t bar;
   __shared__ NextRun next;
@@ -291,12 +287,12 @@ static_assert(two_ctas_fit_per_sm(kVerifyStreamSmemBytes<128, 128> +
 /// Host: whether a verify call can take the streaming kernel (besides sm_90+ and the grid):
 /// one token chunk, the state tile one bulk copy, every input piece 16 bytes (8 bf16) aligned.
 inline bool stream_layout_ok(const VerifyParams& p, int chunk, bool fused) {
-  const auto a16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  const bool inputs_ok = p.V % 8 == 0 && a16(p.a) && p.a_stride % 8 == 0 &&
-                         (fused ? a16(p.qkv) && p.qkv_stride % 8 == 0 && a16(p.conv_state) &&
-                                      p.conv_state_slot_stride % 8 == 0
-                                : a16(p.qkv_act));
-  return p.T <= chunk && a16(p.ssm_state) && p.ssm_slot_stride % 4 == 0 && inputs_ok;
+  const bool inputs_ok =
+      p.V % 8 == 0 && is_aligned(p.a, 16) && p.a_stride % 8 == 0 &&
+      (fused ? is_aligned(p.qkv, 16) && p.qkv_stride % 8 == 0 && is_aligned(p.conv_state, 16) &&
+                   p.conv_state_slot_stride % 8 == 0
+             : is_aligned(p.qkv_act, 16));
+  return p.T <= chunk && is_aligned(p.ssm_state, 16) && p.ssm_slot_stride % 4 == 0 && inputs_ok;
 }
 
 }  // namespace kda::kernels

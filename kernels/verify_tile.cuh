@@ -37,33 +37,32 @@ struct ItemStateStage {
 /// part in 32 bits for the gate logits (the launchers check that every row pitch is below 2^28
 /// elements, so kChunk pitches fit; the mixed form made ptxas spill in the unfused BV = 128
 /// tile, docs/perf.md v9b).
-template <typename Item, bool kStateStaged_>
+template <typename Item, bool kStateStaged>
 struct GlobalSource : WeightReads<Item> {
-  static constexpr bool kStaged = false;
-  static constexpr int kFixedMode = -1;     ///< the record mode is the call's (p.mode)
-  static constexpr bool kRingForm = false;  ///< see StagedSource (the streaming kernel's)
+  /// kStateStaged: the kernel's ItemStateStage::kUsed (kPerItemStagedState).
+  static constexpr ItemSchedule kSchedule =
+      kStateStaged ? ItemSchedule::kPerItemStagedState : ItemSchedule::kPerItem;
   using Slice = typename Item::Slice;
 
   const bf16_t* x_row;  ///< token 0 of the request at the thread's channel pair: mixed_qkv
                         ///< (fused) or qkv_act (unfused)
-  const bf16_t* a_row;  ///< token 0's gate logit of (v-head hv, key gk)
+  const bf16_t* a_row;  ///< token 0's gate logit of (v-head hv, key gate_key)
   const bf16_t* b_row;  ///< token `tid`'s beta logit of v-head hv
   int32_t x_step, a_step, b_step;  ///< row pitches (elements)
   int32_t slot_, row_;             ///< the request's slot and scratch row (load_indices)
-  /// kStateStaged: the state tile arrives as one bulk copy into `stage` ([BV][K] f32 in shared
-  /// memory, barrier in `bulk`), issued by thread 0 (ItemStateStage) as soon as the slot is
+  /// kPerItemStagedState: the state tile arrives as one bulk copy into `stage` ([BV][K] f32 in
+  /// shared memory, barrier in `bulk`), issued by thread 0 (ItemStateStage) as soon as the slot is
   /// known, and every thread copies its columns to registers after the norms, so the tile does
   /// not hold registers through the prologue. Otherwise the threads load it into registers
   /// with the other inputs. (The launchers check that ssm_state and its slot pitch are 16-byte
   /// multiples, so the tile — contiguous columns v0 .. v0 + BV - 1 — is always bulk-copyable.)
-  static constexpr bool kStateStaged = kStateStaged_;  ///< the kernel's ItemStateStage::kUsed
   BulkStage* bulk;
   const float* stage;
 
   static __device__ __forceinline__ GlobalSource for_item(const Item& it) {
     const VerifyParams& p = it.p;
-    const int64_t row0 = static_cast<int64_t>(it.n) * p.T;  // the request's first row
-    const int64_t pair = it.gch >= 0 ? it.gch : 0;          // no pair: never read
+    const int64_t row0 = static_cast<int64_t>(it.n) * p.T;            // the request's first row
+    const int64_t pair = it.pair_channel >= 0 ? it.pair_channel : 0;  // no pair: never read
     GlobalSource s{};
     if constexpr (Item::kFused) {
       s.x_row = p.qkv + row0 * p.qkv_stride + pair;
@@ -72,7 +71,7 @@ struct GlobalSource : WeightReads<Item> {
       s.x_row = p.qkv_act + row0 * it.D + pair;
       s.x_step = static_cast<int32_t>(it.D);
     }
-    s.a_row = p.a + row0 * p.a_stride + it.ghk;
+    s.a_row = p.a + row0 * p.a_stride + it.gate_index;
     s.a_step = static_cast<int32_t>(p.a_stride);
     s.b_row = p.b + (row0 + it.tid) * p.b_stride + it.hv;
     s.b_step = static_cast<int32_t>(p.b_stride);
@@ -96,14 +95,15 @@ struct GlobalSource : WeightReads<Item> {
   __device__ __forceinline__ void inputs_consumed(const Item&) const {}
   /// Conv history row j (oldest first) of the pair (raw bits).
   __device__ __forceinline__ uint32_t hist(const Item& it, int slot, int j) const {
-    return ld_bf16x2_bits(it.p.conv_state + slot * it.p.conv_state_slot_stride + it.gch + j * it.D);
+    return ld_bf16x2_bits(it.p.conv_state + slot * it.p.conv_state_slot_stride + it.pair_channel +
+                          j * it.D);
   }
   /// The pair's raw input (fused: mixed_qkv) or activation (unfused: qkv_act) of token
   /// t0 + tt.
   __device__ __forceinline__ uint32_t x(const Item&, int t0, int tt) const {
     return ld_bf16x2_bits(x_row + (t0 + tt) * static_cast<int64_t>(x_step));
   }
-  /// Gate logit of token t0 + tt, key channel gk.
+  /// Gate logit of token t0 + tt, key channel gate_key.
   __device__ __forceinline__ uint32_t a(const Item&, int t0, int tt) const {
     return ld_bf16_bits(a_row + static_cast<int64_t>(t0) * a_step + tt * a_step);
   }
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(256, TileConfig<K, BV, kCtasPerSm == 1>::kMinC
                    static_cast<int>(blockIdx.x)});
   // Before the PDL wait (overlapping the previous kernel's tail): the row addresses, the
   // weights and gate constants, the slot and scratch-row indices.
-  auto src = GlobalSource<Item, Stage::kUsed>::for_item(item);
+  auto src = GlobalSource<typename Item::Prologue, Stage::kUsed>::for_item(item);
   BulkStage bulk(state_stage.tile, &state_stage.bar);
   if constexpr (Stage::kUsed) {
     bulk.init();  // thread 0, which also issues the copy
@@ -191,6 +191,7 @@ void launch_verify_tile(const TileArgs& args, cudaStream_t stream);
 
 #include "kernels/launch_pdl.cuh"
 #include "kernels/launch_utils.h"
+#include "kernels/tile_policy.h"
 #include "kernels/verify_stream.cuh"
 
 namespace kda::kernels {
@@ -227,7 +228,7 @@ void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
     const size_t stage_bytes = kVerifyStreamSmemBytes<K, BV>;
     const bool streamable =
         args.extend == 0 && stream_layout_ok(p, TileConfig<K, BV>::kChunk, FUSED);
-    // One instantiation per record mode (StagedSource::kFixedMode).
+    // One instantiation per record mode (ItemSchedule::kStreamRing / kStreamSnapshot).
     const auto stream_kernel =
         p.mode == RecordMode::kRing
             ? verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kRing>
@@ -247,17 +248,21 @@ void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
 }
 
 // Instantiations live in kernels/inst/ (one weight type x K per file).
-#define KDA_VERIFY_TILE_EXTERN(W, K, FUSED)                                                \
-  extern template void launch_verify_tile<W, K, 8, FUSED>(const TileArgs&, cudaStream_t);  \
-  extern template void launch_verify_tile<W, K, 16, FUSED>(const TileArgs&, cudaStream_t); \
-  extern template void launch_verify_tile<W, K, 32, FUSED>(const TileArgs&, cudaStream_t); \
-  extern template void launch_verify_tile<W, K, 64, FUSED>(const TileArgs&, cudaStream_t); \
-  extern template void launch_verify_tile<W, K, 128, FUSED>(const TileArgs&, cudaStream_t);
-KDA_VERIFY_TILE_EXTERN(float, 64, true)
-KDA_VERIFY_TILE_EXTERN(float, 128, true)
-KDA_VERIFY_TILE_EXTERN(bf16_t, 64, true)
-KDA_VERIFY_TILE_EXTERN(bf16_t, 128, true)
-#undef KDA_VERIFY_TILE_EXTERN
+#define KDA_VERIFY_TILE_EXTERN_BV(W, K, bv) \
+  extern template void launch_verify_tile<W, K, bv, true>(const TileArgs&, cudaStream_t);
+#define KDA_VERIFY_TILE_EXTERN_F32_K64(bv) KDA_VERIFY_TILE_EXTERN_BV(float, 64, bv)
+#define KDA_VERIFY_TILE_EXTERN_F32_K128(bv) KDA_VERIFY_TILE_EXTERN_BV(float, 128, bv)
+#define KDA_VERIFY_TILE_EXTERN_BF16_K64(bv) KDA_VERIFY_TILE_EXTERN_BV(bf16_t, 64, bv)
+#define KDA_VERIFY_TILE_EXTERN_BF16_K128(bv) KDA_VERIFY_TILE_EXTERN_BV(bf16_t, 128, bv)
+KDA_FUSED_BLOCK_VS(KDA_VERIFY_TILE_EXTERN_F32_K64)
+KDA_FUSED_BLOCK_VS(KDA_VERIFY_TILE_EXTERN_F32_K128)
+KDA_FUSED_BLOCK_VS(KDA_VERIFY_TILE_EXTERN_BF16_K64)
+KDA_FUSED_BLOCK_VS(KDA_VERIFY_TILE_EXTERN_BF16_K128)
+#undef KDA_VERIFY_TILE_EXTERN_F32_K64
+#undef KDA_VERIFY_TILE_EXTERN_F32_K128
+#undef KDA_VERIFY_TILE_EXTERN_BF16_K64
+#undef KDA_VERIFY_TILE_EXTERN_BF16_K128
+#undef KDA_VERIFY_TILE_EXTERN_BV
 /// The unfused recurrence reads qkv_act: no conv, so one weight type and one tile serve all.
 constexpr int kRecurrentBlockV = 128;
 extern template void launch_verify_tile<float, 64, kRecurrentBlockV, false>(const TileArgs&,

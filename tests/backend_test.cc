@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "backend/kda_backend.h"
-#include "backend/kernel_set.h"
+#include "kernels/kernel_set.h"
 #include "backend/kernel_set_factory.h"
 #include "core/buffer.h"
 #include "core/error.h"

@@ -300,7 +300,7 @@ TEST_CASE("dispatch: inputs outside the fused kernel fall back with a reason", "
     want = DispatchReason::kUnsupportedBlockV;
     text =
         "unfused: outside the fused kernel (unsupported_block_v): block_v is 12, fused needs "
-        "8, 16, 32, 64 or 128";
+        "one of 8, 16, 32, 64, 128";
   }
   SECTION("a padded row pitch is fine") {
     p.qkv = TensorView(p.qkv.data(), DType::kBF16, Device::host(), {kT, kD}, {kD + 64, 1});

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/kernel_set.h"
+#include "kernels/kernel_set.h"
 #include "core/error.h"
 #include "kernels/host/host_math.h"
 #include "kernels/host/kda_host.h"

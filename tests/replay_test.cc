@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/kernel_set.h"
+#include "kernels/kernel_set.h"
 #include "core/buffer.h"
 #include "core/error.h"
 #include "tests/test_problem.h"

@@ -1,4 +1,4 @@
-// host_kernel_set.cc: the KernelSet of the host reference (backend/kernel_set.h), so the
+// host_kernel_set.cc: the KernelSet of the host reference (kernels/kernel_set.h), so the
 // backend runs its whole lifecycle without a GPU. Streams are ignored: every call runs
 // synchronously on the calling thread.
 #include <fmt/format.h>
@@ -7,7 +7,7 @@
 #include <iterator>
 #include <memory>
 
-#include "backend/kernel_set.h"
+#include "kernels/kernel_set.h"
 #include "core/error.h"
 #include "kernels/host/kda_host.h"
 #include "kernels/kda_kernels.h"

@@ -1,12 +1,11 @@
-// Fused verify tiles: bf16 conv weights, K = 64, every BV of kFusedBlockVs.
+// Fused verify tiles: bf16 conv weights, K = 64, every BV of KDA_FUSED_BLOCK_VS (tile_policy.h).
 #include "kernels/verify_tile.cuh"
 
 namespace kda::kernels {
 
-template void launch_verify_tile<bf16_t, 64, 8, true>(const TileArgs&, cudaStream_t);
-template void launch_verify_tile<bf16_t, 64, 16, true>(const TileArgs&, cudaStream_t);
-template void launch_verify_tile<bf16_t, 64, 32, true>(const TileArgs&, cudaStream_t);
-template void launch_verify_tile<bf16_t, 64, 64, true>(const TileArgs&, cudaStream_t);
-template void launch_verify_tile<bf16_t, 64, 128, true>(const TileArgs&, cudaStream_t);
+#define KDA_INSTANTIATE_TILE(bv) \
+  template void launch_verify_tile<bf16_t, 64, bv, true>(const TileArgs&, cudaStream_t);
+KDA_FUSED_BLOCK_VS(KDA_INSTANTIATE_TILE)
+#undef KDA_INSTANTIATE_TILE
 
 }  // namespace kda::kernels

@@ -351,7 +351,7 @@ int replay_cmd(const Args& args, std::ostream& out) {
   o.device = parse_device(args);
   o.path = parse_path(args);
   o.block_v = args.integer("block-v", 0, 0, 1 << 20);
-  KDA_CHECK(o.block_v == 0 || is_fused_block_v(o.block_v),
+  KDA_CHECK(o.block_v == 0 || kernels::is_fused_block_v(o.block_v),
             "--block-v: {} unsupported, expected one of {}", o.block_v,
             fmt::join(kernels::kFusedBlockVs, ", "));
   o.fused_ring_max_batch = args.integer("fused-ring-max-batch", 1, 0, 1 << 20);

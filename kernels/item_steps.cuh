@@ -1,0 +1,258 @@
+// item_steps.cuh: a verify / extend work item's recurrence (contract §3 steps 5-6 over a
+// chunk's tokens, the norms done) in the loop of its schedule: steps_ring_stream
+// (ItemSchedule::kStreamRing), steps_snapshot_stream (kStreamSnapshot), steps_per_item (the
+// per-item kernels), and their stores: outputs and snapshots. Every loop performs the
+// operations of delta_rule_step + output_dot in the same order, so their bits are equal.
+// Never writes ssm_state; writes out and (snapshot mode) snapshots only.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/item_prologue.cuh"
+
+namespace kda::kernels {
+
+/// The recurrence phases of a work item (ItemPrologue's coordinates and shared memory).
+template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false>
+struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide> {
+  using Prologue = ItemPrologue<WeightT, K, BV, FUSED, kWide>;
+  using Prologue::c;
+  using Prologue::col0;
+  using Prologue::CPT;
+  using Prologue::group;
+  using Prologue::hv;
+  using Prologue::kSnapshotStores;
+  using Prologue::n;
+  using Prologue::P;
+  using Prologue::p;
+  using Prologue::Prologue;
+  using typename Prologue::Cfg;
+  using typename Prologue::Slice;
+
+  /// Step 4's v of the thread's CPT columns at step tt (not the ring streaming kernel's: it loads
+  /// one column), columns past V as zeros. The snapshot streaming kernel (issue-bound) takes them
+  /// in one shared-memory load (CPT = 2 or 4: 8 * CPT-byte aligned group offsets). The per-item
+  /// kernels keep per-column loads: the one-load form changed their allocation (the BV = 128
+  /// fallback tile spilled 72 B more, docs/perf.md v27).
+  template <typename Src>
+  __device__ __forceinline__ void v_of(const TileSmem<Cfg>& sm, const bool (&col_ok)[CPT], int tt,
+                                       float (&vv)[CPT]) const {
+    if constexpr (is_streamed(Src::kSchedule) && (CPT == 2 || CPT == 4)) {
+      load_vec<CPT>(vv, &sm.v[tt][group * CPT]);
+#pragma unroll
+      for (int j = 0; j < CPT; ++j) {
+        vv[j] = col_ok[j] ? vv[j] : 0.0f;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < CPT; ++j) {
+        vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
+      }
+    }
+  }
+
+  /// Token t's outputs where every lane holds every column's bits (not the ring streaming
+  /// kernel's): lane 0 of the group writes its CPT columns, bf16 pairs, no per-lane column select
+  /// (which nvcc lowered to a local-memory array). Pairs are whole: V, v0 and col0 are even when
+  /// CPT >= 2. The output is indexed in 32 bits (the launchers check that `out` has fewer than
+  /// 2^31 elements). Per-item kernels (latency-bound) add t rows of HV*V (out_token) to the
+  /// item's token-0 index (out_item): B = 1..4 1-3% faster (docs/perf.md v8e, v9a). The
+  /// streaming kernels compute the row's index per store (they pass neither): the token-0 index
+  /// held through the steps cost 32 B of spills (v9a), the 64-bit form ~17 instructions a warp
+  /// per store (v27).
+  template <typename Src>
+  __device__ __forceinline__ void store_outputs(int t, const float* o, const bool (&col_ok)[CPT],
+                                                int T, uint32_t out_item,
+                                                uint32_t out_token) const {
+    if (c == 0) {
+      bf16_t* orow = p.out + (is_streamed(Src::kSchedule)
+                                  ? ((static_cast<uint32_t>(n) * T + t) * p.HV + hv) * p.V + col0
+                                  : out_item + t * out_token);
+      if constexpr (CPT == 1) {
+        if (col_ok[0]) {
+          orow[0] = to_bf16(o[0]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < CPT; j += 2) {
+          if (col_ok[j]) {
+            st_bf16x2(orow + j, o[j], o[j + 1]);
+          }
+        }
+      }
+    }
+  }
+
+  /// Snapshot mode (snap): the state after token t's step, unswizzled (the ring kernel stores
+  /// none).
+  template <typename Src>
+  __device__ __forceinline__ void store_snapshot(int t, const ColRegs<Slice> (&S)[CPT],
+                                                 const bool (&col_ok)[CPT], int64_t row,
+                                                 bool snap) const {
+    if (snap) {
+      float* dst = p.snapshots + row * p.snapshot_row_stride +
+                   (static_cast<int64_t>(t) * p.HV + hv) * p.V * K;
+#pragma unroll
+      for (int j = 0; j < CPT; ++j) {
+        if (col_ok[j]) {
+          // Unswizzled: the ring kernel stores none.
+          float* col = dst + static_cast<int64_t>(col0 + j) * K;
+          if constexpr (is_streamed(Src::kSchedule)) {
+            store_column_per_partial<Slice, kSnapshotStores>(col, S[j], c);
+          } else {
+            store_column<Slice, kSnapshotStores>(col, S[j], c);
+          }
+        }
+      }
+    }
+  }
+
+  /// Step 4 in the ring streaming kernel (issue-bound). Both streaming kernels are
+  /// software-pipelined: step tt's output dot and step tt+1's key dot both read the state after
+  /// step tt's update, so their cross-lane tree levels run together (the shuffle chains' latency
+  /// was the recurrence's main stall). Per value, the operations and their order are those of
+  /// delta_rule_step + output_dot. The row's output index is computed per store (v27).
+  /// cols_ok: the thread's columns are below V. Here they all are or none is (run), so one value
+  /// stands for them; passed as run's array, it made the unfused ring kernel spill 44 B at its
+  /// register cap.
+  template <typename Src>
+  __device__ __forceinline__ void steps_ring_stream(const TileSmem<Cfg>& sm,
+                                                    ColRegs<Slice> (&S)[CPT], bool cols_ok, int T,
+                                                    int t0, int tc) const {
+    static_assert(Slice::kLaneStride == 1, "the streaming kernel's trees pair lanes c ^ d");
+    // The cross-lane levels as reduce-scatters on the swizzled columns
+    // (device_math.cuh tree_reduce_scatter). A step's key tree leaves each lane the root
+    // of column swz, the lane computes that column's u, and CPT - 1 shuffles give it the
+    // other columns' u; the output tree leaves the lanes with c % (P / CPT) == 0 one
+    // output each to store. Per thread and step: 11 shuffles, 8 adds and one u where the
+    // all-reduce form below takes 24 shuffles, 24 adds and CPT u (docs/perf.md v30). The
+    // ring kernel stores no snapshots (its record mode is fixed: StagedSource::kFixedMode).
+    static_assert(CPT <= P, "one column per lane at the root");
+    // Column swz's u at step tt from its key-tree root kv, then every column's u.
+    const auto update = [&](int tt, float kv) {
+      float u[CPT];
+      const float v =
+          cols_ok ? sm.v[tt][group * CPT + this->template column_swizzle_of<Src>()] : 0.0f;
+      u[0] = __fmul_rn(__fsub_rn(v, kv), sm.beta[tt]);
+      column_all_gather<P, CPT>(u);
+      apply_update<Slice>(S, sm.qk[tt][1], u, c);
+    };
+    {
+      float kv[1][CPT];
+      decay_and_key_partials<Slice>(S, sm.qk[0][1], sm.decay[0], c, kv[0]);
+      tree_reduce_scatter<P, CPT, 1>(kv);
+      update(0, kv[0][0]);
+    }
+    for (int tt = 0; tt < tc; ++tt) {
+      const bool next = tt + 1 < tc;
+      float part[2][CPT];  // [0]: outputs of step tt; [1]: kv of step tt + 1
+      query_partials<Slice>(S, sm.qk[tt][0], c, part[0]);
+      if (next) {
+        decay_and_key_partials<Slice>(S, sm.qk[tt + 1][1], sm.decay[tt + 1], c, part[1]);
+        tree_reduce_scatter<P, CPT, 2>(part);
+      } else {
+        tree_reduce_scatter<P, CPT, 1>(reinterpret_cast<float(&)[1][CPT]>(part));
+      }
+      if (c % (P / CPT) == 0 && cols_ok) {
+        p.out[((static_cast<uint32_t>(n) * T + t0 + tt) * p.HV + hv) * p.V + col0 +
+              this->template column_swizzle_of<Src>()] = to_bf16(part[0][0]);
+      }
+      if (next) {
+        update(tt + 1, part[1][0]);
+      }
+    }
+  }
+
+  /// Step 4 in the snapshot streaming kernel, pipelined as steps_ring_stream (v27's loop): the
+  /// cross-lane levels as all-reduces (every lane gets every root), v_of's one shared-memory load,
+  /// store_outputs from lane 0. With the ring kernel's form it spilled 40-56 B and ran 18-32%
+  /// slower (docs/perf.md v30).
+  template <typename Src>
+  __device__ __forceinline__ void steps_snapshot_stream(const TileSmem<Cfg>& sm,
+                                                        ColRegs<Slice> (&S)[CPT],
+                                                        const bool (&col_ok)[CPT], int T,
+                                                        int64_t row, bool snap, int t0,
+                                                        int tc) const {
+    static_assert(Slice::kLaneStride == 1, "the streaming kernel's trees pair lanes c ^ d");
+    float vv[CPT];
+    const auto update = [&](int tt, const float(&v)[CPT], const float(&kv)[CPT]) {
+      float u[CPT];
+#pragma unroll
+      for (int j = 0; j < CPT; ++j) {
+        u[j] = __fmul_rn(__fsub_rn(v[j], kv[j]), sm.beta[tt]);
+      }
+      apply_update<Slice>(S, sm.qk[tt][1], u, c);
+    };
+    {
+      v_of<Src>(sm, col_ok, 0, vv);
+      float kv[CPT];
+      decay_and_key_partials<Slice>(S, sm.qk[0][1], sm.decay[0], c, kv);
+      tree_across_lanes<P, CPT>(kv);
+      update(0, vv, kv);
+    }
+    for (int tt = 0; tt < tc; ++tt) {
+      const bool next = tt + 1 < tc;
+      float part[2 * CPT];  // [0, CPT): outputs of step tt; [CPT, 2 CPT): kv of tt + 1
+      query_partials<Slice>(S, sm.qk[tt][0], c, part);
+      store_snapshot<Src>(t0 + tt, S, col_ok, row,
+                          snap);  // the state after step tt, before step tt + 1 decays it
+      if (next) {
+        decay_and_key_partials<Slice>(S, sm.qk[tt + 1][1], sm.decay[tt + 1], c, part + CPT);
+        tree_across_lanes<P, 2 * CPT>(part);
+      } else {
+        tree_across_lanes<P, CPT>(reinterpret_cast<float(&)[CPT]>(part));
+      }
+      store_outputs<Src>(t0 + tt, part, col_ok, T, 0u, 0u);
+      if (next) {
+        v_of<Src>(sm, col_ok, tt + 1, vv);
+        update(tt + 1, vv, reinterpret_cast<const float(&)[CPT]>(part[CPT]));
+      }
+    }
+  }
+
+  /// Step 4 in the per-item kernels: one step after the other (latency-bound at small B, where
+  /// the split form's extra shared loads cost 1-4%, docs/perf.md v5). The wide form runs the
+  /// ring-mode steps in groups of kStepGroup with their outputs stored after the group.
+  template <typename Src>
+  __device__ __forceinline__ void steps_per_item(const TileSmem<Cfg>& sm, ColRegs<Slice> (&S)[CPT],
+                                                 const bool (&col_ok)[CPT], bool holds_tile, int T,
+                                                 int64_t row, bool snap, int t0, int tc) const {
+    constexpr int kStepGroup = kWide ? 4 : 1;
+    const uint32_t out_item = (static_cast<uint32_t>(n) * T * p.HV + hv) * p.V + col0;
+    const uint32_t out_token = static_cast<uint32_t>(p.HV) * p.V;
+    float vv[CPT];
+    const auto step = [&](int tt, float(&o)[CPT]) {
+      v_of<Src>(sm, col_ok, tt, vv);
+      delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
+      output_dot<Slice>(S, sm.qk[tt][0], c, o);
+    };
+    int tt = holds_tile ? 0 : tc;  // warps without state columns: no steps
+    if constexpr (kStepGroup > 1) {
+      // Whole groups with their outputs stored after the group: no store (behind its
+      // branch) then separates step tt's output dot from step tt + 1's decay and key dot,
+      // which do not depend on it, and the scheduler overlaps them (docs/perf.md v13).
+      // Snapshot mode stores the state after every step, so it keeps the plain loop.
+      if (!snap) {
+        for (; tt + kStepGroup <= tc; tt += kStepGroup) {
+          float o[kStepGroup][CPT];
+#pragma unroll
+          for (int u = 0; u < kStepGroup; ++u) {
+            step(tt + u, o[u]);
+          }
+#pragma unroll
+          for (int u = 0; u < kStepGroup; ++u) {
+            store_outputs<Src>(t0 + tt + u, o[u], col_ok, T, out_item, out_token);
+          }
+        }
+      }
+    }
+    for (; tt < tc; ++tt) {
+      float o[CPT];
+      step(tt, o);
+      store_outputs<Src>(t0 + tt, o, col_ok, T, out_item, out_token);
+      store_snapshot<Src>(t0 + tt, S, col_ok, row, snap);
+    }
+  }
+};
+
+}  // namespace kda::kernels
