@@ -42,13 +42,13 @@
 
 #include "backend/batch_indices.h"
 #include "backend/flags.h"
-#include "kernels/kernel_set.h"
 #include "backend/model_config.h"
 #include "backend/round_tracker.h"
 #include "core/buffer.h"
 #include "core/platform.h"
 #include "core/tensor_view.h"
 #include "dispatch/verify_dispatch.h"
+#include "kernels/kernel_set.h"
 #include "memory_pool/kda_state_pool.h"
 
 namespace kda {

@@ -5,8 +5,8 @@
 
 #include <memory>
 
-#include "kernels/kernel_set.h"
 #include "core/tensor_view.h"
+#include "kernels/kernel_set.h"
 
 namespace kda {
 

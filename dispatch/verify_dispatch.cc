@@ -130,7 +130,6 @@ int resolve_block_v(int block_v) noexcept {
   return block_v == 0 ? kernels::kDefaultFusedBlockV : block_v;
 }
 
-
 DispatchDecision choose_verify_path(const DispatchProblem& p, const Platform& platform,
                                     const DispatchFlags& flags) noexcept {
   DispatchDecision d;
@@ -211,7 +210,8 @@ DispatchDecision choose_verify_path(const DispatchProblem& p, const Platform& pl
   const int block_v = flags.block_v != 0 ? flags.block_v
                                          : kernels::default_fused_block_v(p.mode, p.B, p.T, p.HV,
                                                                           p.V, platform.sm_count);
-  // The supported set, spelled from kernels::kFusedBlockVs (static: the decision keeps the pointer).
+  // The supported set, spelled from kernels::kFusedBlockVs (static: the decision keeps the
+  // pointer).
   static const std::string kBlockVs =
       fmt::format("one of {}", fmt::join(kernels::kFusedBlockVs, ", "));
   c.require(kernels::is_fused_block_v(block_v), R::kUnsupportedBlockV, "block_v", kBlockVs.c_str(),

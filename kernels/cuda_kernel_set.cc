@@ -1,9 +1,9 @@
 // cuda_kernel_set.cc: the KernelSet of the CUDA kernels (kernels/kda_kernels.h).
 #include <cuda_runtime_api.h>
 
-#include "kernels/kernel_set.h"
 #include "core/cuda_check.h"
 #include "kernels/kda_kernels.h"
+#include "kernels/kernel_set.h"
 
 namespace kda {
 

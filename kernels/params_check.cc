@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "kernels/tile_policy.h"
 
 namespace kda::params {
 namespace {
@@ -208,6 +209,11 @@ void check_commit(const CommitParams& p, const char* op, uint32_t needs) {
     check_layer_pitch(p.num_layers, p.conv_state_layer_stride, p.num_slots,
                       p.conv_state_slot_stride, op, "conv_state_layer_stride");
   }
+}
+
+void check_block_v(int block_v, const char* op) {
+  KDA_CHECK(kernels::is_fused_block_v(block_v), "{}: block_v={} unsupported, expected one of {}",
+            op, block_v, fmt::join(kernels::kFusedBlockVs, ", "));
 }
 
 }  // namespace kda::params

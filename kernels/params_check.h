@@ -36,5 +36,8 @@ enum CommitNeeds : uint32_t {
 void check_verify(const VerifyParams& p, const char* op, uint32_t needs);
 void check_extend(const ExtendParams& e, const char* op);
 void check_commit(const CommitParams& p, const char* op, uint32_t needs);
+/// block_v is one of kernels::kFusedBlockVs (tile_policy.h), e.g.
+///   "invoke_verify_fused: block_v=12 unsupported, expected one of 8, 16, 32, 64, 128".
+void check_block_v(int block_v, const char* op);
 
 }  // namespace kda::params

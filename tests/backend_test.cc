@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "backend/kda_backend.h"
-#include "kernels/kernel_set.h"
 #include "backend/kernel_set_factory.h"
 #include "core/buffer.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "core/platform.h"
 #include "kernels/kda_kernels.h"
+#include "kernels/kernel_set.h"
 
 #include <spdlog/sinks/ostream_sink.h>
 

@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/kernel_set.h"
 #include "core/error.h"
 #include "kernels/host/host_math.h"
 #include "kernels/host/kda_host.h"
+#include "kernels/kernel_set.h"
 #include "tests/test_problem.h"
 
 using namespace kda;

@@ -740,7 +740,7 @@ TEST_CASE("kernels: launch-boundary errors are kda::Error before anything runs",
   VerifyProblem p(c, kGpu);
   VerifyParams bad = p.params();
   CHECK_THROWS_WITH(kernels::invoke_verify_fused(bad, 12, nullptr),
-                    Catch::Contains("block_v=12 unsupported (8, 16, 32, 64, 128)"));
+                    Catch::Contains("block_v=12 unsupported, expected one of 8, 16, 32, 64, 128"));
   bad.K = 96;
   CHECK_THROWS_WITH(kernels::invoke_verify_fused(bad, 32, nullptr),
                     Catch::Contains("invoke_verify_fused: K=96 unsupported, expected 64 or 128"));

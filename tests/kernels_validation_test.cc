@@ -45,7 +45,8 @@ TEST_CASE("kernels: verify entry points validate before launching", "[kernels]")
   auto fused = [&](VerifyParams p, int bv = 32) {
     return message_of([&] { kernels::invoke_verify_fused(p, bv, nullptr); });
   };
-  CHECK(fused(good, 12) == "invoke_verify_fused: block_v=12 unsupported (8, 16, 32, 64, 128)");
+  CHECK(fused(good, 12) ==
+        "invoke_verify_fused: block_v=12 unsupported, expected one of 8, 16, 32, 64, 128");
   VerifyParams p = good;
   p.K = 96;
   CHECK(fused(p) == "invoke_verify_fused: K=96 unsupported, expected 64 or 128");

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/kernel_set.h"
 #include "core/buffer.h"
 #include "core/error.h"
+#include "kernels/kernel_set.h"
 #include "tests/test_problem.h"
 #include "tools/npy/npy.h"
 #include "tools/replay/cli.h"

@@ -7,10 +7,10 @@
 #include <iterator>
 #include <memory>
 
-#include "kernels/kernel_set.h"
 #include "core/error.h"
 #include "kernels/host/kda_host.h"
 #include "kernels/kda_kernels.h"
+#include "kernels/kernel_set.h"
 
 namespace kda {
 namespace {
@@ -27,11 +27,7 @@ class HostKernelSet final : public KernelSet {
   void verify_fused(const VerifyParams& p, int block_v, cudaStream_t /*stream*/) override {
     // The host has no V tiles, but it accepts exactly the tiles the CUDA set accepts, so a
     // bad --kda-verify-block-v fails the same way on both.
-    const auto* begin = std::begin(kernels::kFusedBlockVs);
-    const auto* end = std::end(kernels::kFusedBlockVs);
-    KDA_CHECK(std::find(begin, end, block_v) != end,
-              "HostKernelSet::verify_fused: block_v={} unsupported, expected one of {}", block_v,
-              fmt::join(begin, end, ", "));
+    params::check_block_v(block_v, "HostKernelSet::verify_fused");
     host::verify_fused(p);
   }
 
