@@ -1,3 +1,6 @@
+// commit.cu: the commit kernels (fold_kernel, fold_stream_kernel, commit_snapshot_kernel,
+// commit_conv_kernel) and their launchers. Writes only ssm_state and conv_state of slots >= 0
+// (and *error_flag); never reads snapshot or ring rows past a request's accepted length.
 #include "kernels/commit.cuh"
 
 #include <algorithm>
@@ -36,8 +39,7 @@ __device__ __forceinline__ int accepted_or_flag(const CommitParams& p, int n, bo
 
 /// dst[i] = src[i] for this CTA's share i = part*kCopyThreads + tid (+ parts*kCopyThreads per
 /// round) of `count` vectors. kInFlight loads are in flight per thread before their stores:
-/// one load per thread at a time left the snapshot commit at 51-62% of the copy rate at small
-/// B (docs/perf.md v11a).
+/// one load per thread at a time leaves a small-B copy well below the copy rate.
 template <typename Vec>
 __device__ __forceinline__ void copy_share(Vec* dst, const Vec* src, int64_t count, int part,
                                            int parts) {
@@ -187,8 +189,8 @@ struct FoldItem {
       // normalising it: job t < tc loads key row t into registers (lane j: k = j*E ..) and
       // normalises it there; job tc + t fills step t's decay EXP(g) and value row. At tc = 8
       // each warp takes one row of each kind; at tc <= 4 half the warps take key rows, the
-      // other half decay rows. (Before: every thread took a share of every row, then a barrier,
-      // then one warp per key row normalised it: docs/perf.md v7.)
+      // other half decay rows. Keep it barrier-free: a shared row pass plus a barrier before
+      // the norms proved slower.
       for (int job = warp; job < 2 * tc; job += Cfg::kWarps) {
         if (job < tc) {
           constexpr int E = K / 32;
@@ -239,7 +241,7 @@ struct FoldItem {
       // alternate TileSmem buffers, and a warp can reach the next item's rows only after
       // every warp has passed this item's load_state barrier, i.e. finished the previous
       // item's steps (the last reader of that buffer). Fast warps start the next item's
-      // prologue while slow ones finish their steps (docs/perf.md v7).
+      // prologue while slow ones finish their steps.
     }
 #pragma unroll
     for (int j = 0; j < CPT; ++j) {
@@ -304,7 +306,7 @@ __global__ void __launch_bounds__(256, 2)
 /// whole rows (V == kFoldBlockV), else up to 3 + kChunk (rawv one per step), and one 4-byte
 /// cp.async per step for beta (a run of n floats is neither a multiple of 16 bytes nor 16-byte
 /// aligned in general). Staging beta takes a dependent global load of data written a launch
-/// ago off every item's prologue (docs/perf.md v7).
+/// ago off every item's prologue.
 template <int K>
 struct FoldStage {
   static constexpr int kChunk = TileConfig<K, kFoldBlockV>::kChunk;
@@ -448,8 +450,8 @@ struct FoldStagedSource {
 
 /// Persistent streaming fold (state_stream.cuh): grid = resident CTAs. With `conv_shares` > 0
 /// every CTA copies its part of the conv commit after its fold items (conv_shares per (layer,
-/// request), handed out round-robin; before the items it was 1-2% slower at T = 8, B >= 16,
-/// docs/perf.md v11g).
+/// request), handed out round-robin; after the items, since before them it proved slower at
+/// large B).
 template <int K>
 __global__ void __launch_bounds__(256, 2)
     fold_stream_kernel(const __grid_constant__ CommitParams p,
@@ -524,8 +526,8 @@ void launch(Kernel kernel, dim3 grid, const CommitParams& p, cudaStream_t stream
 
 /// CTAs per (request, layer) for a copy of `vecs` vectors each: 1..64 (at most the copy's
 /// rounds of kCopyInFlight vectors per thread), the count whose grid best fills its last wave
-/// of resident copy CTAs (8 per SM at 256 threads). One CTA per pair at B = 32 (0.6 of a wave)
-/// and at B = 64 (1.2 waves) was 4% slower than a full last wave (docs/perf.md v11b).
+/// of resident copy CTAs (8 per SM at 256 threads): one CTA per pair, leaving a partial last
+/// wave, proved slower.
 unsigned copy_chunks(int64_t vecs, int64_t requests) {
   const int64_t wave = static_cast<int64_t>(device_sm_count()) * (2048 / kCopyThreads);
   const int64_t most = std::min<int64_t>(64, ceil_div(vecs, kCopyThreads * kCopyInFlight));

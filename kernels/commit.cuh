@@ -10,7 +10,7 @@
 // commit_snapshot_kernel: state[layer][slot] <- snapshots[layer][row][n-1] (float4 copies).
 // commit_conv_kernel: conv_state[layer][slot] <- conv_window[layer][row][n-1] (W-1 rows of D).
 // invoke_commit is one launch when the conv commit is 16-byte aligned: the fold or snapshot
-//   kernel copies the conv windows too (the separate launch cost ~3 us per round, perf.md v11).
+//   kernel copies the conv windows too (a separate conv launch costs a launch per round).
 // slot < 0: skipped. n outside [1, T]: skipped, *error_flag = 1.
 #pragma once
 

@@ -1,3 +1,6 @@
+// conv_update.cu: conv_update_kernel, conv_state_roll_kernel and their launchers (grids,
+// layouts and ownership: conv_update.cuh). conv_update_kernel never writes conv_state; the
+// roll writes only conv_state_out of slots >= 0.
 #include "kernels/conv_update.cuh"
 
 #include "core/cuda_check.h"

@@ -73,7 +73,7 @@ __device__ __forceinline__ void store_column(float* col, const ColRegs<Slice>& s
 
 /// The same stores as store_column, each with its own address: the streaming verify's
 /// snapshots use this form, with which ptxas allocates that kernel without spills at the
-/// 128-register cap (the lane-base form spilled 16 B there, docs/perf.md v9a).
+/// 128-register cap (the lane-base form spills there).
 template <typename Slice, StoreHint kHint = StoreHint::kDefault>
 __device__ __forceinline__ void store_column_per_partial(float* col, const ColRegs<Slice>& src,
                                                          int c) {
@@ -231,7 +231,7 @@ __device__ __forceinline__ void divide_by_norm(float (&x)[E], float sumsq, float
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     // x * 1 is x (no flush to zero in these kernels): a multiply by a selected factor, not a
-    // branch per element, so the E divisions overlap (docs/perf.md v13).
+    // branch per element, so the E divisions overlap.
     x[e] = __fmul_rn(kda_div_by_norm(x[e], denom), apply_scale ? scale : 1.0f);
   }
 }

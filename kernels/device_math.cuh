@@ -139,7 +139,7 @@ __device__ __forceinline__ bf16_t to_bf16(float x) {
 /// Standard gate: g = fma(-exp(A_log), softplus(x), +0); softplus(x) = x above 20.
 __device__ __forceinline__ float gate_standard(float x, float exp_a_log) {
   // Computed whichever side is taken (x > 20 gives log(1 + exp(x)) = inf or a finite value,
-  // unused): a select, not a branch, so a thread's gates can overlap (docs/perf.md v13).
+  // unused): a select, not a branch, so a thread's gates can overlap.
   const float log1p_exp = kda_log(kda_one_plus_exp(x));
   const float sp = (x <= 20.0f) ? log1p_exp : x;
   return fmaf(-exp_a_log, sp, 0.0f);

@@ -5,7 +5,7 @@
 // Why: a 32-bit `/` or `%` by a runtime value is a ~20-instruction sequence on the GPU (I2F,
 // MUFU.RCP, F2I, IMAD.HI and two corrections). The persistent streaming kernels split every
 // item index into (request, head, tile) and a v-head into its k-head; with plain division
-// that was about a tenth of the streaming verify's instructions (docs/perf.md v8).
+// that is a large share of the streaming verify's instructions.
 // The host builds the divisor (its constructor divides 64-bit values once); kernels take it
 // by value in their argument struct.
 #pragma once

@@ -58,7 +58,7 @@ struct ItemPrologue {
   static constexpr int CPT = Cfg::CPT;
   /// Snapshot mode's per-step states are written once and at most one of a request's T is read
   /// again (by the commit, after every layer's verify): stored evict-first, they leave L2 to the
-  /// data that is reused (docs/perf.md v34).
+  /// data that is reused.
   static constexpr StoreHint kSnapshotStores = StoreHint::kStreaming;
 
   const TileArgs& args;
@@ -138,8 +138,8 @@ struct ItemPrologue {
   /// wait; the streaming kernel loads its taps in the conv step). The wide form (kWide) leaves
   /// EXP(A_log) to run: the one-CTA-per-SM kernel starts only when the previous kernel's CTA has
   /// left its SM, so a wait for the A_log load before griddepcontrol.wait is not hidden behind that
-  /// kernel (docs/perf.md v15e). The wide BV = 32 tile, whose CTA can enter early (TileConfig::
-  /// kMinCtasPerSm), measured the same with EXP(A_log) on either side of the wait (v39).
+  /// kernel. The wide BV = 32 tile, whose CTA can enter early (TileConfig::kMinCtasPerSm), runs
+  /// the same with EXP(A_log) on either side of the wait and keeps the wide form.
   template <typename Src>
   __device__ __forceinline__ void load_constants(const Src& src) {
     if constexpr (!is_streamed(Src::kSchedule)) {
@@ -242,14 +242,14 @@ struct ItemPrologue {
     bf16_t* const ring_pair = dst.ring_pair;
     const int64_t ring_step = dst.ring_step;
     const bool write_window = dst.write_window;
-    // The streaming kernel loads the taps here: held from the item's start they were live
-    // across its item loop and spilled (docs/perf.md v6). The per-item kernel loads them
-    // with the constants, before the PDL wait (at small B: 2-3% faster at T = 4).
+    // The streaming kernel loads the taps here: held from the item's start they are live
+    // across its item loop and spill. The per-item kernel loads them with the constants,
+    // before the PDL wait, which hides the loads at small B.
     if constexpr (FUSED && is_streamed(Src::kSchedule)) {
       src.conv_taps(*this, taps0, taps1);
     }
     // Token t's record offsets from win_base / ring_pair advance by one step per token
-    // (no 64-bit multiply per token, docs/perf.md v8f, v9a).
+    // (no 64-bit multiply per token).
     constexpr bool kTokenLoop = FUSED && is_streamed(Src::kSchedule);
     int64_t win_off = static_cast<int64_t>(t0) * 3 * D;
     int64_t ring_off = t0 * ring_step;
@@ -281,11 +281,10 @@ struct ItemPrologue {
     if constexpr (kTokenLoop) {
       // Streaming kernels (throughput-bound, 128 registers): the rows re-read from the
       // ItemInputs rows in shared memory, kTokenStep tokens at a time. Unrolled over the
-      // chunk, the tokens and windows sat in registers and the kernel spilled 70 B
-      // (docs/perf.md v6). The ring kernel takes two tokens per step (the window of token
-      // tt, its x and token tt + 1's x: token tt + 1's window is rows tt + 1 .. tt + 3), so
-      // that their conv + SiLU chains overlap (v35); in the snapshot kernel that form
-      // spilled 20 B, and it keeps one token per step.
+      // chunk, the tokens and windows sit in registers and the kernel spills. The ring
+      // kernel takes two tokens per step (the window of token tt, its x and token tt + 1's
+      // x: token tt + 1's window is rows tt + 1 .. tt + 3), so that their conv + SiLU chains
+      // overlap; in the snapshot kernel that form spills, and it keeps one token per step.
       constexpr int kTokenStep = is_ring_stream(Src::kSchedule) ? 2 : 1;
 #pragma unroll 1
       for (int tt = 0; tt < tc; tt += kTokenStep) {  // t0 = 0: one chunk
@@ -316,9 +315,9 @@ struct ItemPrologue {
       // registers. A group's arithmetic comes first, branch-free (tokens past tc compute
       // on zero inputs and are never stored), then its stores: with each token's stores
       // (behind their branches) between its arithmetic and the next token's, the tokens'
-      // conv + SiLU chains ran one after another (docs/perf.md v13).
+      // conv + SiLU chains run one after another.
       // BV = 128 at 128 registers (the fallback when the streaming kernel cannot run) keeps
-      // one token per group: with four, the fused tile spilled 144 B instead of 56.
+      // one token per group: with four, the fused tile spills far more.
       constexpr int kGroup = BV <= 64 || kWide ? 4 : 1;
       static_assert(Cfg::kChunk % kGroup == 0, "whole groups per chunk");
 #pragma unroll

@@ -32,8 +32,8 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide> {
   /// Step 4's v of the thread's CPT columns at step tt (not the ring streaming kernel's: it loads
   /// one column), columns past V as zeros. The snapshot streaming kernel (issue-bound) takes them
   /// in one shared-memory load (CPT = 2 or 4: 8 * CPT-byte aligned group offsets). The per-item
-  /// kernels keep per-column loads: the one-load form changed their allocation (the BV = 128
-  /// fallback tile spilled 72 B more, docs/perf.md v27).
+  /// kernels keep per-column loads: the one-load form changes their allocation and makes the
+  /// BV = 128 fallback tile spill more.
   template <typename Src>
   __device__ __forceinline__ void v_of(const TileSmem<Cfg>& sm, const bool (&col_ok)[CPT], int tt,
                                        float (&vv)[CPT]) const {
@@ -56,10 +56,9 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide> {
   /// (which nvcc lowered to a local-memory array). Pairs are whole: V, v0 and col0 are even when
   /// CPT >= 2. The output is indexed in 32 bits (the launchers check that `out` has fewer than
   /// 2^31 elements). Per-item kernels (latency-bound) add t rows of HV*V (out_token) to the
-  /// item's token-0 index (out_item): B = 1..4 1-3% faster (docs/perf.md v8e, v9a). The
-  /// streaming kernels compute the row's index per store (they pass neither): the token-0 index
-  /// held through the steps cost 32 B of spills (v9a), the 64-bit form ~17 instructions a warp
-  /// per store (v27).
+  /// item's token-0 index (out_item), the least index arithmetic per store. The streaming
+  /// kernels compute the row's 32-bit index per store (they pass neither): a token-0 index held
+  /// through the steps makes them spill, and a 64-bit index costs more instructions per store.
   template <typename Src>
   __device__ __forceinline__ void store_outputs(int t, const float* o, const bool (&col_ok)[CPT],
                                                 int T, uint32_t out_item,
@@ -111,9 +110,9 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide> {
   /// software-pipelined: step tt's output dot and step tt+1's key dot both read the state after
   /// step tt's update, so their cross-lane tree levels run together (the shuffle chains' latency
   /// was the recurrence's main stall). Per value, the operations and their order are those of
-  /// delta_rule_step + output_dot. The row's output index is computed per store (v27).
+  /// delta_rule_step + output_dot. The row's output index is computed per store, in 32 bits.
   /// cols_ok: the thread's columns are below V. Here they all are or none is (run), so one value
-  /// stands for them; passed as run's array, it made the unfused ring kernel spill 44 B at its
+  /// stands for them; passed as run's array, it makes the unfused ring kernel spill at its
   /// register cap.
   template <typename Src>
   __device__ __forceinline__ void steps_ring_stream(const TileSmem<Cfg>& sm,
@@ -125,7 +124,7 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide> {
     // of column swz, the lane computes that column's u, and CPT - 1 shuffles give it the
     // other columns' u; the output tree leaves the lanes with c % (P / CPT) == 0 one
     // output each to store. Per thread and step: 11 shuffles, 8 adds and one u where the
-    // all-reduce form below takes 24 shuffles, 24 adds and CPT u (docs/perf.md v30). The
+    // all-reduce form below takes 24 shuffles, 24 adds and CPT u. The
     // ring kernel stores no snapshots (its record mode is fixed: StagedSource::kFixedMode).
     static_assert(CPT <= P, "one column per lane at the root");
     // Column swz's u at step tt from its key-tree root kv, then every column's u.
@@ -163,10 +162,10 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide> {
     }
   }
 
-  /// Step 4 in the snapshot streaming kernel, pipelined as steps_ring_stream (v27's loop): the
-  /// cross-lane levels as all-reduces (every lane gets every root), v_of's one shared-memory load,
-  /// store_outputs from lane 0. With the ring kernel's form it spilled 40-56 B and ran 18-32%
-  /// slower (docs/perf.md v30).
+  /// Step 4 in the snapshot streaming kernel, pipelined as steps_ring_stream: the cross-lane
+  /// levels as all-reduces (every lane gets every root), v_of's one shared-memory load,
+  /// store_outputs from lane 0. The ring kernel's reduce-scatter form spills here and proved
+  /// slower.
   template <typename Src>
   __device__ __forceinline__ void steps_snapshot_stream(const TileSmem<Cfg>& sm,
                                                         ColRegs<Slice> (&S)[CPT],
@@ -211,7 +210,7 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide> {
   }
 
   /// Step 4 in the per-item kernels: one step after the other (latency-bound at small B, where
-  /// the split form's extra shared loads cost 1-4%, docs/perf.md v5). The wide form runs the
+  /// the split form's extra shared loads proved slower). The wide form runs the
   /// ring-mode steps in groups of kStepGroup with their outputs stored after the group.
   template <typename Src>
   __device__ __forceinline__ void steps_per_item(const TileSmem<Cfg>& sm, ColRegs<Slice> (&S)[CPT],
@@ -230,7 +229,7 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide> {
     if constexpr (kStepGroup > 1) {
       // Whole groups with their outputs stored after the group: no store (behind its
       // branch) then separates step tt's output dot from step tt + 1's decay and key dot,
-      // which do not depend on it, and the scheduler overlaps them (docs/perf.md v13).
+      // which do not depend on it, and the scheduler overlaps them.
       // Snapshot mode stores the state after every step, so it keeps the plain loop.
       if (!snap) {
         for (; tt + kStepGroup <= tc; tt += kStepGroup) {

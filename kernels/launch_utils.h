@@ -15,7 +15,7 @@ inline bool is_aligned(const void* ptr, int64_t bytes) {
 /// CTAs per work unit for a grid of `units` equal units, each splittable into 1..`most` equal
 /// CTAs, on a GPU that holds `wave` such CTAs at once: the count whose grid best fills its
 /// last wave (a grid of w waves costs ceil(w) waves when every CTA does the same work), the
-/// smallest on a tie. The commit's copy kernels size their grids with it (docs/perf.md v11b).
+/// smallest on a tie. The commit's copy kernels size their grids with it.
 constexpr int64_t ctas_per_unit_filling_waves(int64_t units, int64_t most, int64_t wave) {
   int64_t best = 1;
   int64_t best_ctas = 0, best_waves = 1;  // best fill = best_ctas / (best_waves * wave)
@@ -51,10 +51,10 @@ StateStreamMode state_stream_mode();
 void set_state_stream_mode(StateStreamMode mode, int max_ctas = 0);
 
 /// Under StateStreamMode::kAuto: from how many items a streamable launch takes the persistent
-/// kernel. Measured per kernel family (docs/perf.md v4b, v6b): within one wave the per-item
-/// kernel is faster for the unfused recurrence (2-9%), while the fused verify streams 6-11%
-/// faster at T = 8 and within 1-4% either way at T = 4. The fold keeps the one-wave rule of
-/// v4 (an all-layer fold of a 20-layer model exceeds one wave already at B = 1).
+/// kernel, chosen per kernel family: within one wave the per-item kernel is faster for the
+/// unfused recurrence, while the fused verify streams faster at T = 8 and breaks even at
+/// T = 4. The fold streams beyond one wave (an all-layer fold of a 20-layer model exceeds one
+/// wave already at B = 1).
 enum class StreamFrom {
   kBeyondOneWave,  ///< more items than one wave of resident CTAs
   kAnyCount,       ///< every streamable launch
@@ -65,9 +65,9 @@ enum class StreamFrom {
 int device_sm_count();
 
 /// The per-item verify tiles come in two register budgets: two CTAs per SM (128 registers per
-/// thread) and one (up to 255, ring-mode steps grouped: 4-11% faster at B = 1..4 at BV <= 64,
-/// 20-26% at BV = 128, docs/perf.md v13). kAuto: one per SM when the launch gains from it
-/// (`grouped`: ring mode, extend, or the fused BV = 128 tile in any mode, docs/perf.md v31)
+/// thread) and one (up to 255, ring-mode steps grouped: faster at small B). kAuto: one per SM
+/// when the launch gains from it (`grouped`: ring mode, extend, or the fused BV = 128 tile in
+/// any mode)
 /// and the grid has at most `max_waves` CTAs per SM (the launcher passes kWideFusedMaxWaves
 /// for the fused BV = 128 tile, 1 otherwise), also ahead of the BV = 128 streaming kernel;
 /// tests force each form (both give the same bits). A launch on another thread sees the old

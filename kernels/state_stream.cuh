@@ -2,7 +2,7 @@
 //
 // Why: at large B a verify/fold CTA spends its life in two phases, "wait for 64 KiB of
 // state and the inputs" and "compute", and with only 2 CTAs per SM (register-bound) the
-// phases of the two CTAs line up, so the SM idles while the data arrives (docs/perf.md).
+// phases of the two CTAs line up, so the SM idles while the data arrives.
 // A persistent CTA instead walks the work items blockIdx.x, blockIdx.x + gridDim.x, ...
 // and, as soon as it is done with item i's stage, has the TMA engine (cp.async.bulk, sm_90+)
 // bring the next live item's tile into the same stage, so that load runs under item i's
@@ -199,11 +199,11 @@ __device__ __forceinline__ int next_live_item(const Items& items, int item) {
 /// put the fill of this CTA's first live item in flight (`fill_first(item)`, called by the 32
 /// lanes of warp 0). Returns that item, or items.count() when the CTA has none. A kernel that
 /// must put something else in flight first (the verify: its first item's inputs, before the
-/// tile, docs/perf.md v25) passes a no-op and fills the stage itself after that.
+/// tile) passes a no-op and fills the stage itself after that.
 /// kFirstBeforeWait: the items' liveness reads only inputs that the previous kernel on the
 /// stream does not write (verify: the slot indices, kda_kernels.h), so the first live item is
-/// found before the PDL wait and that load overlaps the previous kernel's tail (docs/perf.md
-/// v9e). The fold's liveness reads the accepted lengths, which the kernel before the commit
+/// found before the PDL wait and that load overlaps the previous kernel's tail. The fold's
+/// liveness reads the accepted lengths, which the kernel before the commit
 /// (sampling) may write: it finds its first item after the wait.
 template <bool kFirstBeforeWait, typename Items, typename FillFirst>
 __device__ __forceinline__ int begin_streaming(BulkStage& bulk, const Items& items,

@@ -19,12 +19,11 @@ namespace kda::kernels {
 /// registers: see kMinCtasPerSm). The state tile is held by the last kStepThreads threads, P
 /// lanes per column and CPT columns each (delta_rule.cuh); the threads before kFirstStepThread
 /// hold no columns and skip the steps. Every tile uses all 256 threads, except the wide BV = 16
-/// tile: P = 8 lanes per column on warps 4-7 (one warp per scheduler, 16 values per thread).
-/// Against all eight warps at P = 16 (one cross-lane tree level more per dot) that was 1-4%
-/// faster at B = 1-2 in the H200's graph of calls. Warps 4-7 are the warps without a channel
-/// pair (and the last conv warp): their tile loads go out during the conv. P = 4 and the BV = 64
-/// tile on four warps were 1-28% slower (docs/perf.md v38). The wide BV = 32 tile on warps 4-7
-/// (two columns per thread) spills 80 B at its 128-register cap and was 16% slower there (v39).
+/// tile: P = 8 lanes per column on warps 4-7 (one warp per scheduler, 16 values per thread),
+/// which beats all eight warps at P = 16 (one cross-lane tree level more per dot). Warps 4-7 are
+/// the warps without a channel pair (and the last conv warp): their tile loads go out during
+/// the conv. P = 4 and the BV = 64 tile on four warps proved slower. The wide BV = 32 tile on
+/// warps 4-7 (two columns per thread) spills at its 128-register cap and proved slower there.
 template <int K_, int BV_, bool kWide_ = false>
 struct TileConfig {
   static constexpr int K = K_;
@@ -35,11 +34,9 @@ struct TileConfig {
   /// thread), but 1 (up to 255) for the wide tiles other than BV = 32. The launcher runs a wide
   /// tile only on grids of at most one CTA per SM (or a few waves at BV = 128), so the second
   /// slot of the wide BV = 32 tile is for the next kernel: its CTA becomes resident under PDL and
-  /// runs its part before griddepcontrol.wait while this one finishes. On the H200, against the
-  /// same tile at up to 255 registers on warps 4-7 (v38), in the graph of calls: Kimi-Linear
-  /// T = 4 B = 1 -1.8%, a K = V = 64 shape -1..-3.4% at B = 1-2, K3 TP8 T = 8 B = 2 +1%; despite
-  /// 4-16 B of spills. At 128 registers the BV = 16 and 64 tiles were 3-9% slower (docs/perf.md
-  /// v39).
+  /// runs its part before griddepcontrol.wait while this one finishes; that beats the same tile
+  /// at up to 255 registers on warps 4-7, despite its spills. At 128 registers the BV = 16 and
+  /// 64 tiles proved slower.
   static constexpr int kMinCtasPerSm = !kWide_ || BV == 32 ? 2 : 1;
   static constexpr bool kHalfStepThreads = kWide_ && BV == 16;
   static constexpr int kStepThreads = kHalfStepThreads ? kThreads / 2 : kThreads;
@@ -50,11 +47,9 @@ struct TileConfig {
   /// except in the wide BV = 32 tile: 32 / P, lane = c * (32 / P) + the group's index in its warp.
   /// There lanes n and n ^ 1 read the same K slice of kn / decay / qs, and a warp's 128-bit
   /// shared loads take half the requests (each of its threads holds one column, so every step
-  /// loads its 48 values per column from shared memory). On the H200: that tile -6.9..-8.6% at
-  /// B = 1-2 (K = 128), -0.1..-0.7% (K = 64). Elsewhere it lost: the one-per-SM BV = 64 / 128
-  /// tiles (2 / 4 columns per thread share each load) +1.6..+11.6%, the two-per-SM BV = 32 / 64
-  /// tiles +0.5..+12%; the one-per-SM BV = 16 tile moved -1.7..+1.8% (+1.8% at K3 TP8 T = 4 B = 1)
-  /// (docs/perf.md v41).
+  /// loads its 48 values per column from shared memory); it pays there, most at K = 128.
+  /// Elsewhere it proved slower or no faster: the one-per-SM BV = 64 / 128 tiles (2 / 4 columns
+  /// per thread share each load), the two-per-SM BV = 32 / 64 tiles, the one-per-SM BV = 16 tile.
   static constexpr int kLaneStride = kWide_ && BV == 32 ? 32 / P : 1;
   static constexpr int kChunk = 8;                 ///< tokens per prologue chunk
   static constexpr int kPairs = (2 * K + BV) / 2;  ///< channel pairs per CTA

@@ -5,8 +5,8 @@
 // KDA_FUSED_BLOCK_VS is the one list of fused tiles: it feeds the dispatch switch
 // (invoke.cu), the instantiation files (kernels/inst/), kFusedBlockVs (error messages, flag
 // help, the bench's sweep) and is_fused_block_v. A tile is added here and nowhere else.
-// The rules are fitted to H200 (132 SMs) measurements; docs/perf.md says which, and
-// docs/perf_log.md how they were found.
+// The rules are fitted to H200 (132 SMs) measurements; docs/perf_log.md records them and how
+// they were found.
 #pragma once
 
 #include <cstdint>

@@ -101,8 +101,8 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide> {
     const bool write_window = !extend && FUSED && pair_channel >= 0 && (is_qk ? qk_owner : true);
 
     // Conv history of the pair (fused only; the streaming kernel reads it per token, below).
-    // Issued first: the conv waits for it (docs/perf.md v9b). Raw bits until every load of
-    // the item is in flight (converted below, v9c).
+    // Issued first: the conv waits for it. Raw bits until every load of the item is in
+    // flight (converted below).
     uint32_t hist_bits[kConvHistory];
     if constexpr (FUSED && !is_streamed(Src::kSchedule)) {
       if (pair_channel >= 0) {
@@ -115,12 +115,11 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide> {
 
     // Narrow tiles (BV <= 64: the small-B path) issue the first chunk's inputs here, with the
     // conv history and the state tile, before any of them is used — one memory round trip
-    // after the PDL wait (the per-item kernel has read the slot before it, v9d), not three
-    // (the chunk loop would otherwise keep the input loads behind the history's conversion):
-    // B = 1..4 6-12% faster (docs/perf.md v4b). So do BV = 128 tiles with wide registers;
-    // at 128 registers BV = 128 tiles load them in the loop: there the early loads cost
-    // spills (per-item kernel, B = 8: 12.3 -> 13.7 us) or registers (streaming kernel: 1-2%
-    // slower at B = 64), and other CTAs hide the latency.
+    // after the PDL wait (the per-item kernel has read the slot before it), not three (the
+    // chunk loop would otherwise keep the input loads behind the history's conversion). So do
+    // BV = 128 tiles with wide registers; at 128 registers BV = 128 tiles load them in the
+    // loop: there the early loads cost spills (per-item kernel) or registers (streaming
+    // kernel), and other CTAs hide the latency.
     constexpr bool kEarlyInputs = !is_streamed(Src::kSchedule) && (BV <= 64 || kWideRegisters);
     ChunkInputs in;
     if constexpr (kEarlyInputs) {
@@ -129,18 +128,15 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide> {
 
     // The state tile, one of three ways:
     //  - staged (stages_state(Src::kSchedule)): one bulk copy issued here, copied from shared
-    //  memory to
-    //    registers only after the prologue, so it does not hold registers through it;
+    //    memory to registers only after the prologue, so it does not hold registers through it;
     //  - kLateStateLoads (wide registers, not staged): register loads issued after the gates.
-    //    Issued here, the tile's loads (up to 64 KiB per SM at BV = 128) shared the SM's
-    //    memory pipe with the conv history and inputs, and the conv waited for them: the
-    //    history landed ~1300-2900 cycles after the slot instead of ~1100. After the gates
-    //    the history and inputs are in registers, and the tile lands during the norms
-    //    (docs/perf.md v14: BV = 128 one per SM 6-10% faster, L2-cold 11-12%). With the
-    //    spare-warp norms (below) the spare warps issue theirs after their gates (during the
-    //    conv) and the conv warps right after the conv, before their gates;
+    //    Issued here, the tile's loads (up to 64 KiB per SM at BV = 128) would share the SM's
+    //    memory pipe with the conv history and inputs, and the conv would wait for them. After
+    //    the gates the history and inputs are in registers, and the tile lands during the
+    //    norms. With the spare-warp norms (below) the spare warps issue theirs after their
+    //    gates (during the conv) and the conv warps right after the conv, before their gates;
     //  - otherwise register loads here, in flight during the prologue (with 128 registers
-    //    and two CTAs per SM, loads issued after the history measured slower, v12g/h).
+    //    and two CTAs per SM, loads issued after the history proved slower).
     constexpr bool kLateStateLoads =
         kWideRegisters && !is_streamed(Src::kSchedule) && !stages_state(Src::kSchedule);
     // Fused narrow tiles (BV <= 32) with wide registers: the warps without a conv pair
@@ -148,13 +144,12 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide> {
     // The spare warps compute their gates during the conv; all warps meet at a barrier once
     // q / k / v are stored; the conv warps then issue their state-tile loads and compute their
     // gates while the spare warps run the norms; a second barrier ends the prologue. Two CTA
-    // barriers as before, and the norms are off the critical path (the conv warps are that
-    // path; work added to them made it longer, docs/perf.md v16b). H200 (docs/perf.md v18):
-    //  - BV <= 32: -1..-7% in the 10-call graph, L2-cold and in the 20-layer round;
-    //  - BV = 64: -2..-4% in the graph but +3..+7% L2-cold and in the round at T = 4: its
-    //    32 KiB state tile had landed during the norms, and without them the steps wait for it;
-    //  - K = BV = 128 (two spare warps, four norms each at T = 4): +2..+3%;
-    //  - the unfused recurrence has no conv to hide the norms behind (T = 8 +2%).
+    // barriers, as with the all-warp norms, and the norms are off the critical path (the conv
+    // warps are that path; work added to them lengthens it). Elsewhere it proved slower:
+    //  - BV = 64: its 32 KiB state tile lands during the all-warp norms, and without them the
+    //    steps wait for it;
+    //  - K = BV = 128: two spare warps, four norms each at T = 4;
+    //  - the unfused recurrence has no conv to hide the norms behind.
     // So BV >= 64 and the unfused recurrence keep the all-warp norms.
     constexpr bool kSpareWarpNorms =
         FUSED && kWideRegisters && !is_streamed(Src::kSchedule) && BV <= 32;
@@ -226,7 +221,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide> {
         if (kPhases == 1 || (phase == 0) == spare) {
           if constexpr (kLateStateLoads && kSpareWarpNorms) {
             // The conv warps' share of the tile: the conv is done, so the loads go out before
-            // the gates (after them, the steps waited: docs/perf.md v18e).
+            // the gates (issued after them, they make the steps wait).
             if (t0 == 0 && phase == 1) {
               src.load_state(*this, S, col_ok, s_base);
             }
@@ -234,7 +229,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide> {
           gates_chunk(sm, in, slot, ring, gate_owner, t0, tc);
           if constexpr (kLateStateLoads) {
             // The first chunk's steps are the first to need the tile; the spare warps issue
-            // theirs here, after their phase-0 gates (later, in phase 1, was slower: v18d).
+            // theirs here, after their phase-0 gates (later, in phase 1, proved slower).
             if (t0 == 0 && (!kSpareWarpNorms || phase == 0)) {
               src.load_state(*this, S, col_ok, s_base);
             }
@@ -256,7 +251,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide> {
       }
       if constexpr (is_streamed(Src::kSchedule)) {
         // The state tile to registers; the barrier inside load_state also completes the norms
-        // (one barrier where there were two, docs/perf.md v7).
+        // (one barrier serves both).
         src.load_state(*this, S, col_ok, s_base);
       } else {
         if constexpr (!kSpareWarpNorms) {
@@ -282,7 +277,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide> {
       // The next chunk overwrites shared memory. The streaming kernel runs one chunk per item,
       // and its next live item passes a barrier before it writes shared memory (after its
       // input copies land), so it ends the item without one: fast warps start the next item's
-      // set-up while slow ones finish their steps (docs/perf.md v10b).
+      // set-up while slow ones finish their steps.
       if constexpr (!is_streamed(Src::kSchedule)) {
         __syncthreads();
       }

@@ -4,7 +4,7 @@
 // issued while the previous item computes, and is copied to registers after the prologue.
 // The item's raw inputs (token channels, conv history, gate logits: ItemInputs) arrive the
 // same way one item ahead, through per-thread cp.async into a double buffer, so the prologue
-// reads shared memory instead of waiting on three global round trips (docs/perf.md v5).
+// reads shared memory instead of waiting on three global round trips.
 // Weights, gate constants and beta logits are read as in verify_tile_kernel, and the
 // arithmetic is VerifyItem's (verify_item.cuh), so the bits equal verify_tile_kernel's.
 // Streamable (checked by the launcher, else verify_tile_kernel runs): sm_90+, verify (not
@@ -51,8 +51,8 @@ struct VerifyStreamItems {
 /// no state is live in registers): its state run is issued once the stage is free, its inputs
 /// once this item has read its own (VerifyItem::run calls src.inputs_consumed()), and every
 /// thread takes its coordinates and slot from here when it gets to it (no division and no
-/// dependent slot load at the item's top, docs/perf.md v10a). Written after an item's first
-/// barrier, read until the next live item's first barrier.
+/// dependent slot load at the item's top). Written after an item's first barrier, read until
+/// the next live item's first barrier.
 struct NextRun {
   BulkRun run;
   int valid;
@@ -80,8 +80,8 @@ struct ItemInputs {
 
 /// Every thread: puts the copies of item `at`'s inputs into `dst` in flight (pieces past V
 /// are skipped; they are never read). A thread copies one 16-byte piece of the row (so one
-/// channel offset) in every kRowsPerPass-th row: at v25 each piece's row, offset and channel
-/// were decoded anew (~30 instructions a piece, ~600 per item, docs/perf.md v27).
+/// channel offset) in every kRowsPerPass-th row, so its channel is decoded once per item, not
+/// once per piece.
 template <bool FUSED, int K, int BV, int kChunk>
 __device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& dst,
                                                      const VerifyParams& p, const ItemCoords& at,
@@ -131,7 +131,7 @@ __device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& 
 template <typename Item, RecordMode kMode>
 struct StagedSource : WeightReads<Item> {
   /// One schedule per record mode: the ring kernel carries no snapshot code and the snapshot
-  /// kernel no ring code (fewer registers held). The ring kernel's forms, which made the
+  /// kernel no ring code (fewer registers held). The ring kernel's forms, which make the
   /// snapshot kernel spill: the stage refilled by warp 0 alone (load_state) and the trees'
   /// cross-lane levels as reduce-scatters on swizzled columns (item_steps.cuh).
   static constexpr ItemSchedule kSchedule =
@@ -198,8 +198,7 @@ struct StagedSource : WeightReads<Item> {
   }
   /// The stage always holds BV columns, so every column is copied: the ones past V hold zeros
   /// (verify_stream_kernel clears the stage first) or an earlier item's state, and they are
-  /// never stored (columns do not mix in the recurrence). Zeroing them in registers instead
-  /// cost 32 instructions per warp and item (docs/perf.md v8f).
+  /// never stored (columns do not mix in the recurrence), so they need no zeroing in registers.
   __device__ __forceinline__ void load_state(const Item& it, ColRegs<Slice> (&S)[Slice::CPT],
                                              const bool (&)[Slice::CPT], const float*) const {
     bulk.wait();
@@ -212,8 +211,8 @@ struct StagedSource : WeightReads<Item> {
     // Every thread is done with the stage, `next` is written, and (VerifyItem::run relies on
     // this barrier) the item's q/k norms are complete: refill.
     __syncthreads();
-    // Ring kernel: warp 0 alone reads `next` and runs the fill's predicated asm (every thread
-    // did, 22 instructions a warp). The snapshot kernel keeps every thread on it
+    // Ring kernel: warp 0 alone reads `next` and runs the fill's predicated asm, so the other
+    // warps skip its instructions. The snapshot kernel keeps every thread on it
     // (is_ring_stream(kSchedule)).
     if (!is_ring_stream(kSchedule) || threadIdx.x < 32) {
       bulk.fill_one_if(threadIdx.x == 0 && next.valid != 0, next.run);
@@ -240,8 +239,7 @@ __global__ void __launch_bounds__(256, 2)
   BulkStage bulk(stage, &bar);
   // The first item's inputs go out before its state tile: its prologue needs only the inputs,
   // and with the tile's 64 KiB ahead of them in the memory queue (every CTA fills at once) the
-  // first prologue waited ~4-9 K cycles for them (docs/perf.md v24, v25). The tile lands during
-  // the prologue.
+  // first prologue would wait behind it. The tile lands during the prologue.
   const int first = begin_streaming</*kFirstBeforeWait=*/true>(bulk, items, [](int) {});
   if (first < items.count()) {
     const ItemCoords at = items.coords(first);
@@ -262,9 +260,8 @@ __global__ void __launch_bounds__(256, 2)
     const Src src{
         {}, stage, bulk, next, items, i, slot, &inputs[live & 1], &inputs[(live + 1) & 1]};
     // The gate constants before the barrier: their loads overlap the wait for the slowest warp
-    // instead of stalling every warp after it (docs/perf.md v10a). The conv taps and the
-    // scratch row stay after it: read here, ptxas spilled 16-24 B in the fused and unfused
-    // kernels.
+    // instead of stalling every warp after it. The conv taps and the scratch row stay after
+    // it: read here, they make ptxas spill in the fused and unfused kernels.
     item.load_constants(src);
     if (slot >= 0) {
       cp_async_wait_all();

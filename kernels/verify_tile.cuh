@@ -12,16 +12,14 @@
 namespace kda::kernels {
 
 /// The per-item kernel's state stage ([BV][K] f32, static shared memory: with TileSmem under
-/// 48 KiB up to BV = 64) for the tiles where one bulk copy measured faster than the threads'
-/// own loads into registers: BV = 16 and 64, by 2-8% on the H200 at B = 1..8, both models,
-/// T = 4 and 8; at BV = 8 and 32 it was 1-4% slower (up to 16% at 384-CTA grids) and they
-/// keep the register loads (docs/perf.md v12: at BV = 32 the stage did not make the conv
-/// history land sooner, and its copy after the norms cost more than it saved). BV = 128's
-/// large-B path is the streaming kernel. Thread 0 initialises the barrier and issues the copy
-/// (lane 0 of the last warp, which has no channel pair, measured 1-4% slower: v12b).
-/// With one CTA per SM (kCtasPerSm = 1) only BV = 16 keeps the stage: there BV = 64's register
-/// loads issued after the gates (VerifyItem::run, kLateStateLoads) measured 1.5-3.6% faster
-/// than the stage, BV = 16's 0-2% slower (docs/perf.md v14f).
+/// 48 KiB up to BV = 64) for the tiles where one bulk copy proved faster than the threads'
+/// own loads into registers: BV = 16 and 64. BV = 8 and 32 keep the register loads, where the
+/// stage proved slower (at BV = 32 it does not make the conv history land sooner, and its copy
+/// after the norms costs more than it saves). BV = 128's large-B path is the streaming kernel.
+/// Thread 0 initialises the barrier and issues the copy (lane 0 of the last warp, which has no
+/// channel pair, proved slower). With one CTA per SM (kCtasPerSm = 1) only BV = 16 keeps the
+/// stage: there BV = 64's register loads issued after the gates (VerifyItem::run,
+/// kLateStateLoads) beat the stage, and BV = 16's do not.
 template <int K, int BV, int kCtasPerSm>
 struct ItemStateStage {
   static constexpr bool kUsed = BV == 16 || (BV == 64 && kCtasPerSm == 2);
@@ -31,12 +29,12 @@ struct ItemStateStage {
 
 /// A verify item's inputs straight from global memory. for_item() computes the request's row
 /// addresses from the params alone, so the per-item kernel does that arithmetic before its PDL
-/// wait and issues the input loads as soon as the slot check passes (docs/perf.md v9a).
+/// wait and issues the input loads as soon as the slot check passes.
 /// Token t0 + tt of a chunk (t0 a multiple of kChunk) is row + (t0 + tt) * step in 64 bits for
 /// the channel pairs and beta logits, and row + t0 * step + tt * step with the chunk-relative
 /// part in 32 bits for the gate logits (the launchers check that every row pitch is below 2^28
-/// elements, so kChunk pitches fit; the mixed form made ptxas spill in the unfused BV = 128
-/// tile, docs/perf.md v9b).
+/// elements, so kChunk pitches fit; the mixed form makes ptxas spill in the unfused BV = 128
+/// tile).
 template <typename Item, bool kStateStaged>
 struct GlobalSource : WeightReads<Item> {
   /// kStateStaged: the kernel's ItemStateStage::kUsed (kPerItemStagedState).
@@ -81,7 +79,7 @@ struct GlobalSource : WeightReads<Item> {
   /// The request's slot and scratch row, read before the PDL wait: the index arrays are
   /// inputs of the call that the kernel launched just before on the stream does not write
   /// (kda_kernels.h), so their load latency overlaps that kernel's tail instead of adding a
-  /// memory round trip before every other load (docs/perf.md v9d). rows[n] of a padding row is
+  /// memory round trip before every other load. rows[n] of a padding row is
   /// read (an in-bounds int) but never used.
   __device__ __forceinline__ void load_indices(const Item& it) {
     slot_ = it.p.slots[it.n];
@@ -172,7 +170,7 @@ __global__ void __launch_bounds__(256, TileConfig<K, BV, kCtasPerSm == 1>::kMinC
   src.load_indices(item);
   if constexpr (Stage::kUsed) {
     // The barrier is initialised. Before the wait, this overlaps the previous kernel in the
-    // two-per-SM form; without it racecheck flags the copy's arrive against the init (v16a).
+    // two-per-SM form; without it racecheck flags the copy's arrive against the init.
     __syncthreads();
   }
   // The committed state and the activations come from earlier kernels: wait for them.
@@ -208,15 +206,14 @@ void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.HV),
                   static_cast<unsigned>(p.B));
   // Where the one-per-SM form gains. Its grouped ring-mode steps (and extend's): snapshot mode
-  // (one step at a time) measured 1-3% slower in it at B = 1, 2 (docs/perf.md v13). The fused
-  // BV = 128 tile in every mode: in snapshot mode its one-per-SM CTAs beat the streaming kernel
-  // by 4.5-15% over 96-384 CTAs (Kimi-Linear B = 4, 8; K3 TP8 B = 8-32; docs/perf.md v31).
+  // (one step at a time) proved slower in it at small B. The fused BV = 128 tile in every mode:
+  // in snapshot mode too its one-per-SM CTAs beat the streaming kernel up to kMaxWaves waves.
   const bool gains = args.extend != 0 || p.mode == RecordMode::kRing || (FUSED && BV == 128);
   // The fused BV = 128 tile stays one per SM over several waves (launch_utils.h
-  // kWideFusedMaxWaves); the unfused recurrence's did not gain from it (docs/perf.md v17).
+  // kWideFusedMaxWaves); the unfused recurrence's does not gain from that.
   constexpr int kMaxWaves = FUSED && BV == 128 ? kWideFusedMaxWaves : 1;
   // The narrower fused tiles in snapshot mode: one per SM only where that fills the waves
-  // better (docs/perf.md v32).
+  // better.
   const bool by_wave_fill = FUSED && BV < 128 && !gains;
   if (by_wave_fill ? one_cta_per_sm_by_wave_fill(ctas)
                    : one_cta_per_sm_tiles(ctas, gains, kMaxWaves)) {

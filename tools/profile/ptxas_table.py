@@ -12,8 +12,8 @@ Compiles kernels/*.cu and kernels/inst/*.cu for sm_90a with the build's device f
                                                  # that table's nvcc release is not this one)
 
 Why: the streaming verify runs at its 128-register cap, where a trim that removes instructions
-can make ptxas spill and the kernel 5-13% slower (docs/perf.md v27). Run --check before timing
-a change to a kernel. Needs nvcc (CUDA_HOME or /usr/local/cuda) and c++filt; no GPU.
+can make ptxas spill and the kernel slower. Run --check before timing a change to a kernel.
+Needs nvcc (CUDA_HOME or /usr/local/cuda) and c++filt; no GPU.
 """
 import argparse
 import glob
