@@ -166,6 +166,7 @@ void invoke_verify_unfused(const VerifyParams& p, cudaStream_t stream) {
 
 void invoke_verify_fused(const VerifyParams& p, int block_v, cudaStream_t stream) {
   check_verify_launch(p, "invoke_verify_fused", kFusedNeeds);
+  params::check_block_v(block_v, "invoke_verify_fused");
   const TileArgs args{p, nullptr, 0, {}};  // divisors: set by launch_verify_tile
   dispatch_weight(p.conv_weight_type, [&](auto w) {
     using W = decltype(w);

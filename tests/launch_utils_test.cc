@@ -6,6 +6,7 @@
 #include <random>
 
 #include "kernels/launch_utils.h"
+#include "kernels/tile_policy.h"
 
 using kda::kernels::ceil_div;
 using kda::kernels::ctas_per_unit_filling_waves;

@@ -1,16 +1,12 @@
 // host_kernel_set.cc: the KernelSet of the host reference (kernels/kernel_set.h), so the
 // backend runs its whole lifecycle without a GPU. Streams are ignored: every call runs
 // synchronously on the calling thread.
-#include <fmt/format.h>
-
-#include <algorithm>
-#include <iterator>
 #include <memory>
 
 #include "core/error.h"
 #include "kernels/host/kda_host.h"
-#include "kernels/kda_kernels.h"
 #include "kernels/kernel_set.h"
+#include "kernels/params_check.h"
 
 namespace kda {
 namespace {
