@@ -136,22 +136,13 @@ const OutputTensor* RunResult::find(const std::string& name) const {
   return nullptr;
 }
 
-RunResult run_replay(const ReplayProblem& p, const RunOptions& options) {
-  KDA_CHECK(options.repeat >= 1, "replay: --repeat {} must be >= 1", options.repeat);
-  const Device dev = options.device;
-  std::unique_ptr<KernelSet> kernels = make_kernel_set(dev);
-  RunResult r;
-  r.device = device_name(dev);
-  r.kernel_set = kernels->name();
-  r.mode = p.mode;
-  r.requested = options.path;
-  r.platform =
-      options.platform ? *options.platform : detect_platform(dev.is_cuda() ? dev.index : -1);
-  const bool ring = p.mode == RecordMode::kRing;
-  const int64_t N = p.N, D = p.D, HV = p.HV, H = p.H, K = p.K, V = p.V;
+namespace {
 
-  // ---- device buffers ----
-  auto start = Clock::now();
+// ---- the steps of run_replay, in order ----
+
+// Every captured tensor on `dev`, outputs zeroed; the record buffers of the capture's mode only
+// (rings or snapshots), the accepted lengths and the error flag only if there are accepted lengths.
+DeviceTensors upload_problem(const ReplayProblem& p, const Device& dev) {
   DeviceTensors t;
   t.qkv = upload(p.qkv, dev);
   t.a = upload(p.a, dev);
@@ -164,10 +155,10 @@ RunResult run_replay(const ReplayProblem& p, const RunOptions& options) {
   t.ssm_state = upload(p.ssm_state, dev);
   t.slots = upload(p.slots, dev);
   t.rows = upload(p.rows, dev);
-  t.out = upload(std::vector<bf16_t>(static_cast<size_t>(N * HV * V), bf16_t{0}), dev);
+  t.out = upload(std::vector<bf16_t>(static_cast<size_t>(p.N * p.HV * p.V), bf16_t{0}), dev);
   t.conv_window = upload(p.conv_window, dev);
-  t.qkv_act = upload(std::vector<bf16_t>(static_cast<size_t>(N * D), bf16_t{0}), dev);
-  if (ring) {
+  t.qkv_act = upload(std::vector<bf16_t>(static_cast<size_t>(p.N * p.D), bf16_t{0}), dev);
+  if (p.mode == RecordMode::kRing) {
     t.rawv = upload(p.ring_rawv, dev);
     t.rawk = upload(p.ring_rawk, dev);
     t.g = upload(p.ring_g, dev);
@@ -179,10 +170,12 @@ RunResult run_replay(const ReplayProblem& p, const RunOptions& options) {
     t.accepted = upload(*p.accepted, dev);
     t.error_flag = upload(std::vector<int32_t>{0}, dev);
   }
-  sync(dev);
-  r.timings.upload_ms = ms_since(start);
+  return t;
+}
 
-  // ---- verify params (contract §2 layouts, packed: every pitch is the packed extent) ----
+// The verify call over `t` (contract §2 layouts, packed: every pitch is the packed extent).
+VerifyParams make_verify_params(const ReplayProblem& p, const DeviceTensors& t) {
+  const int64_t D = p.D, HV = p.HV, H = p.H, K = p.K, V = p.V;
   VerifyParams v;
   v.B = p.B;
   v.T = p.T;
@@ -217,7 +210,7 @@ RunResult run_replay(const ReplayProblem& p, const RunOptions& options) {
   v.out = static_cast<bf16_t*>(t.out.data());
   v.conv_window = static_cast<bf16_t*>(t.conv_window.data());
   v.conv_window_row_stride = int64_t{p.T_alloc} * kW1 * D;
-  if (ring) {
+  if (p.mode == RecordMode::kRing) {
     v.ring_rawv = static_cast<bf16_t*>(t.rawv.data());
     v.ring_rawv_slot_stride = HV * p.L * V;
     v.ring_rawk = static_cast<bf16_t*>(t.rawk.data());
@@ -231,8 +224,13 @@ RunResult run_replay(const ReplayProblem& p, const RunOptions& options) {
     v.snapshot_row_stride = int64_t{p.T_alloc} * p.state_elems();
   }
   v.qkv_act = static_cast<bf16_t*>(t.qkv_act.data());
+  return v;
+}
 
-  // ---- the dispatcher's view of the same call ----
+// The dispatcher's view of the same call (views over `t`, which must outlive it).
+DispatchProblem make_dispatch_problem(const ReplayProblem& p, const DeviceTensors& t,
+                                      const Device& dev) {
+  const int64_t N = p.N, D = p.D, HV = p.HV, H = p.H, K = p.K, V = p.V;
   const DType wdtype = p.wtype == ConvWeightType::kF32 ? DType::kF32 : DType::kBF16;
   DispatchProblem dp;
   dp.B = p.B;
@@ -252,7 +250,7 @@ RunResult run_replay(const ReplayProblem& p, const RunOptions& options) {
   }
   dp.slots = TensorView::contiguous(t.slots.data(), DType::kI32, dev, {p.B});
   dp.rows = TensorView::contiguous(t.rows.data(), DType::kI32, dev, {p.B});
-  if (ring) {
+  if (p.mode == RecordMode::kRing) {
     const int64_t Sr = p.ring_slots, L = p.L;
     dp.rings.rawv = TensorView::contiguous(t.rawv.data(), DType::kBF16, dev, {Sr, HV, L, V});
     dp.rings.rawk = TensorView::contiguous(t.rawk.data(), DType::kBF16, dev, {Sr, H, L, K});
@@ -260,6 +258,12 @@ RunResult run_replay(const ReplayProblem& p, const RunOptions& options) {
     dp.rings.beta = TensorView::contiguous(t.beta.data(), DType::kF32, dev, {Sr, HV, L});
   }
   dp.num_slots = p.S;
+  return dp;
+}
+
+// Sets r.decision (the dispatcher's choice, also when a path is forced) and the path and tile
+// that will run: the decision's for --path auto, else the forced path's.
+void choose_path(const DispatchProblem& dp, const RunOptions& options, RunResult& r) {
   DispatchFlags flags;
   flags.fused_ring_max_batch = options.fused_ring_max_batch;
   flags.block_v = options.block_v;
@@ -278,15 +282,19 @@ RunResult run_replay(const ReplayProblem& p, const RunOptions& options) {
       r.block_v = 0;
       break;
   }
+}
 
-  // ---- verify (idempotent: it never writes the committed state, so repeats are safe) ----
+// Verify `repeat` times on r.path (idempotent: it never writes the committed state, so repeats
+// are safe); times the first call and the mean.
+void run_verify(KernelSet& kernels, const VerifyParams& v, const Device& dev, int repeat,
+                RunResult& r) {
   double total_ms = 0.0;
-  for (int i = 0; i < options.repeat; ++i) {
-    start = Clock::now();
+  for (int i = 0; i < repeat; ++i) {
+    const auto start = Clock::now();
     if (r.path == VerifyPath::kFused) {
-      kernels->verify_fused(v, r.block_v, nullptr);
+      kernels.verify_fused(v, r.block_v, nullptr);
     } else {
-      kernels->verify_unfused(v, nullptr);
+      kernels.verify_unfused(v, nullptr);
     }
     sync(dev);
     const double ms = ms_since(start);
@@ -295,53 +303,53 @@ RunResult run_replay(const ReplayProblem& p, const RunOptions& options) {
     }
     total_ms += ms;
   }
-  r.timings.verify_calls = options.repeat;
-  r.timings.verify_mean_ms = total_ms / options.repeat;
+  r.timings.verify_calls = repeat;
+  r.timings.verify_mean_ms = total_ms / repeat;
+}
 
-  // ---- commit (one layer), if the capture has accepted lengths ----
-  if (p.accepted) {
-    CommitParams c;
-    c.num_layers = 1;
-    c.B = p.B;
-    c.T = p.T;
-    c.T_alloc = p.T_alloc;
-    c.H = p.H;
-    c.HV = p.HV;
-    c.K = p.K;
-    c.V = p.V;
-    c.L = p.L;
-    c.num_slots = p.S;
-    c.num_rows = p.R;
-    c.mode = p.mode;
-    c.slots = v.slots;
-    c.rows = v.rows;
-    c.accepted = static_cast<const int32_t*>(t.accepted.data());
-    c.ssm_state = static_cast<float*>(t.ssm_state.data());
-    c.ssm_slot_stride = v.ssm_slot_stride;
-    c.conv_state = static_cast<bf16_t*>(t.conv_state.data());
-    c.conv_state_slot_stride = v.conv_state_slot_stride;
-    c.conv_window = v.conv_window;
-    c.conv_window_row_stride = v.conv_window_row_stride;
-    c.snapshots = v.snapshots;
-    c.snapshot_row_stride = v.snapshot_row_stride;
-    c.ring_rawv = v.ring_rawv;
-    c.ring_rawv_slot_stride = v.ring_rawv_slot_stride;
-    c.ring_rawk = v.ring_rawk;
-    c.ring_rawk_slot_stride = v.ring_rawk_slot_stride;
-    c.ring_g = v.ring_g;
-    c.ring_g_slot_stride = v.ring_g_slot_stride;
-    c.ring_beta = v.ring_beta;
-    c.ring_beta_slot_stride = v.ring_beta_slot_stride;
-    c.error_flag = static_cast<int32_t*>(t.error_flag.data());
-    start = Clock::now();
-    kernels->commit(c, nullptr);
-    sync(dev);
-    r.timings.commit_ms = ms_since(start);
-    r.committed = true;
-  }
+// The commit of one layer over the buffers `v` verified into (the capture has accepted lengths).
+CommitParams make_commit_params(const ReplayProblem& p, const VerifyParams& v,
+                                const DeviceTensors& t) {
+  CommitParams c;
+  c.num_layers = 1;
+  c.B = p.B;
+  c.T = p.T;
+  c.T_alloc = p.T_alloc;
+  c.H = p.H;
+  c.HV = p.HV;
+  c.K = p.K;
+  c.V = p.V;
+  c.L = p.L;
+  c.num_slots = p.S;
+  c.num_rows = p.R;
+  c.mode = p.mode;
+  c.slots = v.slots;
+  c.rows = v.rows;
+  c.accepted = static_cast<const int32_t*>(t.accepted.data());
+  c.ssm_state = static_cast<float*>(t.ssm_state.data());
+  c.ssm_slot_stride = v.ssm_slot_stride;
+  c.conv_state = static_cast<bf16_t*>(t.conv_state.data());
+  c.conv_state_slot_stride = v.conv_state_slot_stride;
+  c.conv_window = v.conv_window;
+  c.conv_window_row_stride = v.conv_window_row_stride;
+  c.snapshots = v.snapshots;
+  c.snapshot_row_stride = v.snapshot_row_stride;
+  c.ring_rawv = v.ring_rawv;
+  c.ring_rawv_slot_stride = v.ring_rawv_slot_stride;
+  c.ring_rawk = v.ring_rawk;
+  c.ring_rawk_slot_stride = v.ring_rawk_slot_stride;
+  c.ring_g = v.ring_g;
+  c.ring_g_slot_stride = v.ring_g_slot_stride;
+  c.ring_beta = v.ring_beta;
+  c.ring_beta_slot_stride = v.ring_beta_slot_stride;
+  c.error_flag = static_cast<int32_t*>(t.error_flag.data());
+  return c;
+}
 
-  // ---- host copies, conv tensors back in the manifest's layouts ----
-  start = Clock::now();
+// Host copies into r.outputs, conv tensors back in the manifest's layouts; the committed state
+// and the error flag only if r.committed.
+void download_outputs(const ReplayProblem& p, const DeviceTensors& t, RunResult& r) {
+  const int64_t N = p.N, D = p.D, HV = p.HV, H = p.H, K = p.K, V = p.V;
   const int64_t R = p.R, Ta = p.T_alloc, S = p.S;
   const bool window_sdw = p.manifest.conv_window_layout == ConvLayout::kSDW;
   const bool state_sdw = p.manifest.conv_state_layout == ConvLayout::kSDW;
@@ -350,7 +358,7 @@ RunResult run_replay(const ReplayProblem& p, const RunOptions& options) {
   r.outputs.push_back(window_sdw ? make_output("conv_window", {R, Ta, D, kW1},
                                                transpose_last2(window, R * Ta, kW1, D))
                                  : make_output("conv_window", {R, Ta, kW1, D}, window));
-  if (ring) {
+  if (p.mode == RecordMode::kRing) {
     const int64_t Sr = p.ring_slots, L = p.L;
     r.outputs.push_back(
         make_output("ring_rawv", {Sr, HV, L, V}, download<bf16_t>(t.rawv, Sr * HV * L * V)));
@@ -373,6 +381,42 @@ RunResult run_replay(const ReplayProblem& p, const RunOptions& options) {
                   : make_output("conv_state", {S, kW1, D}, conv));
     r.commit_error_flag = download<int32_t>(t.error_flag, 1)[0];
   }
+}
+
+}  // namespace
+
+RunResult run_replay(const ReplayProblem& p, const RunOptions& options) {
+  KDA_CHECK(options.repeat >= 1, "replay: --repeat {} must be >= 1", options.repeat);
+  const Device dev = options.device;
+  std::unique_ptr<KernelSet> kernels = make_kernel_set(dev);
+  RunResult r;
+  r.device = device_name(dev);
+  r.kernel_set = kernels->name();
+  r.mode = p.mode;
+  r.requested = options.path;
+  r.platform =
+      options.platform ? *options.platform : detect_platform(dev.is_cuda() ? dev.index : -1);
+
+  auto start = Clock::now();
+  const DeviceTensors t = upload_problem(p, dev);
+  sync(dev);
+  r.timings.upload_ms = ms_since(start);
+
+  const VerifyParams v = make_verify_params(p, t);
+  choose_path(make_dispatch_problem(p, t, dev), options, r);
+  run_verify(*kernels, v, dev, options.repeat, r);
+
+  if (p.accepted) {  // commit (one layer), if the capture has accepted lengths
+    const CommitParams c = make_commit_params(p, v, t);
+    start = Clock::now();
+    kernels->commit(c, nullptr);
+    sync(dev);
+    r.timings.commit_ms = ms_since(start);
+    r.committed = true;
+  }
+
+  start = Clock::now();
+  download_outputs(p, t, r);
   r.timings.download_ms = ms_since(start);
   return r;
 }

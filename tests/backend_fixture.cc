@@ -1,0 +1,253 @@
+// backend_fixture.cc: the Harness, its counting kernel set, seeded weights / activations and
+// the bitwise and error helpers of backend_fixture.h.
+#include "tests/backend_fixture.h"
+
+#include <catch2/catch.hpp>
+#include <random>
+
+#include "backend/kernel_set_factory.h"
+#include "kernels/kernel_set.h"
+
+namespace kda::testing {
+
+#ifdef KDA_BACKEND_TEST_CUDA
+const Device kTestDevice = Device::cuda(0);
+#else
+const Device kTestDevice = Device::host();
+#endif
+
+const ModelCase kGqaCase{"GQA HV=2H, standard gate, f32 conv + bias",
+                         2,
+                         4,
+                         GateKind::kStandard,
+                         ConvWeightType::kF32,
+                         true};
+
+namespace {
+
+const bf16_t kBf16NaN{0x7fc0};
+
+// ---- counting kernel set (wraps the test device's kernels; the backend owns it) ----
+
+class CountingKernelSet final : public KernelSet {
+ public:
+  explicit CountingKernelSet(std::shared_ptr<KernelCounts> counts)
+      : inner_(make_kernel_set(kTestDevice)), counts_(std::move(counts)) {}
+  const char* name() const override { return "counting host"; }
+  Device device() const override { return inner_->device(); }
+  void verify_unfused(const VerifyParams& p, cudaStream_t s) override {
+    inner_->verify_unfused(p, s);
+    ++counts_->unfused;
+  }
+  void verify_fused(const VerifyParams& p, int block_v, cudaStream_t s) override {
+    inner_->verify_fused(p, block_v, s);
+    ++counts_->fused;
+    counts_->last_block_v = block_v;
+  }
+  void extend(const ExtendParams& p, cudaStream_t s) override {
+    inner_->extend(p, s);
+    ++counts_->extend;
+  }
+  void commit(const CommitParams& p, cudaStream_t s) override {
+    inner_->commit(p, s);
+    ++counts_->commit;
+  }
+
+ private:
+  std::unique_ptr<KernelSet> inner_;
+  std::shared_ptr<KernelCounts> counts_;
+};
+
+// ---- seeded random data ----
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : engine_(seed) {}
+  float normal(float scale) { return scale * dist_(engine_); }
+  std::vector<float> floats(int64_t n, float scale) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) {
+      x = normal(scale);
+    }
+    return v;
+  }
+  std::vector<bf16_t> bf16s(int64_t n, float scale) {
+    std::vector<bf16_t> v(static_cast<size_t>(n));
+    for (bf16_t& x : v) {
+      x = float_to_bf16(normal(scale));
+    }
+    return v;
+  }
+
+ private:
+  std::mt19937_64 engine_;
+  std::normal_distribution<float> dist_{0.0f, 1.0f};
+};
+
+}  // namespace
+
+ModelConfig model_for(const ModelCase& c) {
+  ModelConfig m;
+  m.num_layers = kLayers;
+  m.H = c.H;
+  m.HV = c.HV;
+  m.K = 64;
+  m.V = 64;
+  m.gate = c.gate;
+  m.lower_bound = c.gate == GateKind::kSafe ? -5.0f : 0.0f;
+  m.conv_weight_type = c.wtype;
+  m.has_conv_bias = c.bias;
+  return m;
+}
+
+EngineFlags flags_for(bool ring) {
+  EngineFlags f;
+  f.num_draft_tokens = kT;
+  f.replayssm_spec = ring;
+  f.replayssm_cache_len = 8;
+  f.max_running_requests = kMaxRunning;
+  return f;
+}
+
+OwnedWeights make_weights(const ModelConfig& m, uint64_t seed) {
+  Rng rng(seed);
+  const int64_t D = m.qkv_dim(), HVK = static_cast<int64_t>(m.HV) * m.K;
+  const bool f32 = m.conv_weight_type == ConvWeightType::kF32;
+  const DType wt = f32 ? DType::kF32 : DType::kBF16;
+  OwnedWeights w{Buffer(kTestDevice, m.HV * 4), Buffer(kTestDevice, HVK * 4),
+                 Buffer(kTestDevice, D * 4 * dtype_size(wt)),
+                 Buffer(kTestDevice, D * dtype_size(wt)), LayerWeights{}};
+  w.views.A_log = w.A_log.view(DType::kF32, {m.HV});
+  w.views.dt_bias = w.dt_bias.view(DType::kF32, {HVK});
+  w.views.conv_weight = w.conv_weight.view(wt, {D, 4});
+  from_host_vector(rng.floats(m.HV, 0.5f), w.views.A_log);
+  from_host_vector(rng.floats(HVK, 0.5f), w.views.dt_bias);
+  if (f32) {
+    from_host_vector(rng.floats(D * 4, 0.3f), w.views.conv_weight);
+  } else {
+    from_host_vector(rng.bf16s(D * 4, 0.3f), w.views.conv_weight);
+  }
+  if (m.has_conv_bias) {
+    w.views.conv_bias = w.conv_bias.view(wt, {D});
+    if (f32) {
+      from_host_vector(rng.floats(D, 0.1f), w.views.conv_bias);
+    } else {
+      from_host_vector(rng.bf16s(D, 0.1f), w.views.conv_bias);
+    }
+  }
+  return w;
+}
+
+Activations make_activations(const ModelConfig& m, const std::vector<int32_t>& slots, int T,
+                             uint64_t seed) {
+  Rng rng(seed);
+  const int64_t N = static_cast<int64_t>(slots.size()) * T, D = m.qkv_dim();
+  const int64_t HVK = static_cast<int64_t>(m.HV) * m.K, pitch = D + kQkvPad;
+  Activations x{Buffer(kTestDevice, N * pitch * 2),
+                Buffer(kTestDevice, N * HVK * 2),
+                Buffer(kTestDevice, N * m.HV * 2),
+                Buffer(kTestDevice, N * m.HV * m.V * 2),
+                VerifyInputs{},
+                TensorView{},
+                D};
+  std::vector<bf16_t> qkv = rng.bf16s(N * pitch, 0.5f), a = rng.bf16s(N * HVK, 0.5f);
+  std::vector<bf16_t> b = rng.bf16s(N * m.HV, 1.0f);
+  for (int64_t row = 0; row < N; ++row) {
+    const bool padding = slots[static_cast<size_t>(row / T)] < 0;
+    for (int64_t c = 0; c < pitch; ++c) {
+      if (padding || c >= D) {
+        qkv[static_cast<size_t>(row * pitch + c)] = kBf16NaN;
+      }
+    }
+    for (int64_t c = 0; padding && c < HVK; ++c) {
+      a[static_cast<size_t>(row * HVK + c)] = kBf16NaN;
+    }
+    for (int64_t c = 0; padding && c < m.HV; ++c) {
+      b[static_cast<size_t>(row * m.HV + c)] = kBf16NaN;
+    }
+  }
+  x.qkv.upload(qkv.data(), x.qkv.bytes());
+  x.a.upload(a.data(), x.a.bytes());
+  x.b.upload(b.data(), x.b.bytes());
+  const std::vector<bf16_t> garbage = rng.bf16s(N * m.HV * m.V, 3.0f);  // never zeros
+  x.out.upload(garbage.data(), x.out.bytes());
+  x.in.mixed_qkv = TensorView(x.qkv.data(), DType::kBF16, kTestDevice, {N, D}, {pitch, 1});
+  x.in.a = x.a.view(DType::kBF16, {N, HVK});
+  x.in.b = x.b.view(DType::kBF16, {N, m.HV});
+  x.out_view = x.out.view(DType::kBF16, {N, m.HV, m.V});
+  return x;
+}
+
+std::vector<uint8_t> bytes_of(const TensorView& v) {
+  std::vector<uint8_t> out(static_cast<size_t>(v.span_bytes()));
+  copy_bytes(out.data(), Device::host(), v.data(), v.device(), v.span_bytes());
+  return out;
+}
+
+bool same_bits(const TensorView& x, const TensorView& y) { return bytes_of(x) == bytes_of(y); }
+bool same_bits(const TensorView& x, const std::vector<uint8_t>& y) { return bytes_of(x) == y; }
+
+uint64_t pool_checksum(const KdaStatePool& pool) {
+  uint64_t h = 1469598103934665603ull;
+  for (const TensorView& v : {pool.conv_state_all(), pool.ssm_state_all(), pool.conv_window_all(),
+                              pool.snapshots_all(), pool.ring_rawv_all(), pool.ring_rawk_all(),
+                              pool.ring_g_all(), pool.ring_beta_all(), pool.qkv_act()}) {
+    if (!v.defined()) {
+      continue;
+    }
+    for (uint8_t byte : bytes_of(v)) {
+      h = (h ^ byte) * 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+Harness::Harness(const ModelCase& mc, bool ring, const Platform& platform, bool fused)
+    : model(model_for(mc)), counts(std::make_shared<KernelCounts>()) {
+  EngineFlags flags = flags_for(ring);
+  flags.fused_verify = fused;
+  BackendOptions options;
+  options.platform_override = platform;
+  options.extra_slots = 1;
+  backend = std::make_unique<KdaAttentionBackend>(
+      model, flags, std::make_unique<CountingKernelSet>(counts), options);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    weights.push_back(make_weights(model, 100 + layer));
+    backend->set_layer_weights(layer, weights.back().views);
+  }
+  const KdaStatePool& pool = backend->pool();
+  while (pool.num_free_slots() > 0) {
+    backend->allocate_slot();
+  }
+  Rng rng(7);
+  from_host_vector(rng.bf16s(pool.conv_state_all().numel(), 0.5f), pool.conv_state_all());
+  from_host_vector(rng.floats(pool.ssm_state_all().numel(), 0.2f), pool.ssm_state_all());
+}
+
+std::vector<Activations> verify_all(Harness& h, const BatchSpec& batch, uint64_t seed) {
+  h.backend->prepare(batch, nullptr);
+  std::vector<Activations> acts;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    acts.push_back(make_activations(h.model, batch.slots, batch.T, seed * 10 + layer));
+    h.backend->verify(layer, acts.back().in, acts.back().out_view, nullptr);
+  }
+  return acts;
+}
+
+void commit(Harness& h, const std::vector<int32_t>& accepted) {
+  Buffer buf(kTestDevice, static_cast<int64_t>(accepted.size()) * 4);
+  buf.upload(accepted.data(), buf.bytes());
+  h.backend->commit(buf.view(DType::kI32, {static_cast<int64_t>(accepted.size())}), nullptr);
+}
+
+std::string error_of(const std::function<void()>& f, ErrorCode want) {
+  try {
+    f();
+  } catch (const Error& e) {
+    CHECK(e.code() == want);
+    return e.message();
+  }
+  return "<no error>";
+}
+
+}  // namespace kda::testing

@@ -1,0 +1,114 @@
+// backend_fixture.h: what the backend_*_test files share: a KdaAttentionBackend on a counting
+// kernel set with weights and seeded random committed state (Harness), seeded activations, and
+// the bitwise / error helpers their oracles use. Runs no test itself.
+//
+// Built twice (tests/BUILD): :backend_fixture puts every buffer and the kernel set on the host
+// (the host reference); :backend_fixture_cuda defines KDA_BACKEND_TEST_CUDA for itself and its
+// tests and puts them on cuda:0 (the CUDA kernels). A test links exactly one of the two.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/kda_backend.h"
+#include "core/buffer.h"
+#include "core/error.h"
+#include "core/platform.h"
+
+// Tests whose subject is host-side only (validation messages, configuration, logging, the stub
+// CUDA kernel set) are hidden in the CUDA build.
+#ifdef KDA_BACKEND_TEST_CUDA
+#define KDA_HOST_ONLY "[.host_only]"
+#else
+#define KDA_HOST_ONLY ""
+#endif
+
+namespace kda::testing {
+
+/// Device of every buffer and of the kernel set: host, or cuda:0 under KDA_BACKEND_TEST_CUDA.
+extern const Device kTestDevice;
+
+constexpr int kLayers = 2;
+constexpr int kT = 4;           // --speculative-num-draft-tokens
+constexpr int kMaxRunning = 4;  // R; S = R + 1 (extra slot)
+constexpr int kQkvPad = 8;      // mixed_qkv row stride D + 8: the contract allows stride > D
+
+/// Kernel calls the Harness's counting kernel set (the test device's kernels) has seen.
+struct KernelCounts {
+  int fused = 0, unfused = 0, extend = 0, commit = 0;
+  int last_block_v = 0;
+  int total() const { return fused + unfused + extend + commit; }
+};
+
+struct ModelCase {
+  const char* name;
+  int H, HV;
+  GateKind gate;
+  ConvWeightType wtype;
+  bool bias;
+};
+
+/// kLayers layers, K = V = 64, the case's heads, gate and conv weights.
+ModelConfig model_for(const ModelCase& c);
+
+extern const ModelCase kGqaCase;  ///< GQA HV=2H, standard gate, f32 conv + bias
+
+/// T = kT, R = kMaxRunning, replayssm cache length 8 when `ring`.
+EngineFlags flags_for(bool ring);
+
+// Per-layer weights owned by the test (the backend only holds views).
+struct OwnedWeights {
+  Buffer A_log, dt_bias, conv_weight, conv_bias;
+  LayerWeights views;
+};
+
+OwnedWeights make_weights(const ModelConfig& m, uint64_t seed);
+
+// One layer's activations and output for N = B*T rows. Padding requests' rows and the qkv
+// row padding are NaN: the backend must not read them.
+struct Activations {
+  Buffer qkv, a, b, out;
+  VerifyInputs in;
+  TensorView out_view;
+  int64_t D = 0;
+};
+
+Activations make_activations(const ModelConfig& m, const std::vector<int32_t>& slots, int T,
+                             uint64_t seed);
+
+std::vector<uint8_t> bytes_of(const TensorView& v);
+
+// Bitwise equality of two views' bytes (a bool, so a failure does not print megabytes).
+bool same_bits(const TensorView& x, const TensorView& y);
+bool same_bits(const TensorView& x, const std::vector<uint8_t>& y);
+
+// FNV-1a over every pool tensor: committed state, rings, scratch.
+uint64_t pool_checksum(const KdaStatePool& pool);
+
+// A backend on the counting kernel set, with weights and seeded random committed state
+// in slots 0..S-1 (all allocated).
+struct Harness {
+  Harness(const ModelCase& mc, bool ring, const Platform& platform, bool fused = true);
+
+  const KdaStatePool& pool() const { return backend->pool(); }
+
+  ModelConfig model;
+  std::shared_ptr<KernelCounts> counts;
+  std::unique_ptr<KdaAttentionBackend> backend;
+  std::vector<OwnedWeights> weights;
+};
+
+// Runs verify on every layer; returns the layers' activations (inputs kept for oracles).
+std::vector<Activations> verify_all(Harness& h, const BatchSpec& batch, uint64_t seed);
+
+// Commits the prepared round with these accepted lengths (uploaded to the test device).
+void commit(Harness& h, const std::vector<int32_t>& accepted);
+
+// Runs `f`; CHECKs that it throws kda::Error with code `want` and returns its message
+// ("<no error>" if it does not throw).
+std::string error_of(const std::function<void()>& f, ErrorCode want);
+
+}  // namespace kda::testing
