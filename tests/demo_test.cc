@@ -1,17 +1,28 @@
 // demo_test.cc: kda_demo (tools/demo) on the host: small configurations pass the demo's own
-// correctness check in ring and snapshot mode, the check fails on states that differ, and the
-// command line rejects bad flags with exit code 2 and a precise message.
+// correctness check in ring and snapshot mode, the check fails on states that differ, the
+// input generator is a pinned, batch-independent function of its key, and the command line
+// rejects bad flags with exit code 2 and a precise message. [gpu] cases (demo_gpu_test): the
+// device generator writes the host generator's bits, and CUDA-graph rounds the eager bits.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
+#include "core/buffer.h"
+#include "core/platform.h"
 #include "tools/demo/demo_accept.h"
 #include "tools/demo/demo_app.h"
 #include "tools/demo/demo_args.h"
 #include "tools/demo/demo_check.h"
 #include "tools/demo/demo_driver.h"
+#include "tools/demo/demo_generate.h"
 #include "tools/demo/demo_inputs.h"
+#include "tools/demo/demo_random.h"
 
 using namespace kda;
 using namespace kda::demo;
@@ -172,25 +183,193 @@ TEST_CASE("demo: accepted lengths follow the distribution", "[demo]") {
   CHECK(!parse_accept_spec("binomial", s));
 }
 
-TEST_CASE("demo: activations of a request do not depend on the batch", "[demo]") {
+namespace {
+
+// One layer's activations in host vectors, through the host generator.
+struct HostLayer {
+  std::vector<bf16_t> t[kActivationTensors];
+  int32_t round = 0;
+  ActivationParams params;
+};
+
+HostLayer host_layer(const ModelConfig& m, uint64_t seed, Phase phase, int32_t round, int layer,
+                     int B, int T) {
+  HostLayer h;
+  h.round = round;
+  const int64_t row_elems[] = {m.qkv_dim(), int64_t{m.HV} * m.K, int64_t{m.HV}};
+  for (int t = 0; t < kActivationTensors; ++t) {
+    h.t[t].assign(static_cast<size_t>(int64_t{B} * T * row_elems[t]), bf16_t{0xffff});
+    h.params.dst[t] = h.t[t].data();
+    h.params.row_elems[t] = row_elems[t];
+  }
+  h.params.round = &h.round;
+  h.params.seed = seed;
+  h.params.phase = phase;
+  h.params.layer = layer;
+  h.params.B = B;
+  h.params.T = T;
+  fill_activations_host(h.params);
+  h.params.round = nullptr;  // h may move; the fill has read it
+  return h;
+}
+
+ModelConfig tiny_model(int HV, int V) {
   ModelConfig m;
   m.num_layers = 3;
   m.H = 1;
-  m.HV = 2;
+  m.HV = HV;
   m.K = 64;
-  m.V = 64;
-  std::vector<HostActivations> big, small;
-  const ActivationKey key{/*seed=*/3, Phase::kVerify, /*round=*/2};
-  generate_activations(m, key, /*first_layer=*/0, /*num_layers=*/3, /*requests=*/4, /*T=*/3, big);
-  generate_activations(m, key, /*first_layer=*/1, /*num_layers=*/1, /*requests=*/1, /*T=*/3, small);
-  REQUIRE(small.size() == 1);
-  for (size_t i = 0; i < small[0].qkv.size(); ++i) {
-    REQUIRE(small[0].qkv[i].bits == big[1].qkv[i].bits);
+  m.V = V;
+  return m;
+}
+
+// Request n's block of tensor t (T rows) of a host layer.
+std::vector<uint16_t> block_bits(const HostLayer& h, int t, int n) {
+  const int64_t count = int64_t{h.params.T} * h.params.row_elems[t];
+  std::vector<uint16_t> bits;
+  for (int64_t e = 0; e < count; ++e) {
+    bits.push_back(h.t[t][static_cast<size_t>(n * count + e)].bits);
   }
-  for (size_t i = 0; i < small[0].a.size(); ++i) {
-    REQUIRE(small[0].a[i].bits == big[1].a[i].bits);
+  return bits;
+}
+
+}  // namespace
+
+TEST_CASE("demo: the input formula gives its pinned values", "[demo]") {
+  // Pinned from an independent implementation of demo_random.h (Python integers, f32
+  // products rounded from their exact double values, integer bf16 RNE).
+  const uint64_t key = stream_key(/*seed=*/1, StreamTag::kMixedQkv, Phase::kVerify, /*round=*/3,
+                                  /*layer=*/1, /*request=*/2);
+  CHECK(key == 0xc2271ffc8293a1fdull);
+  CHECK(normal_draw(key, 0, 0.5f) == 0.14422303438186646f);
+  CHECK(normal_draw(key, 1, 0.5f) == -0.4338187873363495f);
+  CHECK(normal_draw(stream_key(42, StreamTag::kConvWeight, Phase::kWeights, 0, 0, 0), 1, 0.3f) ==
+        0.19231852889060974f);
+  // Request 2 of layer 1, round 3, through the host generator: elements 0..2 of each tensor.
+  const HostLayer h = host_layer(tiny_model(2, 64), 1, Phase::kVerify, 3, 1, /*B=*/3, /*T=*/2);
+  const std::vector<std::vector<uint16_t>> expected = {
+      {0x3e14, 0xbede, 0x3e7f}, {0xbe89, 0xbf32, 0xbf0b}, {0xbe8b, 0x3f76, 0xbedb}};
+  for (int t = 0; t < kActivationTensors; ++t) {
+    CAPTURE(t);
+    const std::vector<uint16_t> bits = block_bits(h, t, 2);
+    CHECK(std::vector<uint16_t>(bits.begin(), bits.begin() + 3) == expected[t]);
   }
-  CHECK(big[0].qkv[0].bits != big[1].qkv[0].bits);
+}
+
+TEST_CASE("demo: normal draws have mean 0, unit variance and a bounded range", "[demo]") {
+  const uint64_t key = stream_key(9, StreamTag::kGateA, Phase::kVerify, 0, 0, 0);
+  constexpr int64_t kDraws = int64_t{1} << 20;
+  double sum = 0.0, sum2 = 0.0, sum4 = 0.0, max_abs = 0.0, bf16_sum2 = 0.0;
+  for (int64_t i = 0; i < kDraws; ++i) {
+    const double z = normal_draw(key, static_cast<uint64_t>(i), 1.0f);
+    sum += z;
+    sum2 += z * z;
+    sum4 += z * z * z * z;
+    max_abs = std::max(max_abs, std::fabs(z));
+    const double half = bf16_to_float(normal_bf16(key, static_cast<uint64_t>(i), 0.5f));
+    bf16_sum2 += half * half;
+  }
+  const double mean = sum / kDraws, var = sum2 / kDraws - mean * mean;
+  CHECK(std::fabs(mean) < 0.005);  // sd of the mean: 1 / 1024
+  CHECK(std::fabs(var - 1.0) < 0.01);
+  CHECK(std::fabs(sum4 / kDraws - 2.7) < 0.05);  // Irwin-Hall n = 4: kurtosis 3 - 6/(5n)
+  CHECK(max_abs <= 3.47);
+  CHECK(std::fabs(bf16_sum2 / kDraws - 0.25) < 0.0025);  // scale 0.5, rounded to bf16
+}
+
+TEST_CASE("demo: activations of a request do not depend on the batch", "[demo]") {
+  const ModelConfig m = tiny_model(2, 64);
+  const HostLayer big = host_layer(m, 3, Phase::kVerify, /*round=*/2, /*layer=*/1, /*B=*/4, 3);
+  const HostLayer one = host_layer(m, 3, Phase::kVerify, 2, 1, /*B=*/1, 3);
+  const HostLayer three = host_layer(m, 3, Phase::kVerify, 2, 1, /*B=*/3, 3);
+  for (int t = 0; t < kActivationTensors; ++t) {
+    CAPTURE(t);
+    CHECK(block_bits(one, t, 0) == block_bits(big, t, 0));
+    CHECK(block_bits(three, t, 2) == block_bits(big, t, 2));
+    CHECK(block_bits(big, t, 1) != block_bits(big, t, 2));
+  }
+  // Every other key component changes the values.
+  const std::vector<uint16_t> ref = block_bits(big, 0, 0);
+  CHECK(block_bits(host_layer(m, 4, Phase::kVerify, 2, 1, 1, 3), 0, 0) != ref);
+  CHECK(block_bits(host_layer(m, 3, Phase::kPrompt, 2, 1, 1, 3), 0, 0) != ref);
+  CHECK(block_bits(host_layer(m, 3, Phase::kVerify, 5, 1, 1, 3), 0, 0) != ref);
+  CHECK(block_bits(host_layer(m, 3, Phase::kVerify, 2, 0, 1, 3), 0, 0) != ref);
+}
+
+TEST_CASE("demo: the device generator writes the host formula's bits", "[demo][gpu]") {
+  REQUIRE(detect_platform(0).has_device);  // a [gpu] test without a device fails
+  struct GenCase {
+    int HV, V, B, T;
+  };
+  // D = 2*64 + HV*V: 256 (even) and 143 (odd rows, odd b blocks).
+  const GenCase c = GENERATE(values<GenCase>({{2, 64, 3, 5}, {3, 5, 4, 3}, {2, 64, 1, 16}}));
+  const Phase phase = GENERATE(Phase::kPrompt, Phase::kVerify);
+  CAPTURE(c.HV, c.V, c.B, c.T, static_cast<int>(phase));
+  const ModelConfig m = tiny_model(c.HV, c.V);
+  const int32_t round = 11;
+  const HostLayer host = host_layer(m, /*seed=*/5, phase, round, /*layer=*/2, c.B, c.T);
+
+  const Device gpu = Device::cuda(0);
+  Buffer round_buf(gpu, sizeof(int32_t));
+  round_buf.upload(&round, sizeof(round));
+  std::vector<Buffer> bufs;
+  ActivationParams p = host.params;
+  p.round = static_cast<const int32_t*>(round_buf.data());
+  for (int t = 0; t < kActivationTensors; ++t) {
+    const int64_t bytes = static_cast<int64_t>(host.t[t].size() * sizeof(bf16_t));
+    std::vector<uint8_t> garbage(static_cast<size_t>(bytes));
+    for (size_t i = 0; i < garbage.size(); ++i) {
+      garbage[i] = static_cast<uint8_t>(mix64(1000 + t * 100000 + i));
+    }
+    bufs.emplace_back(gpu, bytes);
+    bufs.back().upload(garbage.data(), bytes);
+    p.dst[t] = static_cast<bf16_t*>(bufs.back().data());
+  }
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  fill_activations_cuda(p, stream);
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+  for (int t = 0; t < kActivationTensors; ++t) {
+    CAPTURE(t);
+    std::vector<bf16_t> device_values(host.t[t].size());
+    bufs[static_cast<size_t>(t)].download(device_values.data(),
+                                          static_cast<int64_t>(device_values.size() * 2));
+    int64_t differing = 0;
+    for (size_t i = 0; i < device_values.size(); ++i) {
+      differing += device_values[i].bits != host.t[t][i].bits ? 1 : 0;
+    }
+    CHECK(differing == 0);
+  }
+}
+
+TEST_CASE("demo: CUDA-graph rounds commit the eager rounds' bits", "[demo][gpu]") {
+  REQUIRE(detect_platform(0).has_device);
+  RunSpec eager = tiny_spec(/*ring=*/true, /*seed=*/3);
+  eager.device = Device::cuda(0);
+  eager.rounds = 5;
+  RunSpec graphed = eager;
+  graphed.cuda_graph = true;
+  DemoRun a(eager);
+  a.run();
+  DemoRun b(graphed);
+  b.run();
+  const CheckOutcome c = compare_runs(a, b, CompareRule::kBitwise);
+  CHECK(c.passed());
+  CHECK(c.ssm.max_abs == 0.0);
+  CHECK(b.stats().rounds.back().graphed);
+}
+
+TEST_CASE("demo: a CUDA run with a CUDA graph passes both checks", "[demo][gpu]") {
+  REQUIRE(detect_platform(0).has_device);
+  std::vector<std::string> args = tiny_with({"--enable-linear-replayssm-spec", "--check", "both"});
+  args[1] = "cuda";  // --device
+  const DemoResult r = run_demo(args);
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == kExitPass);
+  CHECK(contains(r.out, "RESULT: PASS (2 of 2 checks)"));
+  CHECK(contains(r.out, "one CUDA graph replay per round"));
+  CHECK(contains(r.out, "round on the GPU (cudaEvents), first to last mark"));
 }
 
 TEST_CASE("demo: bad command lines exit 2 with a precise message", "[demo]") {
@@ -215,6 +394,7 @@ TEST_CASE("demo: bad command lines exit 2 with a precise message", "[demo]") {
       {{"--requests", "8", "--max-running-requests", "4"},
        "--requests 8 exceeds --max-running-requests 4"},
       {{"--device", "host", "--check", "host"}, "--check host: the host check compares a CUDA run"},
+      {{"--device", "host", "--cuda-graph"}, "--cuda-graph: needs a CUDA device"},
   }));
   CAPTURE(c.args);
   const DemoResult r = run_demo(c.args);
@@ -242,6 +422,7 @@ TEST_CASE("demo: --help lists every demo flag and every engine flag", "[demo]") 
                            "--seed",
                            "--device",
                            "--platform",
+                           "--cuda-graph",
                            "--check",
                            "--check-host-layers",
                            "--check-host-requests",

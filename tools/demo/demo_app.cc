@@ -69,9 +69,10 @@ ProgressFn progress_printer(std::ostream& err, bool quiet) {
 
 void announce(std::ostream& err, bool quiet, const RunSpec& s) {
   if (!quiet) {
-    err << fmt::format("[{}] {}: {} layers, {} requests, prompt {}, {} rounds, {}", s.label,
+    err << fmt::format("[{}] {}: {} layers, {} requests, prompt {}, {} rounds{}, {}", s.label,
                        device_name(s.device), s.model.num_layers, s.requests, s.prompt_len,
-                       s.rounds, describe_engine_flags(s.flags))
+                       s.rounds, s.cuda_graph ? " (CUDA graph)" : "",
+                       describe_engine_flags(s.flags))
         << std::endl;
   }
 }
@@ -79,12 +80,15 @@ void announce(std::ostream& err, bool quiet, const RunSpec& s) {
 // Runs `spec` to completion with progress, then compares it with the primary.
 CheckOutcome run_check(const DemoRun& primary, const RunSpec& spec, CompareRule rule,
                        std::ostream& err, bool quiet) {
-  const Stopwatch sw;
+  const Stopwatch run_sw;
   announce(err, quiet, spec);
   DemoRun check(spec);
   check.run(progress_printer(err, quiet));
+  const double run_seconds = run_sw.seconds();
+  const Stopwatch compare_sw;
   CheckOutcome out = compare_runs(primary, check, rule);
-  out.seconds = sw.seconds();
+  out.run_seconds = run_seconds;
+  out.compare_seconds = compare_sw.seconds();
   return out;
 }
 
@@ -126,6 +130,11 @@ int run(const DemoArgs& args, std::ostream& out, std::ostream& err) {
   spec.rounds = args.rounds.value_or(dd.rounds);
   spec.seed = args.seed;
   spec.accept = args.accept;
+  if (args.cuda_graph.value_or(false) && !device.is_cuda()) {
+    throw UsageError(
+        "--cuda-graph: needs a CUDA device; this run is on the host (use --device cuda)");
+  }
+  spec.cuda_graph = args.cuda_graph.value_or(device.is_cuda());
   spec.flags = args.flags;
   if (!args.max_running_requests_given) {
     spec.flags.max_running_requests = spec.requests;

@@ -180,6 +180,15 @@ const DemoFlag kDemoFlags[] = {
                                           {"sm100", PlatformChoice::kSM100},
                                           {"other", PlatformChoice::kOther}});
      }},
+    {"--cuda-graph", nullptr,
+     "CUDA: capture the first round's input generation and verify of every layer into one CUDA "
+     "graph and replay it every round (prepare, record_graph_verify_round, replay, then the "
+     "accepted-lengths upload and commit eagerly, as the backend's graph protocol has it). The "
+     "demo's batch (B, T, slots) is the same every round, so one capture serves the run; a batch "
+     "of another shape would need its own capture. Per-layer verify times are then not "
+     "separated. Default on with a CUDA device; =off: eager launches with a time mark around "
+     "every call. Not on the host (its kernels run synchronously)",
+     [](DemoArgs& a, const std::string& f, const std::string& v) { a.cuda_graph = on_off(f, v); }},
     {"--check", "auto|off|mode|host|both",
      "correctness check of the final states: mode = an "
      "independent backend on the same device in the other record mode (bitwise), host = the host "

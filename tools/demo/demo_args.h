@@ -66,6 +66,7 @@ struct DemoArgs {
   DeviceChoice device = DeviceChoice::kAuto;
   int cuda_index = 0;
   PlatformChoice platform = PlatformChoice::kDetect;
+  std::optional<bool> cuda_graph;  ///< unset: on for CUDA, off on the host
   CheckChoice check = CheckChoice::kAuto;
   int check_host_layers = 2;    ///< 0 = all
   int check_host_requests = 2;  ///< 0 = all

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tools/demo/demo_parallel.h"
 
 namespace kda::demo {
 
@@ -22,34 +23,46 @@ uint32_t bits_of(float x) {
 }
 uint32_t bits_of(bf16_t x) { return x.bits; }
 
-// Folds one (layer, request) state pair into `d`.
+// One (layer, request) state pair's differences.
+struct PairStats {
+  int64_t elements = 0, differing = 0, non_finite = 0;
+  double max_abs = 0.0;
+  double rel_l2 = 0.0;  // ||a - ref|| / ||ref|| (0 / 0 = 0)
+};
+
 template <typename T>
-void accumulate(StateDiff& d, const std::vector<T>& a, const std::vector<T>& ref, int layer,
-                int request) {
+PairStats pair_stats(const std::vector<T>& a, const std::vector<T>& ref, int layer, int request) {
   KDA_CHECK(a.size() == ref.size(), "compare: state sizes {} vs {} (layer {}, request {})",
             a.size(), ref.size(), layer, request);
+  PairStats s;
   double diff2 = 0.0, ref2 = 0.0;
   for (size_t i = 0; i < a.size(); ++i) {
     const double x = as_float(a[i]), y = as_float(ref[i]);
-    if (!std::isfinite(x) || !std::isfinite(y)) {
-      ++d.non_finite;
-    }
-    if (bits_of(a[i]) != bits_of(ref[i])) {
-      ++d.differing;
-    }
+    s.non_finite += !std::isfinite(x) || !std::isfinite(y) ? 1 : 0;
+    s.differing += bits_of(a[i]) != bits_of(ref[i]) ? 1 : 0;
     const double e = std::fabs(x - y);
-    d.max_abs = std::fmax(d.max_abs, e);
+    s.max_abs = e > s.max_abs ? e : s.max_abs;  // a NaN e is counted in non_finite
     diff2 += e * e;
     ref2 += y * y;
   }
-  const double rel = diff2 == 0.0 ? 0.0 : std::sqrt(diff2) / std::sqrt(ref2);
-  if (rel > d.max_rel_l2 || (std::isnan(rel) && !std::isnan(d.max_rel_l2))) {
-    d.max_rel_l2 = rel;
+  s.elements = static_cast<int64_t>(a.size());
+  s.rel_l2 = diff2 == 0.0 ? 0.0 : std::sqrt(diff2) / std::sqrt(ref2);
+  return s;
+}
+
+// Folds one pair into `d`; pairs are folded in (layer, request) order, so the worst state is
+// the first of the largest.
+void fold(StateDiff& d, const PairStats& s, int layer, int request) {
+  d.non_finite += s.non_finite;
+  d.differing += s.differing;
+  d.max_abs = s.max_abs > d.max_abs ? s.max_abs : d.max_abs;
+  if (s.rel_l2 > d.max_rel_l2 || (std::isnan(s.rel_l2) && !std::isnan(d.max_rel_l2))) {
+    d.max_rel_l2 = s.rel_l2;
     d.worst_layer = layer;
     d.worst_request = request;
   }
   ++d.states;
-  d.elements += static_cast<int64_t>(a.size());
+  d.elements += s.elements;
 }
 
 const char* mode_name(const EngineFlags& f) {
@@ -113,6 +126,7 @@ RunSpec host_reference_spec(const RunSpec& primary, int layers, int requests) {
     s.requests = requests;
   }
   s.flags.max_running_requests = s.requests;
+  s.cuda_graph = false;
   s.label = fmt::format("check (host {})", mode_name(s.flags));
   return s;
 }
@@ -135,11 +149,20 @@ CheckOutcome compare_runs(const DemoRun& primary, const DemoRun& reference, Comp
                      : fmt::format("layers 0..{} of {} x requests 0..{} of {} (reduced run)",
                                    layers - 1, p.model.num_layers, requests - 1, p.requests);
   out.reference_decisions = reference.stats().decisions;
-  for (int l = 0; l < layers; ++l) {
-    for (int n = 0; n < requests; ++n) {
-      accumulate(out.ssm, primary.ssm_state(l, n), reference.ssm_state(l, n), l, n);
-      accumulate(out.conv, primary.conv_state(l, n), reference.conv_state(l, n), l, n);
-    }
+  // Pair i = (layer i / requests, request i % requests), read and measured in parallel.
+  const int64_t pairs = int64_t{layers} * requests;
+  std::vector<PairStats> ssm(static_cast<size_t>(pairs)), conv(static_cast<size_t>(pairs));
+  parallel_for(pairs, [&](int64_t i) {
+    const int l = static_cast<int>(i / requests), n = static_cast<int>(i % requests);
+    ssm[static_cast<size_t>(i)] =
+        pair_stats(primary.ssm_state(l, n), reference.ssm_state(l, n), l, n);
+    conv[static_cast<size_t>(i)] =
+        pair_stats(primary.conv_state(l, n), reference.conv_state(l, n), l, n);
+  });
+  for (int64_t i = 0; i < pairs; ++i) {
+    const int l = static_cast<int>(i / requests), n = static_cast<int>(i % requests);
+    fold(out.ssm, ssm[static_cast<size_t>(i)], l, n);
+    fold(out.conv, conv[static_cast<size_t>(i)], l, n);
   }
   return out;
 }

@@ -46,7 +46,8 @@ struct CheckOutcome {
   CompareRule rule = CompareRule::kBitwise;
   StateDiff ssm, conv;
   std::vector<DecisionCount> reference_decisions;  ///< how the reference run dispatched
-  double seconds = 0.0;                            ///< the reference run + compare, host wall time
+  double run_seconds = 0.0;      ///< the reference run (set-up included), host wall time
+  double compare_seconds = 0.0;  ///< reading both runs' states to the host and comparing them
   bool passed() const { return ssm.passes(rule) && conv.passes(rule); }
 };
 
@@ -56,7 +57,7 @@ struct CheckOutcome {
 RunSpec other_mode_spec(const RunSpec& primary, std::string* note);
 
 /// The spec of a host run of `primary` over its first `layers` layers and `requests`
-/// requests (0 = all), same record mode.
+/// requests (0 = all), same record mode, eager.
 RunSpec host_reference_spec(const RunSpec& primary, int layers, int requests);
 
 /// Compares the committed states of `reference`'s layers x requests (all of them) with the

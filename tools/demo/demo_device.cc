@@ -26,9 +26,9 @@ void DemoStream::synchronize() const {
   }
 }
 
-AcceptedLengths::AcceptedLengths(const Device& device, int n)
+StagedInts::StagedInts(const Device& device, int n)
     : device_(device), device_buffer_(device, static_cast<int64_t>(n) * sizeof(int32_t)) {
-  KDA_CHECK(n >= 1, "AcceptedLengths: n = {} (expected >= 1)", n);
+  KDA_CHECK(n >= 1, "StagedInts: n = {} (expected >= 1)", n);
   if (device_.is_cuda()) {
     KDA_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&staging_), n * sizeof(int32_t)));
   } else {
@@ -37,16 +37,16 @@ AcceptedLengths::AcceptedLengths(const Device& device, int n)
   }
 }
 
-AcceptedLengths::~AcceptedLengths() {
+StagedInts::~StagedInts() {
   if (device_.is_cuda() && staging_ != nullptr) {
     cudaFreeHost(staging_);
   }
 }
 
-void AcceptedLengths::upload(int n, cudaStream_t stream) {
+void StagedInts::upload(int n, cudaStream_t stream) {
   const size_t bytes = static_cast<size_t>(n) * sizeof(int32_t);
   KDA_CHECK(n >= 1 && static_cast<int64_t>(bytes) <= device_buffer_.bytes(),
-            "AcceptedLengths::upload: n = {} outside [1, {}]", n,
+            "StagedInts::upload: n = {} outside [1, {}]", n,
             device_buffer_.bytes() / static_cast<int64_t>(sizeof(int32_t)));
   if (device_.is_cuda()) {
     KDA_CUDA_CHECK(
@@ -56,9 +56,7 @@ void AcceptedLengths::upload(int n, cudaStream_t stream) {
   }
 }
 
-TensorView AcceptedLengths::device_view(int n) const {
-  return device_buffer_.view(DType::kI32, {n});
-}
+TensorView StagedInts::device_view(int n) const { return device_buffer_.view(DType::kI32, {n}); }
 
 StreamClock::StreamClock(const Device& device, cudaStream_t stream, int marks)
     : device_(device), stream_(stream) {
@@ -105,6 +103,42 @@ double StreamClock::elapsed_ms(int from, int to) const {
   return std::chrono::duration<double, std::milli>(host_marks_.at(static_cast<size_t>(to)) -
                                                    host_marks_.at(static_cast<size_t>(from)))
       .count();
+}
+
+CudaGraph::~CudaGraph() { reset(); }
+
+void CudaGraph::reset() {
+  if (exec_ != nullptr) {
+    cudaGraphExecDestroy(exec_);  // teardown: nothing to report to
+    exec_ = nullptr;
+  }
+  if (graph_ != nullptr) {
+    cudaGraphDestroy(graph_);
+    graph_ = nullptr;
+  }
+}
+
+void CudaGraph::capture(cudaStream_t stream, const std::function<void()>& body) {
+  KDA_CHECK(stream != nullptr, "CudaGraph::capture: needs a CUDA stream");
+  reset();
+  KDA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  try {
+    body();
+  } catch (...) {
+    // Leave the stream out of capture mode; the body's error is the one to report.
+    cudaGraph_t partial = nullptr;
+    if (cudaStreamEndCapture(stream, &partial) == cudaSuccess && partial != nullptr) {
+      cudaGraphDestroy(partial);
+    }
+    throw;
+  }
+  KDA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph_));
+  KDA_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+}
+
+void CudaGraph::launch(cudaStream_t stream) const {
+  KDA_CHECK(exec_ != nullptr, "CudaGraph::launch: nothing captured");
+  KDA_CUDA_CHECK(cudaGraphLaunch(exec_, stream));
 }
 
 }  // namespace kda::demo

@@ -22,6 +22,8 @@ const RunSpec& checked(const RunSpec& s) {
             s.flags.max_running_requests);
   KDA_CHECK(s.prompt_len >= 0 && s.rounds >= 0, "{}: prompt_len {} / rounds {} negative", s.label,
             s.prompt_len, s.rounds);
+  KDA_CHECK(!s.cuda_graph || s.device.is_cuda(), "{}: cuda_graph needs a CUDA device, got {}",
+            s.label, device_name(s.device));
   return s;
 }
 
@@ -38,7 +40,8 @@ DemoRun::DemoRun(RunSpec spec)
       backend_(std::make_unique<KdaAttentionBackend>(
           spec_.model, spec_.flags, make_kernel_set(spec_.device), backend_options(spec_))),
       accepted_(spec_.device, spec_.requests),
-      clock_(spec_.device, stream_.get(), spec_.model.num_layers + 3) {
+      round_index_(spec_.device, 1),
+      clock_(spec_.device, stream_.get(), 2 * spec_.model.num_layers + 3) {
   for (int l = 0; l < spec_.model.num_layers; ++l) {
     backend_->set_layer_weights(l, weights_.layer(l));
   }
@@ -73,15 +76,16 @@ void DemoRun::prefill() {
   const int64_t rows = int64_t{B} * P;
   LayerActivations acts(spec_.model, spec_.device, rows);
   StreamClock clock(spec_.device, stream_.get(), 2);
+  round_index_.staging()[0] = 0;
+  round_index_.upload(1, stream_.get());
   BatchSpec batch;
   batch.T = P;
   batch.slots = slots_;
   backend_->prepare_extend(batch, stream_.get());
-  const ActivationKey key{spec_.seed, Phase::kPrompt, 0};
+  const ActivationKey key{spec_.seed, Phase::kPrompt, round_index_.device_data()};
   for (int l = 0; l < L; ++l) {
-    generate_activations(spec_.model, key, l, 1, B, P, host_inputs_);
-    stream_.synchronize();  // the previous layer's extend has read `acts`
-    acts.upload(host_inputs_[0]);
+    // Stream order: layer l's inputs overwrite `acts` after layer l-1's extend has read them.
+    acts.fill(key, l, B, P, stream_.get());
     clock.mark(0);
     backend_->extend(l, acts.inputs(rows), acts.out(rows), stream_.get());
     clock.mark(1);
@@ -89,7 +93,30 @@ void DemoRun::prefill() {
     stats_.prefill_ms += clock.elapsed_ms(0, 1);
   }
   stream_.synchronize();
-  host_inputs_.clear();
+}
+
+void DemoRun::capture_round(const BatchSpec& batch) {
+  // verify() needs a prepared round; the captured calls only enqueue, so the round they
+  // filled is dropped afterwards and every replay is recorded with record_graph_verify_round.
+  const int L = spec_.model.num_layers, B = spec_.requests, T = batch.T;
+  const int64_t rows = int64_t{B} * T;
+  const ActivationKey key{spec_.seed, Phase::kVerify, round_index_.device_data()};
+  backend_->prepare(batch, stream_.get());
+  graph_decisions_.clear();
+  try {
+    graph_.capture(stream_.get(), [&] {
+      for (int l = 0; l < L; ++l) {
+        const LayerActivations& acts = verify_inputs_[static_cast<size_t>(l)];
+        acts.fill(key, l, B, T, stream_.get());
+        graph_decisions_.push_back(
+            backend_->verify(l, acts.inputs(rows), acts.out(rows), stream_.get()));
+      }
+    });
+  } catch (...) {
+    backend_->abort_round();
+    throw;
+  }
+  backend_->abort_round();
 }
 
 RoundRecord DemoRun::run_round(int round) {
@@ -97,50 +124,72 @@ RoundRecord DemoRun::run_round(int round) {
   const int64_t rows = int64_t{B} * T;
   RoundRecord rec;
   rec.round = round;
+  rec.graphed = spec_.cuda_graph;
   rec.drafted_tokens = rows;
 
-  // Inputs of every layer, uploaded before the timed part (the previous round has finished:
-  // run_round ends with a synchronisation, so no kernel still reads these buffers).
-  generate_activations(spec_.model, ActivationKey{spec_.seed, Phase::kVerify, round}, 0, L, B, T,
-                       host_inputs_);
-  for (int l = 0; l < L; ++l) {
-    verify_inputs_[static_cast<size_t>(l)].upload(host_inputs_[static_cast<size_t>(l)]);
-  }
-  // The simulated sampler's verdict, staged in pinned memory (uploaded after the verifies).
+  // The simulated sampler's verdict and the round number, staged in pinned memory (the
+  // previous round has finished: run_round ends with a synchronisation).
   for (int n = 0; n < B; ++n) {
     const int len = accepted_length(spec_.accept, spec_.seed, round, n, T);
     accepted_.staging()[n] = len;
     rec.accepted_tokens += len;
   }
-
-  const auto t0 = std::chrono::steady_clock::now();
+  round_index_.staging()[0] = round;
   BatchSpec batch;
   batch.T = T;
   batch.slots = slots_;
+  // Every round verifies the same batch (B, T, slots), so one capture serves the whole run.
+  if (spec_.cuda_graph && !graph_.captured()) {
+    capture_round(batch);
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  round_index_.upload(1, stream_.get());
   backend_->prepare(batch, stream_.get());
   round_decisions_.clear();
-  clock_.mark(0);
-  for (int l = 0; l < L; ++l) {
-    const LayerActivations& acts = verify_inputs_[static_cast<size_t>(l)];
-    round_decisions_.push_back(
-        backend_->verify(l, acts.inputs(rows), acts.out(rows), stream_.get()));
-    clock_.mark(l + 1);
+  // Marks: 0; eager: after each layer's inputs (2l+1) and verify (2l+2); graphed: after the
+  // replay (1); then after the upload and after the commit.
+  int mark = 0;
+  clock_.mark(mark++);
+  if (spec_.cuda_graph) {
+    backend_->record_graph_verify_round();
+    graph_.launch(stream_.get());
+    round_decisions_ = graph_decisions_;
+    clock_.mark(mark++);
+  } else {
+    const ActivationKey key{spec_.seed, Phase::kVerify, round_index_.device_data()};
+    for (int l = 0; l < L; ++l) {
+      const LayerActivations& acts = verify_inputs_[static_cast<size_t>(l)];
+      acts.fill(key, l, B, T, stream_.get());
+      clock_.mark(mark++);
+      round_decisions_.push_back(
+          backend_->verify(l, acts.inputs(rows), acts.out(rows), stream_.get()));
+      clock_.mark(mark++);
+    }
   }
+  const int verified = mark - 1;
   accepted_.upload(B, stream_.get());
-  clock_.mark(L + 1);
+  clock_.mark(mark++);
   backend_->commit(accepted_.device_view(B), stream_.get());
-  clock_.mark(L + 2);
-  clock_.finish(L + 2);
+  clock_.mark(mark++);
+  const int last = mark - 1;
+  clock_.finish(last);
   rec.wall_ms = ms_since(t0);
   backend_->check_device_errors(stream_.get());
   count_decisions();
 
-  for (int l = 0; l < L; ++l) {
-    rec.verify_ms.push_back(clock_.elapsed_ms(l, l + 1));
+  if (spec_.cuda_graph) {
+    rec.verify_total_ms = clock_.elapsed_ms(0, 1);
+  } else {
+    for (int l = 0; l < L; ++l) {
+      rec.inputs_ms += clock_.elapsed_ms(2 * l, 2 * l + 1);
+      rec.verify_ms.push_back(clock_.elapsed_ms(2 * l + 1, 2 * l + 2));
+      rec.verify_total_ms += rec.verify_ms.back();
+    }
   }
-  rec.verify_total_ms = clock_.elapsed_ms(0, L);
-  rec.upload_ms = clock_.elapsed_ms(L, L + 1);
-  rec.commit_ms = clock_.elapsed_ms(L + 1, L + 2);
+  rec.upload_ms = clock_.elapsed_ms(verified, verified + 1);
+  rec.commit_ms = clock_.elapsed_ms(verified + 1, last);
+  rec.device_ms = clock_.elapsed_ms(0, last);
   stats_.rounds.push_back(rec);
   stats_.accepted_tokens += rec.accepted_tokens;
   stats_.drafted_tokens += rec.drafted_tokens;

@@ -1,6 +1,8 @@
 // demo_driver.h: one run of the demo: weights, a backend, a batch of requests with their
-// slots, prompt prefill through extend, then rounds of verify (every layer) -> accepted
-// lengths uploaded to the device -> commit, exactly the way an engine drives the backend.
+// slots, prompt prefill through extend, then rounds of inputs + verify (every layer) ->
+// accepted lengths uploaded to the device -> commit, the way an engine drives the backend:
+// eagerly, or (CUDA, RunSpec::cuda_graph) inputs + verify as one CUDA graph replay per round.
+// Inputs are generated in place on the run's device (demo_inputs.h).
 //
 // A run is a pure function of its RunSpec: the check runs (demo_check.h) are RunSpecs that
 // differ in record mode, device, layer or request count and reproduce the primary run's
@@ -38,18 +40,25 @@ struct RunSpec {
   int rounds = 1;
   uint64_t seed = 1;
   AcceptSpec accept;
+  /// CUDA only: capture the first round's inputs + verify of every layer into a CUDA graph and
+  /// replay it every round (the batch is the same every round); upload + commit stay eager.
+  bool cuda_graph = false;
 };
 
-/// One verify -> commit round. Times: CUDA events on the stream, or steady_clock on the host.
+/// One inputs -> verify -> commit round. Times: CUDA events on the stream, or steady_clock on
+/// the host.
 struct RoundRecord {
   int round = 0;                  ///< 0-based
+  bool graphed = false;           ///< inputs + verify ran as one CUDA graph replay
   int64_t accepted_tokens = 0;    ///< sum of the accepted lengths (verified token included)
   int64_t drafted_tokens = 0;     ///< B * T
-  std::vector<double> verify_ms;  ///< per layer
-  double verify_total_ms = 0;     ///< all layers
+  double inputs_ms = 0;           ///< every layer's input generation (eager rounds only)
+  std::vector<double> verify_ms;  ///< per layer (eager rounds only)
+  double verify_total_ms = 0;     ///< all layers; graphed: the replay, inputs included
   double upload_ms = 0;           ///< accepted lengths: pinned staging -> device
   double commit_ms = 0;           ///< commit of all layers
-  double wall_ms = 0;             ///< host wall time of the round (inputs excluded)
+  double device_ms = 0;           ///< the whole round on the stream (first mark to last)
+  double wall_ms = 0;             ///< host wall time, round-number upload .. commit done
 };
 
 /// A distinct dispatch decision (DispatchDecision::describe()) and how often verify made it.
@@ -82,7 +91,8 @@ class DemoRun {
   void run(const ProgressFn& progress = nullptr);
   /// Prompt prefill: prepare_extend, then extend per layer.
   void prefill();
-  /// Round `round`: inputs, prepare, verify every layer, upload accepted lengths, commit.
+  /// Round `round`: prepare, inputs + verify every layer (eager or one graph replay), upload
+  /// accepted lengths, commit. With cuda_graph the first call captures the graph first.
   RoundRecord run_round(int round);
 
   const RunSpec& spec() const { return spec_; }
@@ -97,6 +107,7 @@ class DemoRun {
 
  private:
   void count_decisions();
+  void capture_round(const BatchSpec& batch);
 
   RunSpec spec_;
   DemoStream stream_;
@@ -104,9 +115,11 @@ class DemoRun {
   std::unique_ptr<KdaAttentionBackend> backend_;
   std::vector<int32_t> slots_;                   // per request
   std::vector<LayerActivations> verify_inputs_;  // per layer, B*T rows
-  std::vector<HostActivations> host_inputs_;     // staging of the generator
-  AcceptedLengths accepted_;
-  StreamClock clock_;  // marks: start, after each layer's verify, after upload, after commit
+  StagedInts accepted_;                          // [B] accepted lengths of the round
+  StagedInts round_index_;  // [1] the round the generator keys on (0 in prefill)
+  StreamClock clock_;       // marks: see run_round
+  CudaGraph graph_;         // cuda_graph: inputs + verify of every layer, captured once
+  std::vector<DispatchDecision> graph_decisions_;  // the captured verify calls' decisions
   std::vector<DispatchDecision> round_decisions_;  // counted after the round, off the clock
   RunStats stats_;
 };

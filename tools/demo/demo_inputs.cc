@@ -1,80 +1,30 @@
 #include "tools/demo/demo_inputs.h"
 
-#include <algorithm>
-#include <thread>
-
 #include "core/error.h"
+#include "tools/demo/demo_parallel.h"
 
 namespace kda::demo {
 
-namespace {
-
-constexpr float kMixedQkvScale = 0.5f;  // contract §6
-constexpr float kGateAScale = 0.5f;
-constexpr float kBetaBScale = 1.0f;
-
-bf16_t as_bf16(float x) { return float_to_bf16(x); }
-
-// Which tensor of a layer's activations.
-struct TensorSpec {
-  std::vector<bf16_t> HostActivations::*field;
-  StreamTag tag;
-  float scale;
-};
-constexpr TensorSpec kTensors[] = {
-    {&HostActivations::qkv, StreamTag::kMixedQkv, kMixedQkvScale},
-    {&HostActivations::a, StreamTag::kGateA, kGateAScale},
-    {&HostActivations::b, StreamTag::kBetaB, kBetaBScale},
-};
-
-}  // namespace
-
-void generate_activations(const ModelConfig& model, const ActivationKey& key, int first_layer,
-                          int num_layers, int requests, int T, std::vector<HostActivations>& out) {
-  const int64_t per_row[] = {model.qkv_dim(), static_cast<int64_t>(model.HV) * model.K,
-                             static_cast<int64_t>(model.HV)};
-  out.resize(static_cast<size_t>(num_layers));
-  for (HostActivations& h : out) {
-    for (size_t t = 0; t < 3; ++t) {
-      (h.*kTensors[t].field).resize(static_cast<size_t>(int64_t{requests} * T * per_row[t]));
-    }
-  }
-  // Piece i = (layer i / requests, request i % requests); request n owns rows n*T .. n*T+T-1.
-  const int64_t pieces = int64_t{num_layers} * requests;
+void fill_activations_host(const ActivationParams& p) {
+  const int32_t round = *p.round;
+  // Piece i = (tensor i / B, request i % B); the values do not depend on the split.
+  const int64_t pieces = int64_t{kActivationTensors} * p.B;
   const auto fill_piece = [&](int64_t i) {
-    const int l = static_cast<int>(i / requests), n = static_cast<int>(i % requests);
-    HostActivations& h = out[static_cast<size_t>(l)];
-    for (size_t t = 0; t < 3; ++t) {
-      const int64_t count = int64_t{T} * per_row[t];
-      const uint64_t k =
-          stream_key(key.seed, kTensors[t].tag, key.phase, key.round, first_layer + l, n);
-      fill_normal((h.*kTensors[t].field).data() + n * count, count, k, kTensors[t].scale, as_bf16);
+    const int t = static_cast<int>(i / p.B);
+    const int32_t n = static_cast<int32_t>(i % p.B);
+    const int64_t count = int64_t{p.T} * p.row_elems[t];
+    bf16_t* dst = p.dst[t] + n * count;
+    const uint64_t key = activation_key(p, t, round, n);
+    for (int64_t e = 0; e < count; ++e) {
+      dst[e] = activation_value(t, key, e);
     }
   };
-  const int threads = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(pieces, std::thread::hardware_concurrency())));
-  if (threads == 1) {
-    for (int64_t i = 0; i < pieces; ++i) {
-      fill_piece(i);
-    }
-    return;
-  }
-  // The values do not depend on the split: every piece has its own streams.
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      for (int64_t i = t; i < pieces; i += threads) {
-        fill_piece(i);
-      }
-    });
-  }
-  for (std::thread& th : pool) {
-    th.join();
-  }
+  parallel_for(pieces, fill_piece);
 }
 
 LayerActivations::LayerActivations(const ModelConfig& model, const Device& device, int64_t max_rows)
-    : D_(model.qkv_dim()),
+    : device_(device),
+      D_(model.qkv_dim()),
       AK_(static_cast<int64_t>(model.HV) * model.K),
       HV_(model.HV),
       V_(model.V),
@@ -84,15 +34,34 @@ LayerActivations::LayerActivations(const ModelConfig& model, const Device& devic
       b_(device, max_rows * HV_ * 2),
       out_(device, max_rows * HV_ * V_ * 2) {}
 
-void LayerActivations::upload(const HostActivations& host) {
-  const int64_t rows = static_cast<int64_t>(host.b.size()) / HV_;
-  KDA_CHECK(rows <= max_rows_ && static_cast<int64_t>(host.qkv.size()) == rows * D_ &&
-                static_cast<int64_t>(host.a.size()) == rows * AK_,
-            "LayerActivations::upload: {} rows (qkv {}, a {} values) for buffers of {} rows", rows,
-            host.qkv.size(), host.a.size(), max_rows_);
-  qkv_.upload(host.qkv.data(), rows * D_ * 2);
-  a_.upload(host.a.data(), rows * AK_ * 2);
-  b_.upload(host.b.data(), rows * HV_ * 2);
+ActivationParams LayerActivations::params(const ActivationKey& key, int layer, int B, int T) const {
+  KDA_CHECK(B >= 1 && T >= 1 && int64_t{B} * T <= max_rows_,
+            "LayerActivations: {} requests x {} tokens for buffers of {} rows", B, T, max_rows_);
+  KDA_CHECK(key.round != nullptr, "LayerActivations: no round pointer");
+  ActivationParams p;
+  p.dst[static_cast<int>(ActivationTensor::kMixedQkv)] = static_cast<bf16_t*>(qkv_.data());
+  p.dst[static_cast<int>(ActivationTensor::kGateA)] = static_cast<bf16_t*>(a_.data());
+  p.dst[static_cast<int>(ActivationTensor::kBetaB)] = static_cast<bf16_t*>(b_.data());
+  p.row_elems[static_cast<int>(ActivationTensor::kMixedQkv)] = D_;
+  p.row_elems[static_cast<int>(ActivationTensor::kGateA)] = AK_;
+  p.row_elems[static_cast<int>(ActivationTensor::kBetaB)] = HV_;
+  p.round = key.round;
+  p.seed = key.seed;
+  p.phase = key.phase;
+  p.layer = layer;
+  p.B = B;
+  p.T = T;
+  return p;
+}
+
+void LayerActivations::fill(const ActivationKey& key, int layer, int B, int T,
+                            cudaStream_t stream) const {
+  const ActivationParams p = params(key, layer, B, T);
+  if (device_.is_cuda()) {
+    fill_activations_cuda(p, stream);
+  } else {
+    fill_activations_host(p);
+  }
 }
 
 VerifyInputs LayerActivations::inputs(int64_t rows) const {

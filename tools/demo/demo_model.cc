@@ -30,13 +30,12 @@ constexpr float kConvBiasScale = 0.1f;
 constexpr float kALogScale = 0.5f;
 constexpr float kDtBiasScale = 0.5f;
 
-float as_f32(float x) { return x; }
-bf16_t as_bf16(float x) { return float_to_bf16(x); }
-
 // One f32 vector of `n` normal draws, uploaded into a fresh buffer on `device`.
 Buffer f32_buffer(const Device& device, int64_t n, uint64_t key, float scale) {
   std::vector<float> host(static_cast<size_t>(n));
-  fill_normal(host.data(), n, key, scale, as_f32);
+  for (int64_t i = 0; i < n; ++i) {
+    host[static_cast<size_t>(i)] = normal_draw(key, static_cast<uint64_t>(i), scale);
+  }
   Buffer b(device, n * static_cast<int64_t>(sizeof(float)));
   b.upload(host.data(), b.bytes());
   return b;
@@ -49,7 +48,9 @@ Buffer conv_buffer(const Device& device, ConvWeightType type, int64_t n, uint64_
     return f32_buffer(device, n, key, scale);
   }
   std::vector<bf16_t> host(static_cast<size_t>(n));
-  fill_normal(host.data(), n, key, scale, as_bf16);
+  for (int64_t i = 0; i < n; ++i) {
+    host[static_cast<size_t>(i)] = normal_bf16(key, static_cast<uint64_t>(i), scale);
+  }
   Buffer b(device, n * static_cast<int64_t>(sizeof(bf16_t)));
   b.upload(host.data(), b.bytes());
   return b;

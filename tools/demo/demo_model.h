@@ -34,8 +34,8 @@ std::string preset_names();
 std::string describe_shape(const ModelConfig& m);
 
 /// Seeded random weights of every layer (contract §6 scales: conv_w x0.3, conv bias x0.1,
-/// A_log x0.5, dt_bias x0.5; standard normal draws). Layer l's values depend on (seed, l)
-/// only, so a run over fewer layers sees the same first layers.
+/// A_log x0.5, dt_bias x0.5; unit-variance normal_draw, demo_random.h). Layer l's values depend on
+/// (seed, l) only, so a run over fewer layers sees the same first layers.
 class DemoWeights {
  public:
   /// Generates on the host and uploads to `device` (synchronous).

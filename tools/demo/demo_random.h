@@ -1,18 +1,27 @@
-// demo_random.h: counter-based random numbers for the demo (plain C++, header-only).
+// demo_random.h: counter-based random numbers for the demo, one definition for host code and
+// device code (plain C++; KDA_HD functions are __host__ __device__ under nvcc).
 //
 // Every value is a pure function of (seed, stream key, index): a request's inputs of a round
 // and layer are the same whether the batch holds 2 or 16 requests, and the same in the primary
-// run and in every independent check run (which may cover fewer layers / requests). No state
-// is carried between draws, so generation can be split over threads freely.
+// run and in every independent check run (which may cover fewer layers / requests, or run on
+// the other device). No state is carried between draws, so generation splits over threads or
+// CUDA threads freely.
+//
+// Host == device, bit for bit: normal_draw uses 64-bit integer hashing, an exact integer sum,
+// one exact int -> float conversion and correctly rounded float multiplies (no add, so no
+// contraction into an FMA either side); bf16 rounding is core/dtype.h's integer RNE. No libm.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
+
+#include "core/dtype.h"
+#include "core/platform_macros.h"
 
 namespace kda::demo {
 
-/// splitmix64's finaliser: a bijection of 64-bit words with good avalanche.
-inline uint64_t mix64(uint64_t x) {
+/// splitmix64's finaliser (after its increment): a bijection of 64-bit words with good
+/// avalanche.
+KDA_HD uint64_t mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
@@ -35,7 +44,7 @@ enum class StreamTag : uint64_t {
 enum class Phase : uint64_t { kWeights = 0, kPrompt = 1, kVerify = 2 };
 
 /// The key of one stream: (seed, tag, phase, round, layer, request).
-inline uint64_t stream_key(uint64_t seed, StreamTag tag, Phase phase, int64_t round, int64_t layer,
+KDA_HD uint64_t stream_key(uint64_t seed, StreamTag tag, Phase phase, int64_t round, int64_t layer,
                            int64_t request) {
   uint64_t k = mix64(seed);
   k = mix64(k ^ static_cast<uint64_t>(tag));
@@ -45,27 +54,44 @@ inline uint64_t stream_key(uint64_t seed, StreamTag tag, Phase phase, int64_t ro
   return mix64(k ^ static_cast<uint64_t>(request));
 }
 
-/// Uniform in [0, 1): draw `i` of stream `key` (53 random bits).
-inline double uniform01(uint64_t key, uint64_t i) {
-  return static_cast<double>(mix64(key ^ mix64(i)) >> 11) * 0x1.0p-53;
+/// 64 random bits: draw `i` of stream `key` (element i of the splitmix64 sequence seeded
+/// with `key`).
+KDA_HD uint64_t draw_bits(uint64_t key, uint64_t i) {
+  return mix64(key + i * 0x9e3779b97f4a7c15ull);
 }
 
-/// Fills dst[0, n) with scale * N(0, 1) draws of stream `key` (Box-Muller: draw pair j gives
-/// elements 2j and 2j+1). `Store` converts a float into the element type.
-template <typename T, typename Store>
-void fill_normal(T* dst, int64_t n, uint64_t key, float scale, Store store) {
-  constexpr double kTwoPi = 6.283185307179586;
-  for (int64_t j = 0; 2 * j < n; ++j) {
-    const uint64_t h = mix64(key ^ mix64(static_cast<uint64_t>(j)));
-    const uint64_t h2 = mix64(h);
-    const double u1 = (static_cast<double>(h >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]: log finite
-    const double u2 = static_cast<double>(h2 >> 11) * 0x1.0p-53;
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    dst[2 * j] = store(static_cast<float>(scale * r * std::cos(kTwoPi * u2)));
-    if (2 * j + 1 < n) {
-      dst[2 * j + 1] = store(static_cast<float>(scale * r * std::sin(kTwoPi * u2)));
-    }
-  }
+/// Uniform in [0, 1): draw `i` of stream `key` (53 random bits; exact in double).
+inline double uniform01(uint64_t key, uint64_t i) {
+  return static_cast<double>(draw_bits(key, i) >> 11) * 0x1.0p-53;
+}
+
+/// 1 / sd of the centred sum of four uniform 16-bit integers: sd = sqrt((2^32 - 1) / 3).
+constexpr float kIrwinHallUnit = 0x1.bb67aep-16f;
+
+/// a * b rounded to nearest even, never fused with a neighbouring add.
+KDA_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+/// scale * z, z ~ N(0, 1) approximately: draw `i` of stream `key`. z is the Irwin-Hall sum of
+/// the 4 16-bit fields of one draw, centred (an integer in [-131070, 131070]) and scaled to
+/// unit variance; |z| <= 3.47, mean exactly 0.
+KDA_HD float normal_draw(uint64_t key, uint64_t i, float scale) {
+  const uint64_t h = draw_bits(key, i);
+  const int32_t sum = static_cast<int32_t>(h & 0xffffu) +
+                      static_cast<int32_t>((h >> 16) & 0xffffu) +
+                      static_cast<int32_t>((h >> 32) & 0xffffu) + static_cast<int32_t>(h >> 48);
+  const float centred = static_cast<float>(sum - 131070);  // exact: |sum - 131070| < 2^24
+  return mul_rn(centred, mul_rn(kIrwinHallUnit, scale));
+}
+
+/// normal_draw rounded to bf16 (round to nearest even).
+KDA_HD bf16_t normal_bf16(uint64_t key, uint64_t i, float scale) {
+  return float_to_bf16(normal_draw(key, i, scale));
 }
 
 }  // namespace kda::demo

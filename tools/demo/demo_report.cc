@@ -84,11 +84,15 @@ std::string describe_engine_flags(const EngineFlags& f) {
 
 std::string progress_line(const RunSpec& spec, const RoundRecord& rec) {
   const int layers = static_cast<int>(rec.verify_ms.size());
-  return fmt::format(
-      "[{}] round {}/{}: accepted {}/{} tokens; verify {} ({} per layer), commit {}, round {}",
-      spec.label, rec.round + 1, spec.rounds, rec.accepted_tokens, rec.drafted_tokens,
-      ms(rec.verify_total_ms), ms(layers > 0 ? rec.verify_total_ms / layers : 0.0),
-      ms(rec.commit_ms), ms(rec.wall_ms));
+  const std::string work = rec.graphed
+                               ? fmt::format("inputs + verify (graph) {}", ms(rec.verify_total_ms))
+                               : fmt::format("inputs {}, verify {} ({} per layer)",
+                                             ms(rec.inputs_ms), ms(rec.verify_total_ms),
+                                             ms(layers > 0 ? rec.verify_total_ms / layers : 0.0));
+  return fmt::format("[{}] round {}/{}: accepted {}/{} tokens; {}, commit {}; device {}, wall {}",
+                     spec.label, rec.round + 1, spec.rounds, rec.accepted_tokens,
+                     rec.drafted_tokens, work, ms(rec.commit_ms), ms(rec.device_ms),
+                     ms(rec.wall_ms));
 }
 
 void print_summary(std::ostream& os, const SummaryContext& ctx, const DemoRun& primary,
@@ -106,8 +110,13 @@ void print_summary(std::ostream& os, const SummaryContext& ctx, const DemoRun& p
   section(os, "engine", describe_engine_flags(spec.flags));
   section(os, "workload",
           fmt::format("{} request{} (one slot each), prompt {} tokens each (extend), {} rounds "
-                      "of verify -> commit, accept {}, seed {}",
+                      "of inputs + verify -> commit ({}), accept {}, seed {}",
                       spec.requests, spec.requests == 1 ? "" : "s", spec.prompt_len, spec.rounds,
+                      !spec.device.is_cuda()
+                          ? "inputs drawn on the host"
+                          : (spec.cuda_graph ? "inputs drawn on the GPU; one CUDA graph replay "
+                                               "per round"
+                                             : "inputs drawn on the GPU; eager launches"),
                       spec.accept.describe(), spec.seed));
   for (const std::string& n : ctx.notes) {
     more(os, "note: " + n);
@@ -123,29 +132,41 @@ void print_summary(std::ostream& os, const SummaryContext& ctx, const DemoRun& p
                       per_round, per_round / spec.requests, spec.flags.num_draft_tokens));
 
   // ---- latency ----
-  const char* clock = spec.device.is_cuda()
-                          ? "cudaEvents on the stream, eager launches (no CUDA graph), so "
-                            "launch gaps count"
-                          : "host steady_clock; the host kernels are synchronous";
+  const bool cuda = spec.device.is_cuda();
+  const char* clock = !cuda ? "host steady_clock; the host kernels are synchronous"
+                      : spec.cuda_graph
+                          ? "cudaEvents on the stream around one CUDA graph replay (inputs + "
+                            "verify of every layer), then the eager upload and commit"
+                          : "cudaEvents on the stream around every call, eager launches, so "
+                            "launch gaps count";
   section(os, "latency", fmt::format("per round, over {} rounds ({})", rounds, clock));
-  std::vector<double> per_layer;
-  for (const RoundRecord& r : st.rounds) {
-    per_layer.insert(per_layer.end(), r.verify_ms.begin(), r.verify_ms.end());
-  }
-  MeanMinMax layer_stats;
-  if (!per_layer.empty()) {
-    layer_stats.min = *std::min_element(per_layer.begin(), per_layer.end());
-    layer_stats.max = *std::max_element(per_layer.begin(), per_layer.end());
-    for (double v : per_layer) {
-      layer_stats.mean += v;
+  if (spec.cuda_graph) {
+    more(os, fmt::format("inputs + verify, all {} layers (graph replay): {}", layers,
+                         mmm(over_rounds(st.rounds,
+                                         [](const RoundRecord& r) { return r.verify_total_ms; }))));
+  } else {
+    std::vector<double> per_layer;
+    for (const RoundRecord& r : st.rounds) {
+      per_layer.insert(per_layer.end(), r.verify_ms.begin(), r.verify_ms.end());
     }
-    layer_stats.mean /= static_cast<double>(per_layer.size());
+    MeanMinMax layer_stats;
+    if (!per_layer.empty()) {
+      layer_stats.min = *std::min_element(per_layer.begin(), per_layer.end());
+      layer_stats.max = *std::max_element(per_layer.begin(), per_layer.end());
+      for (double v : per_layer) {
+        layer_stats.mean += v;
+      }
+      layer_stats.mean /= static_cast<double>(per_layer.size());
+    }
+    more(os, fmt::format(
+                 "inputs, all {} layers ({} generator): {}", layers, cuda ? "device" : "host",
+                 mmm(over_rounds(st.rounds, [](const RoundRecord& r) { return r.inputs_ms; }))));
+    more(os, fmt::format("verify, one layer (B={}, T={}): {}", spec.requests,
+                         spec.flags.num_draft_tokens, mmm(layer_stats)));
+    more(os, fmt::format("verify, all {} layers:        {}", layers,
+                         mmm(over_rounds(st.rounds,
+                                         [](const RoundRecord& r) { return r.verify_total_ms; }))));
   }
-  more(os, fmt::format("verify, one layer (B={}, T={}): {}", spec.requests,
-                       spec.flags.num_draft_tokens, mmm(layer_stats)));
-  more(os, fmt::format("verify, all {} layers:        {}", layers,
-                       mmm(over_rounds(st.rounds,
-                                       [](const RoundRecord& r) { return r.verify_total_ms; }))));
   more(os,
        fmt::format("accepted-lengths upload:     {}",
                    mmm(over_rounds(st.rounds, [](const RoundRecord& r) { return r.upload_ms; }))));
@@ -153,7 +174,10 @@ void print_summary(std::ostream& os, const SummaryContext& ctx, const DemoRun& p
        fmt::format("commit, all {} layers:        {}", layers,
                    mmm(over_rounds(st.rounds, [](const RoundRecord& r) { return r.commit_ms; }))));
   more(os,
-       fmt::format("round (host wall, prepare .. commit done): {}",
+       fmt::format("round on the {}, first to last mark: {}", cuda ? "GPU (cudaEvents)" : "host",
+                   mmm(over_rounds(st.rounds, [](const RoundRecord& r) { return r.device_ms; }))));
+  more(os,
+       fmt::format("round (host wall, round upload .. commit done): {}",
                    mmm(over_rounds(st.rounds, [](const RoundRecord& r) { return r.wall_ms; }))));
   more(os, spec.prompt_len == 0
                ? std::string("prefill: none (--prompt-len 0: every request starts from zero state)")
@@ -161,10 +185,18 @@ void print_summary(std::ostream& os, const SummaryContext& ctx, const DemoRun& p
                              int64_t{spec.requests} * spec.prompt_len, layers, ms(st.prefill_ms)));
 
   // ---- dispatch ----
-  const DispatchStats ds = backend.stats();
+  int64_t fused = 0, unfused = 0;
+  for (const DecisionCount& c : st.decisions) {
+    (c.fused ? fused : unfused) += c.calls;
+  }
   section(os, "dispatch",
-          fmt::format("{} verify calls: {} fused, {} unfused (backend stats)",
-                      ds.fused_calls + ds.unfused_calls, ds.fused_calls, ds.unfused_calls));
+          fmt::format("{} layer verifies: {} fused, {} unfused", fused + unfused, fused, unfused));
+  if (spec.cuda_graph) {
+    const DispatchStats ds = backend.stats();
+    more(os, fmt::format("(one CUDA graph: the backend's stats count its {} captured verify calls; "
+                         "each of the {} replays repeats them)",
+                         ds.fused_calls + ds.unfused_calls, rounds));
+  }
   for (const DecisionCount& c : st.decisions) {
     more(os, fmt::format("{:>6} x {}", c.calls, c.text));
   }
@@ -196,17 +228,31 @@ void print_summary(std::ostream& os, const SummaryContext& ctx, const DemoRun& p
   for (const CheckOutcome& c : checks) {
     all_passed = all_passed && c.passed();
     section(os, "check", fmt::format("{}: {}", c.name, c.passed() ? "PASS" : "FAIL"));
-    more(os, fmt::format("compared: {}; rule: {}; took {:.1f} s", c.coverage, rule_text(c.rule),
-                         c.seconds));
+    more(os, fmt::format("compared: {}; rule: {}; took {:.1f} s (reference run {:.1f} s, states "
+                         "read and compared on the host {:.1f} s)",
+                         c.coverage, rule_text(c.rule), c.run_seconds + c.compare_seconds,
+                         c.run_seconds, c.compare_seconds));
     for (const DecisionCount& d : c.reference_decisions) {
       more(os, fmt::format("reference run dispatch: {} x {}", d.calls, d.text));
     }
     print_diff(os, "ssm_state", c.ssm, c.rule);
     print_diff(os, "conv_state", c.conv, c.rule);
   }
+  double rounds_device_ms = 0.0, rounds_wall_ms = 0.0;
+  for (const RoundRecord& r : st.rounds) {
+    rounds_device_ms += r.device_ms;
+    rounds_wall_ms += r.wall_ms;
+  }
   section(os, "time",
-          fmt::format("primary run {:.1f} s, whole demo {:.1f} s", ctx.primary_seconds,
-                      ctx.total_seconds));
+          fmt::format("primary run {:.1f} s wall (set-up and prefill included); its {} rounds "
+                      "{:.2f} s on the {}, {:.2f} s host wall",
+                      ctx.primary_seconds, rounds, rounds_device_ms / 1e3, cuda ? "GPU" : "host",
+                      rounds_wall_ms / 1e3));
+  for (const CheckOutcome& c : checks) {
+    more(os, fmt::format("check {}: reference run {:.1f} s, host compare {:.1f} s", c.name,
+                         c.run_seconds, c.compare_seconds));
+  }
+  more(os, fmt::format("whole demo {:.1f} s", ctx.total_seconds));
   if (checks.empty()) {
     os << "RESULT: NOT CHECKED (--check off)\n";
   } else if (all_passed) {
