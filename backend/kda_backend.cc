@@ -26,8 +26,8 @@ PoolConfig make_pool_config(const ModelConfig& m, const EngineFlags& f, const De
   c.HV = m.HV;
   c.K = m.K;
   c.V = m.V;
-  c.max_slots = f.max_running_requests + o.extra_slots;
-  c.scratch_rows = f.max_running_requests;
+  c.num_slots = f.max_running_requests + o.extra_slots;
+  c.num_rows = f.max_running_requests;
   c.T_max = f.num_draft_tokens;
   c.ring_mode = f.replayssm_spec;
   c.ring_len = f.replayssm_cache_len;
@@ -259,7 +259,7 @@ VerifyParams KdaAttentionBackend::make_verify_params(int layer, const VerifyInpu
   p.HV = model_.HV;
   p.K = model_.K;
   p.V = model_.V;
-  p.T_alloc = pool_.T_max();
+  p.T_max = pool_.T_max();
   p.L = pool_.ring_len();
   p.num_slots = pool_.num_slots();
   p.num_rows = pool_.num_rows();
@@ -267,8 +267,8 @@ VerifyParams KdaAttentionBackend::make_verify_params(int layer, const VerifyInpu
   p.lower_bound = model_.lower_bound;
   p.mode = flags_.record_mode();
 
-  p.qkv = static_cast<const bf16_t*>(in.mixed_qkv.data());
-  p.qkv_stride = row_pitch(in.mixed_qkv);
+  p.mixed_qkv = static_cast<const bf16_t*>(in.mixed_qkv.data());
+  p.mixed_qkv_stride = row_pitch(in.mixed_qkv);
   p.a = static_cast<const bf16_t*>(in.a.data());
   p.a_stride = row_pitch(in.a);
   p.b = static_cast<const bf16_t*>(in.b.data());
@@ -327,7 +327,7 @@ DispatchProblem KdaAttentionBackend::make_dispatch_problem(int layer,
   d.conv_width = kConvWidth;
   d.mode = flags_.record_mode();
   d.plain_chain = true;  // this API verifies chains only (no tree / ragged layouts)
-  d.qkv = in.mixed_qkv;
+  d.mixed_qkv = in.mixed_qkv;
   d.a = in.a;
   d.b = in.b;
   d.conv_weight = w.conv_weight;
@@ -374,9 +374,9 @@ void KdaAttentionBackend::extend(int layer, const VerifyInputs& in, const Tensor
   validate_activations("extend", layer, in, out);
   ExtendParams e;
   e.v = make_verify_params(layer, in, out);
-  // Extend commits in place and needs no scratch: T may exceed T_max (T_alloc = T keeps the
-  // params' T <= T_alloc invariant), and no scratch, record or ring pointer is handed over.
-  e.v.T_alloc = batch_T_;
+  // Extend commits in place and needs no scratch: T may exceed T_max (T_max = T keeps the
+  // params' T <= T_max invariant), and no scratch, record or ring pointer is handed over.
+  e.v.T_max = batch_T_;
   e.v.conv_window = nullptr;
   e.v.conv_window_row_stride = 0;
   e.v.snapshots = nullptr;
@@ -405,7 +405,7 @@ void KdaAttentionBackend::commit(const TensorView& accepted_lengths, cudaStream_
   c.num_layers = model_.num_layers;
   c.B = batch_B_;
   c.T = batch_T_;
-  c.T_alloc = pool_.T_max();
+  c.T_max = pool_.T_max();
   c.H = model_.H;
   c.HV = model_.HV;
   c.K = model_.K;

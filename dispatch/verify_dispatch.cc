@@ -160,7 +160,7 @@ DispatchDecision choose_verify_path(const DispatchProblem& p, const Platform& pl
   }
   const int64_t N = static_cast<int64_t>(p.B) * p.T;
   const int64_t D = 2 * static_cast<int64_t>(p.H) * p.K + static_cast<int64_t>(p.HV) * p.V;
-  check_matrix(c, p.qkv, N, D, "mixed_qkv ndim", "mixed_qkv rows", "mixed_qkv columns",
+  check_matrix(c, p.mixed_qkv, N, D, "mixed_qkv ndim", "mixed_qkv rows", "mixed_qkv columns",
                "D = 2*H*K + HV*V", "mixed_qkv strides");
   check_matrix(c, p.a, N, static_cast<int64_t>(p.HV) * p.K, "a ndim", "a rows", "a columns", "HV*K",
                "a strides");
@@ -171,8 +171,8 @@ DispatchDecision choose_verify_path(const DispatchProblem& p, const Platform& pl
   c.require(!p.conv_bias.defined() || (p.conv_bias.ndim() == 1 && p.conv_bias.size(0) == D),
             R::kUnsupportedShape, "conv_bias shape", "[D]", p.conv_bias.ndim());
 
-  c.require_dtype(p.qkv.dtype() == DType::kBF16, R::kUnsupportedDtype, "mixed_qkv dtype", "bf16",
-                  p.qkv.dtype());
+  c.require_dtype(p.mixed_qkv.dtype() == DType::kBF16, R::kUnsupportedDtype, "mixed_qkv dtype",
+                  "bf16", p.mixed_qkv.dtype());
   c.require_dtype(p.a.dtype() == DType::kBF16, R::kUnsupportedDtype, "a dtype", "bf16",
                   p.a.dtype());
   c.require_dtype(p.b.dtype() == DType::kBF16, R::kUnsupportedDtype, "b dtype", "bf16",
@@ -188,7 +188,7 @@ DispatchDecision choose_verify_path(const DispatchProblem& p, const Platform& pl
   c.require(!p.conv_bias.defined() || p.conv_bias.is_contiguous(), R::kUnsupportedStrides,
             "conv_bias strides", "1", p.conv_bias.ndim() == 1 ? p.conv_bias.stride(0) : 0);
 
-  const Device& dev = p.qkv.device();
+  const Device& dev = p.mixed_qkv.device();
   const struct {
     const TensorView* view;
     const char* subject;
@@ -243,7 +243,7 @@ DispatchDecision choose_verify_path(const DispatchProblem& p, const Platform& pl
   want.V = p.V;
   want.T = p.T;
   want.num_slots = p.num_slots;
-  want.activation_dtype = p.qkv.dtype();
+  want.activation_dtype = p.mixed_qkv.dtype();
   want.device = dev;
   d.ring = check_ring_layout(p.rings, want);
   if (!d.ring.ok()) {

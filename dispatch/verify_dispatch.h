@@ -68,7 +68,7 @@ struct DispatchProblem {
   int conv_width = kConvWidth;  ///< W of the model's conv
   RecordMode mode = RecordMode::kSnapshot;
   bool plain_chain = true;  ///< false: tree or ragged verify (never fused)
-  TensorView qkv;           ///< [B*T, D]
+  TensorView mixed_qkv;     ///< [B*T, D]
   TensorView a;             ///< [B*T, HV*K]
   TensorView b;             ///< [B*T, HV]
   TensorView conv_weight;   ///< [D, W]

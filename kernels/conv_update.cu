@@ -44,7 +44,8 @@ __global__ void __launch_bounds__(kConvThreads)
 #pragma unroll
     for (int tt = 0; tt < kConvChunk; ++tt) {
       const int64_t r = static_cast<int64_t>(n) * p.T + t0 + tt;
-      xs[tt] = tt < tc ? ld_bf16x2(p.qkv + r * p.qkv_stride + ch) : make_float2(0.0f, 0.0f);
+      xs[tt] =
+          tt < tc ? ld_bf16x2(p.mixed_qkv + r * p.mixed_qkv_stride + ch) : make_float2(0.0f, 0.0f);
     }
 #pragma unroll
     for (int tt = 0; tt < kConvChunk; ++tt) {
@@ -86,8 +87,9 @@ __global__ void __launch_bounds__(kConvThreads)
 #pragma unroll
   for (int j = 0; j < 3; ++j) {
     const int tau = p.T - 3 + j;  // token index of window entry j (negative: old history)
-    next[j] = tau >= 0 ? p.qkv[(static_cast<int64_t>(n) * p.T + tau) * p.qkv_stride + ch]
-                       : old[(3 + tau) * D + ch];
+    next[j] = tau >= 0
+                  ? p.mixed_qkv[(static_cast<int64_t>(n) * p.T + tau) * p.mixed_qkv_stride + ch]
+                  : old[(3 + tau) * D + ch];
   }
 #pragma unroll
   for (int j = 0; j < 3; ++j) {

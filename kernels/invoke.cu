@@ -71,12 +71,13 @@ void check_cuda_layout(const VerifyParams& p, const char* who, uint32_t needs) {
               who, out_elems);
   }
   if ((needs & params::kConv) != 0) {
-    check_row_pitch(p.qkv_stride, who, "qkv_stride");
+    check_row_pitch(p.mixed_qkv_stride, who, "mixed_qkv_stride");
     KDA_CHECK(p.conv_weight_type != ConvWeightType::kF32 || is_aligned(p.conv_weight, 16),
               "{}: f32 conv_weight must be 16-byte aligned (one float4 per channel)", who);
-    KDA_CHECK(is_aligned(p.qkv, 4) && p.qkv_stride % 2 == 0,
-              "{}: qkv must be 4-byte aligned with an even qkv_stride, got qkv_stride={}", who,
-              p.qkv_stride);
+    KDA_CHECK(is_aligned(p.mixed_qkv, 4) && p.mixed_qkv_stride % 2 == 0,
+              "{}: mixed_qkv must be 4-byte aligned with an even mixed_qkv_stride, got "
+              "mixed_qkv_stride={}",
+              who, p.mixed_qkv_stride);
     KDA_CHECK(is_aligned(p.conv_state, 4) && p.conv_state_slot_stride % 2 == 0,
               "{}: conv_state must be 4-byte aligned with an even conv_state_slot_stride, got {}",
               who, p.conv_state_slot_stride);

@@ -42,10 +42,10 @@ enum class RecordMode : uint8_t {
 /// (inputs may be NaN, rows[n] may be garbage) or written.
 struct VerifyParams {
   // ---- problem ----
-  int32_t B = 0, T = 0;   ///< requests, tokens per request (1 <= T <= T_alloc)
+  int32_t B = 0, T = 0;   ///< requests, tokens per request (1 <= T <= T_max)
   int32_t H = 0, HV = 0;  ///< q/k heads, v heads
   int32_t K = 0, V = 0;   ///< head_k_dim (64|128), head_v_dim
-  int32_t T_alloc = 0;    ///< step pitch of conv_window / snapshots (>= T)
+  int32_t T_max = 0;      ///< step pitch of conv_window / snapshots (>= T)
   int32_t L = 0;          ///< ring length (ring mode; power of two); steps t >= L not written
   int32_t num_slots = 0;  ///< S: extent of the slot dim of conv_state/ssm_state/rings
   int32_t num_rows = 0;   ///< R: extent of the row dim of conv_window/snapshots
@@ -54,8 +54,9 @@ struct VerifyParams {
   RecordMode mode = RecordMode::kRing;
 
   // ---- activations (per call) ----
-  const bf16_t* qkv = nullptr;  ///< [N, D] channels q|k|v, D contiguous; row stride qkv_stride >= D
-  int64_t qkv_stride = 0;
+  const bf16_t* mixed_qkv =
+      nullptr;  ///< [N, D] channels q|k|v, D contiguous; row stride mixed_qkv_stride >= D
+  int64_t mixed_qkv_stride = 0;
   const bf16_t* a = nullptr;  ///< [N, HV*K] gate logits, (hv, k) at hv*K + k; row stride a_stride
   int64_t a_stride = 0;
   const bf16_t* b = nullptr;  ///< [N, HV] beta logits; row stride b_stride
@@ -81,9 +82,9 @@ struct VerifyParams {
 
   // ---- outputs ----
   bf16_t* out = nullptr;          ///< [N, HV, V] packed
-  bf16_t* conv_window = nullptr;  ///< [R, T_alloc, W-1, D]: window after consuming token t
+  bf16_t* conv_window = nullptr;  ///< [R, T_max, W-1, D]: window after consuming token t
   int64_t conv_window_row_stride = 0;
-  float* snapshots = nullptr;  ///< snapshot mode: [R, T_alloc, HV, V, K] state after token t
+  float* snapshots = nullptr;  ///< snapshot mode: [R, T_max, HV, V, K] state after token t
   int64_t snapshot_row_stride = 0;
   bf16_t* ring_rawv = nullptr;  ///< ring mode: [S, HV, L, V] v after conv+SiLU+bf16
   int64_t ring_rawv_slot_stride = 0;
@@ -101,8 +102,8 @@ struct VerifyParams {
 KDA_HD int32_t qkv_dim(const VerifyParams& p) { return 2 * p.H * p.K + p.HV * p.V; }
 
 /// Extend (prefill through the recurrence): N = B*T tokens per call are processed and
-/// committed in place (T may exceed T_alloc: extend uses no scratch). Uses VerifyParams for
-/// the inputs (mode, rows, T_alloc, scratch and ring
+/// committed in place (T may exceed T_max: extend uses no scratch). Uses VerifyParams for
+/// the inputs (mode, rows, T_max, scratch and ring
 /// fields are ignored); the final SSM state is written to ssm_state_out[slot] (may alias
 /// ssm_state) and conv_state_out[slot] gets the last W-1 raw inputs.
 struct ExtendParams {
@@ -117,7 +118,7 @@ struct ExtendParams {
 /// outside [1, T] skips the request and sets *error_flag (if given) to 1.
 struct CommitParams {
   int32_t num_layers = 0;
-  int32_t B = 0, T = 0, T_alloc = 0;
+  int32_t B = 0, T = 0, T_max = 0;
   int32_t H = 0, HV = 0, K = 0, V = 0, L = 0;
   int32_t num_slots = 0, num_rows = 0;
   RecordMode mode = RecordMode::kRing;
@@ -130,9 +131,9 @@ struct CommitParams {
   int64_t ssm_layer_stride = 0, ssm_slot_stride = 0;
   bf16_t* conv_state = nullptr;  ///< [layers, S, W-1, D]
   int64_t conv_state_layer_stride = 0, conv_state_slot_stride = 0;
-  const bf16_t* conv_window = nullptr;  ///< [layers, R, T_alloc, W-1, D]
+  const bf16_t* conv_window = nullptr;  ///< [layers, R, T_max, W-1, D]
   int64_t conv_window_layer_stride = 0, conv_window_row_stride = 0;
-  const float* snapshots = nullptr;  ///< snapshot mode: [layers, R, T_alloc, HV, V, K]
+  const float* snapshots = nullptr;  ///< snapshot mode: [layers, R, T_max, HV, V, K]
   int64_t snapshot_layer_stride = 0, snapshot_row_stride = 0;
   const bf16_t* ring_rawv = nullptr;  ///< ring mode: [layers, S, HV, L, V]
   int64_t ring_rawv_layer_stride = 0, ring_rawv_slot_stride = 0;

@@ -36,8 +36,8 @@ void check_layer_pitch(int num_layers, int64_t stride, int64_t extent, int64_t p
 }
 
 // An op that reads or writes per-request scratch rows (windows, snapshots).
-void check_rows(const char* op, int T, int T_alloc, const int32_t* rows, int num_rows) {
-  KDA_CHECK(T <= T_alloc, "{}: T={} exceeds T_alloc={} (the scratch step pitch)", op, T, T_alloc);
+void check_rows(const char* op, int T, int T_max, const int32_t* rows, int num_rows) {
+  KDA_CHECK(T <= T_max, "{}: T={} exceeds T_max={} (the scratch step pitch)", op, T, T_max);
   check_present(rows, op, "rows", "[B] scratch row per request");
   check_positive(num_rows, op, "num_rows");
 }
@@ -79,11 +79,11 @@ void check_verify(const VerifyParams& p, const char* op, uint32_t needs) {
   const bool windows = (needs & kWindows) != 0;
   const bool uses_rows = windows || snapshot;
   if (uses_rows) {
-    check_rows(op, p.T, p.T_alloc, p.rows, p.num_rows);
+    check_rows(op, p.T, p.T_max, p.rows, p.num_rows);
   }
   if ((needs & kConv) != 0) {
-    check_present(p.qkv, op, "qkv", "[N, D] bf16");
-    check_pitch(p.qkv_stride, D, op, "qkv_stride", "D");
+    check_present(p.mixed_qkv, op, "mixed_qkv", "[N, D] bf16");
+    check_pitch(p.mixed_qkv_stride, D, op, "mixed_qkv_stride", "D");
     check_present(p.conv_weight, op, "conv_weight", "[D, W]");
     KDA_CHECK(
         p.conv_weight_type == ConvWeightType::kF32 || p.conv_weight_type == ConvWeightType::kBF16,
@@ -94,9 +94,9 @@ void check_verify(const VerifyParams& p, const char* op, uint32_t needs) {
                 "(W-1) x D");
   }
   if (windows) {
-    check_present(p.conv_window, op, "conv_window", "[R, T_alloc, W-1, D] bf16");
-    check_pitch(p.conv_window_row_stride, p.T_alloc * kConvHistory * D, op,
-                "conv_window_row_stride", "T_alloc x (W-1) x D");
+    check_present(p.conv_window, op, "conv_window", "[R, T_max, W-1, D] bf16");
+    check_pitch(p.conv_window_row_stride, p.T_max * kConvHistory * D, op, "conv_window_row_stride",
+                "T_max x (W-1) x D");
   }
   if ((needs & kAct) != 0) {
     check_present(p.qkv_act, op, "qkv_act", "[N, D] bf16 scratch of the unfused path");
@@ -122,8 +122,8 @@ void check_verify(const VerifyParams& p, const char* op, uint32_t needs) {
   }
   if (snapshot) {
     check_present(p.snapshots, op, "snapshots", "snapshot mode");
-    check_pitch(p.snapshot_row_stride, p.T_alloc * state_elems, op, "snapshot_row_stride",
-                "T_alloc x HV x V x K");
+    check_pitch(p.snapshot_row_stride, p.T_max * state_elems, op, "snapshot_row_stride",
+                "T_max x HV x V x K");
   }
   if (ring) {
     check_ring_length(op, p.L);
@@ -159,7 +159,7 @@ void check_commit(const CommitParams& p, const char* op, uint32_t needs) {
   const bool conv = (needs & kConvCommit) != 0;
   const bool uses_rows = snapshot || conv;
   if (uses_rows) {
-    check_rows(op, p.T, p.T_alloc, p.rows, p.num_rows);
+    check_rows(op, p.T, p.T_max, p.rows, p.num_rows);
   }
   if (fold || snapshot) {
     check_present(p.ssm_state, op, "ssm_state", "[layers, S, HV, V, K] f32");
@@ -192,15 +192,15 @@ void check_commit(const CommitParams& p, const char* op, uint32_t needs) {
   }
   if (snapshot) {
     check_present(p.snapshots, op, "snapshots", "snapshot mode");
-    check_pitch(p.snapshot_row_stride, p.T_alloc * state_elems, op, "snapshot_row_stride",
-                "T_alloc x HV x V x K");
+    check_pitch(p.snapshot_row_stride, p.T_max * state_elems, op, "snapshot_row_stride",
+                "T_max x HV x V x K");
     check_layer_pitch(p.num_layers, p.snapshot_layer_stride, p.num_rows, p.snapshot_row_stride, op,
                       "snapshot_layer_stride");
   }
   if (conv) {
-    check_present(p.conv_window, op, "conv_window", "[layers, R, T_alloc, W-1, D] bf16");
-    check_pitch(p.conv_window_row_stride, p.T_alloc * kConvHistory * D, op,
-                "conv_window_row_stride", "T_alloc x (W-1) x D");
+    check_present(p.conv_window, op, "conv_window", "[layers, R, T_max, W-1, D] bf16");
+    check_pitch(p.conv_window_row_stride, p.T_max * kConvHistory * D, op, "conv_window_row_stride",
+                "T_max x (W-1) x D");
     check_layer_pitch(p.num_layers, p.conv_window_layer_stride, p.num_rows,
                       p.conv_window_row_stride, op, "conv_window_layer_stride");
     check_present(p.conv_state, op, "conv_state", "[layers, S, W-1, D] bf16");

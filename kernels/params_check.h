@@ -18,7 +18,7 @@ namespace kda::params {
 /// What a verify-like op reads or writes, beyond the problem sizes and slots.
 enum VerifyNeeds : uint32_t {
   kConv = 1u << 0,         ///< qkv, conv_weight (+ bias), conv_state
-  kWindows = 1u << 1,      ///< rows, conv_window (writes; T <= T_alloc)
+  kWindows = 1u << 1,      ///< rows, conv_window (writes; T <= T_max)
   kAct = 1u << 2,          ///< qkv_act
   kRecurrence = 1u << 3,   ///< a, b, A_log, dt_bias, gate kind, ssm_state
   kOut = 1u << 4,          ///< out

@@ -105,8 +105,9 @@ __device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& 
   if (pair_channel >= 0 && tid < kRowsPerPass * In::kPieces) {
     const bf16_t* hist =
         p.conv_state + slot * p.conv_state_slot_stride + pair_channel;  // + row * D
-    const int64_t tok_pitch = FUSED ? p.qkv_stride : D;
-    const bf16_t* tok = (FUSED ? p.qkv : p.qkv_act) + static_cast<int64_t>(at.n) * p.T * tok_pitch +
+    const int64_t tok_pitch = FUSED ? p.mixed_qkv_stride : D;
+    const bf16_t* tok = (FUSED ? p.mixed_qkv : p.qkv_act) +
+                        static_cast<int64_t>(at.n) * p.T * tok_pitch +
                         pair_channel;  // + t * tok_pitch
     const int first_row = FUSED ? 0 : kConvHistory;
     for (int row = first_row + tid / In::kPieces; row < kConvHistory + p.T; row += kRowsPerPass) {
@@ -286,8 +287,8 @@ static_assert(two_ctas_fit_per_sm(kVerifyStreamSmemBytes<128, 128> +
 inline bool stream_layout_ok(const VerifyParams& p, int chunk, bool fused) {
   const bool inputs_ok =
       p.V % 8 == 0 && is_aligned(p.a, 16) && p.a_stride % 8 == 0 &&
-      (fused ? is_aligned(p.qkv, 16) && p.qkv_stride % 8 == 0 && is_aligned(p.conv_state, 16) &&
-                   p.conv_state_slot_stride % 8 == 0
+      (fused ? is_aligned(p.mixed_qkv, 16) && p.mixed_qkv_stride % 8 == 0 &&
+                   is_aligned(p.conv_state, 16) && p.conv_state_slot_stride % 8 == 0
              : is_aligned(p.qkv_act, 16));
   return p.T <= chunk && is_aligned(p.ssm_state, 16) && p.ssm_slot_stride % 4 == 0 && inputs_ok;
 }

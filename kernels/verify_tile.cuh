@@ -63,8 +63,8 @@ struct GlobalSource : WeightReads<Item> {
     const int64_t pair = it.pair_channel >= 0 ? it.pair_channel : 0;  // no pair: never read
     GlobalSource s{};
     if constexpr (Item::kFused) {
-      s.x_row = p.qkv + row0 * p.qkv_stride + pair;
-      s.x_step = static_cast<int32_t>(p.qkv_stride);
+      s.x_row = p.mixed_qkv + row0 * p.mixed_qkv_stride + pair;
+      s.x_step = static_cast<int32_t>(p.mixed_qkv_stride);
     } else {
       s.x_row = p.qkv_act + row0 * it.D + pair;
       s.x_step = static_cast<int32_t>(it.D);

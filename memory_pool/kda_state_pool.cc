@@ -69,7 +69,7 @@ void zero_slot_in_all_layers(const TensorView& all, int slot, cudaStream_t strea
 }  // namespace
 
 KdaStatePool::KdaStatePool(const PoolConfig& config)
-    : config_(config), report_(compute_memory_report(config)), slots_(config.max_slots) {
+    : config_(config), report_(compute_memory_report(config)), slots_(config.num_slots) {
   if (config.memory_budget_bytes > 0) {
     KDA_CHECK_CODE(
         report_.total_bytes <= config.memory_budget_bytes, ErrorCode::kOutOfMemory,
@@ -80,7 +80,7 @@ KdaStatePool::KdaStatePool(const PoolConfig& config)
         config.ring_mode ? report_.snapshot_mode_total_bytes : report_.ring_mode_total_bytes);
   }
   const ScopedCudaDevice on_device(config.device);
-  const int64_t layers = config.layers, S = config.max_slots, R = config.scratch_rows;
+  const int64_t layers = config.layers, S = config.num_slots, R = config.num_rows;
   const int64_t H = config.H, HV = config.HV, K = config.K, V = config.V;
   const int64_t T = config.T_max, L = config.ring_len, D = config.qkv_dim();
 

@@ -56,8 +56,8 @@ class KdaStatePool {
   const Device& device() const { return config_.device; }
   bool ring_mode() const { return config_.ring_mode; }
   int num_layers() const { return config_.layers; }
-  int num_slots() const { return config_.max_slots; }
-  int num_rows() const { return config_.scratch_rows; }
+  int num_slots() const { return config_.num_slots; }
+  int num_rows() const { return config_.num_rows; }
   int T_max() const { return config_.T_max; }
   int ring_len() const { return config_.ring_len; }
   int64_t qkv_dim() const { return config_.qkv_dim(); }

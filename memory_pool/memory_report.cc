@@ -44,8 +44,8 @@ PoolMemoryReport compute_memory_report(const PoolConfig& c) {
 
   PoolMemoryReport r;
   r.ring_mode = c.ring_mode;
-  r.slots = c.max_slots;
-  r.rows = c.scratch_rows;
+  r.slots = c.num_slots;
+  r.rows = c.num_rows;
   r.conv_state_per_slot = checked_product({layers, kPoolConvHistory, D, kBf16});
   r.ssm_state_per_slot = checked_product({layers, HV, V, K, kF32});
   // Ring record per slot and layer: rawv [HV, L, V] bf16, rawk [H, L, K] bf16 (one per k-head),

@@ -18,8 +18,8 @@ void validate_pool_config(const PoolConfig& c) {
   expect_positive(c.HV, "HV");
   expect_positive(c.K, "K");
   expect_positive(c.V, "V");
-  expect_positive(c.max_slots, "max_slots");
-  expect_positive(c.scratch_rows, "scratch_rows");
+  expect_positive(c.num_slots, "num_slots");
+  expect_positive(c.num_rows, "num_rows");
   expect_positive(c.T_max, "T_max");
   // Positive even in snapshot mode: the memory report prices the ring alternative with it.
   expect_positive(c.ring_len, "ring_len");

@@ -21,9 +21,9 @@ struct PoolConfig {
   int HV = 0;              ///< v heads; HV % H == 0 (GQA: v-head hv reads k-head hv / (HV/H))
   int K = 0;               ///< head_k_dim: 64 or 128
   int V = 0;               ///< head_v_dim
-  int max_slots = 0;       ///< S: persistent per-request state slots
-  int scratch_rows = 0;    ///< R: verify scratch rows; must be >= the largest verify batch
-  int T_max = 0;           ///< largest verify T = step pitch (T_alloc) of windows and snapshots
+  int num_slots = 0;       ///< S: persistent per-request state slots
+  int num_rows = 0;        ///< R: verify scratch rows; must be >= the largest verify batch
+  int T_max = 0;           ///< largest verify T = step pitch (T_max) of windows and snapshots
   bool ring_mode = false;  ///< true: ReplaySSM rings keyed by slot; false: fp32 snapshots by row
   int ring_len = 16;       ///< L (ring mode only): power of two and >= 2 * T_max
   Device device = Device::host();
@@ -34,7 +34,7 @@ struct PoolConfig {
 };
 
 /// Checks every rule below; throws kda::Error(kInvalidArgument) whose message names the
-/// field, its value and the rule. Rules: layers, H, HV, K, V, max_slots, scratch_rows,
+/// field, its value and the rule. Rules: layers, H, HV, K, V, num_slots, num_rows,
 /// T_max, ring_len all >= 1; K in {64, 128}; HV % H == 0; memory_budget_bytes >= 0; ring mode only:
 /// ring_len a power of two and ring_len >= 2 * T_max (the early-flush margin, contract §2).
 /// The budget itself is checked by KdaStatePool (kOutOfMemory) against the memory report.

@@ -44,7 +44,7 @@ class DispatchFixture {
     p.V = kV;
     p.mode = mode;
     const int64_t N = static_cast<int64_t>(B) * T;
-    p.qkv = qkv_.view(DType::kBF16, {N, kD});
+    p.mixed_qkv = qkv_.view(DType::kBF16, {N, kD});
     p.a = a_.view(DType::kBF16, {N, kHV * kK});
     p.b = b_.view(DType::kBF16, {N, kHV});
     p.conv_weight = weight_.view(DType::kF32, {kD, 4});
@@ -72,8 +72,8 @@ class DispatchFixture {
     c.HV = kHV;
     c.K = kK;
     c.V = kV;
-    c.max_slots = kMaxB;
-    c.scratch_rows = 1;
+    c.num_slots = kMaxB;
+    c.num_rows = 1;
     c.T_max = kT;
     c.ring_mode = true;
     c.ring_len = kL;
@@ -261,7 +261,7 @@ TEST_CASE("dispatch: inputs outside the fused kernel fall back with a reason", "
         "needs conv_weight's dtype";
   }
   SECTION("qkv inner stride") {
-    p.qkv = TensorView(p.qkv.data(), DType::kBF16, Device::host(), {kT, kD}, {1, kT});
+    p.mixed_qkv = TensorView(p.mixed_qkv.data(), DType::kBF16, Device::host(), {kT, kD}, {1, kT});
     want = DispatchReason::kUnsupportedStrides;
     text =
         "unfused: outside the fused kernel (unsupported_strides): mixed_qkv strides is "
@@ -303,7 +303,8 @@ TEST_CASE("dispatch: inputs outside the fused kernel fall back with a reason", "
         "one of 8, 16, 32, 64, 128";
   }
   SECTION("a padded row pitch is fine") {
-    p.qkv = TensorView(p.qkv.data(), DType::kBF16, Device::host(), {kT, kD}, {kD + 64, 1});
+    p.mixed_qkv =
+        TensorView(p.mixed_qkv.data(), DType::kBF16, Device::host(), {kT, kD}, {kD + 64, 1});
   }
   const DispatchDecision d = choose_verify_path(p, sm90, flags);
   if (want == DispatchReason::kSnapshotFused) {

@@ -34,7 +34,7 @@ struct F32Run {
 
 F32Run gather(const VerifyProblem& p, const std::vector<float>& snapshots) {
   const VerifyCase& c = p.config();
-  const int64_t state = p.state_elems(), T = c.T, Ta = p.T_alloc();
+  const int64_t state = p.state_elems(), T = c.T, Ta = p.T_max();
   F32Run r;
   for (const bf16_t x : p.out()) {
     r.out.push_back(bf16_to_float(x));

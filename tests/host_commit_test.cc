@@ -27,7 +27,7 @@ std::vector<VerifyCase> commit_cases() {
   b.wtype = ConvWeightType::kBF16;
   b.pitch_pad = 5;
   b.L = 8;
-  b.T_alloc = 9;
+  b.T_max = 9;
   cases.push_back(b);
   cases.push_back(make_case(1, 1, 1, 1, 64, 64, RecordMode::kRing, 803));
   VerifyCase d = make_case(2, 4, 1, 1, 64, 16, RecordMode::kRing, 804);
@@ -51,7 +51,7 @@ VerifyProblem verified(const VerifyProblem& base, RecordMode mode, bool fused) {
 // real requests with a valid n_i, every other slot untouched (pads included).
 VerifyProblem expected_state(const VerifyProblem& base, const VerifyProblem& snap,
                              const std::vector<int32_t>& accepted) {
-  const int64_t state = base.state_elems(), Ta = base.T_alloc();
+  const int64_t state = base.state_elems(), Ta = base.T_max();
   const auto slots = base.slots();
   const auto rows = base.rows();
   const auto snapshots = snap.snapshots();
@@ -301,7 +301,7 @@ TEST_CASE("host commit: invalid params throw kda::Error naming the field", "[hos
   q.conv_window = nullptr;
   CHECK(error_message([&] { host::commit_conv(q); }) ==
         "kda::host::commit_conv: conv_window is null, expected a pointer ([layers, R, "
-        "T_alloc, W-1, D] bf16)");
+        "T_max, W-1, D] bf16)");
   q = p.commit_params(acc, RecordMode::kSnapshot);
   q.accepted = nullptr;
   CHECK(error_message([&] { host::commit(q); }) ==

@@ -58,7 +58,7 @@ std::vector<VerifyCase> structural_cases() {
   gqa.neg_slot = true;
   gqa.qkv_pad = 8;
   gqa.pitch_pad = 3;
-  gqa.T_alloc = 7;
+  gqa.T_max = 7;
   cases.push_back(gqa);
   VerifyCase single = make_case(1, 1, 1, 1, 64, 64, RecordMode::kRing, 103);
   single.safe_gate = true;
@@ -67,7 +67,7 @@ std::vector<VerifyCase> structural_cases() {
   snap.safe_gate = true;
   snap.neg_slot = true;
   snap.reversed = true;
-  snap.T_alloc = 5;
+  snap.T_max = 5;
   snap.pitch_pad = 1;
   snap.bias = true;
   cases.push_back(snap);
@@ -116,7 +116,7 @@ using Ranges = std::vector<std::pair<int64_t, int64_t>>;  // [begin, end) of pac
 Ranges owned(const VerifyProblem& p, Tensor t, int n, RecordMode mode, bool writes_qkv_act) {
   const VerifyCase& c = p.config();
   const int64_t D = p.D(), T = c.T, HV = c.HV, H = c.H, K = c.K, V = c.V, L = c.L;
-  const int64_t Ta = p.T_alloc(), steps = std::min(T, L);
+  const int64_t Ta = p.T_max(), steps = std::min(T, L);
   const int64_t slot = p.slots()[n], row = p.rows()[n];
   Ranges r;
   auto per_head = [&](int64_t heads, int64_t width) {
@@ -275,7 +275,7 @@ TEST_CASE("host verify: padding rows: zero output, nothing else read or written"
   c.neg_slot = true;
   c.qkv_pad = 2;
   c.pitch_pad = 2;
-  c.T_alloc = 4;
+  c.T_max = 4;
   const VerifyProblem base(c);
   VerifyProblem garbage_row = base.clone_to(Device::host());
   // The padding request's scratch row is garbage: a path that used it would write far out of
@@ -491,7 +491,7 @@ TEST_CASE("host extend: N-token verify equals N sequential single-token extends"
   const auto windows = verified.conv_window();
   const auto slots = base.slots();
   const auto rows = base.rows();
-  const int64_t T = c.T, D = base.D(), Ta = base.T_alloc();
+  const int64_t T = c.T, D = base.D(), Ta = base.T_max();
   const int64_t row_elems = static_cast<int64_t>(c.HV) * c.V;
   const int64_t state = base.state_elems();
   const int64_t window = kConvHistory * D;
@@ -503,8 +503,8 @@ TEST_CASE("host extend: N-token verify equals N sequential single-token extends"
     // Token t of every request as a T = 1 batch: start at row t, step T rows per request.
     ExtendParams e = ext.extend_params();
     e.v.T = 1;
-    e.v.qkv += t * e.v.qkv_stride;
-    e.v.qkv_stride *= T;
+    e.v.mixed_qkv += t * e.v.mixed_qkv_stride;
+    e.v.mixed_qkv_stride *= T;
     e.v.a += t * e.v.a_stride;
     e.v.a_stride *= T;
     e.v.b += t * e.v.b_stride;
@@ -553,7 +553,7 @@ TEST_CASE("host extend: N-token verify equals N sequential single-token extends"
 TEST_CASE("host reference: invalid params throw kda::Error naming the field, writing nothing",
           "[host][validation]") {
   VerifyCase c = make_case(2, 4, 2, 4, 64, 32, RecordMode::kRing, 601);
-  c.T_alloc = 4;
+  c.T_max = 4;
   const VerifyProblem base(c);
   VerifyProblem p = base.clone_to(Device::host());
   const VerifyParams good = p.params();
@@ -568,16 +568,16 @@ TEST_CASE("host reference: invalid params throw kda::Error naming the field, wri
   CHECK(fused_error([](VerifyParams& q) { q.HV = 3; }) ==
         "kda::host::verify_fused: HV=3 is not a multiple of H=2");
   CHECK(fused_error([](VerifyParams& q) { q.T = 5; }) ==
-        "kda::host::verify_fused: T=5 exceeds T_alloc=4 (the scratch step pitch)");
+        "kda::host::verify_fused: T=5 exceeds T_max=4 (the scratch step pitch)");
   CHECK(fused_error([](VerifyParams& q) { q.B = 0; }) ==
         "kda::host::verify_fused: B=0 must be >= 1");
   CHECK(fused_error([](VerifyParams& q) { q.ring_rawk = nullptr; }) ==
         "kda::host::verify_fused: ring_rawk is null, expected a pointer (ring mode)");
   CHECK(fused_error([](VerifyParams& q) { q.L = 12; }) ==
         "kda::host::verify_fused: L=12 must be a power of two (ring mode)");
-  CHECK(fused_error([&](VerifyParams& q) { q.qkv_stride = base.D() - 1; }) ==
-        fmt::format("kda::host::verify_fused: qkv_stride={} is smaller than D = {}", base.D() - 1,
-                    base.D()));
+  CHECK(fused_error([&](VerifyParams& q) { q.mixed_qkv_stride = base.D() - 1; }) ==
+        fmt::format("kda::host::verify_fused: mixed_qkv_stride={} is smaller than D = {}",
+                    base.D() - 1, base.D()));
   CHECK(fused_error([](VerifyParams& q) { q.ring_beta_slot_stride = 10; }) ==
         "kda::host::verify_fused: ring_beta_slot_stride=10 is smaller than HV x L = 64");
   CHECK(fused_error([](VerifyParams& q) {

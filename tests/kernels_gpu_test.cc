@@ -290,7 +290,7 @@ std::vector<T> real_snapshots(const VerifyProblem& pr, const std::vector<T>& sna
       continue;
     }
     for (int t = 0; t < c.T; ++t) {
-      const int64_t src = (int64_t{rows[static_cast<size_t>(n)]} * pr.T_alloc() + t) * step;
+      const int64_t src = (int64_t{rows[static_cast<size_t>(n)]} * pr.T_max() + t) * step;
       g.insert(g.end(), snaps.begin() + src, snaps.begin() + src + step);
     }
   }
@@ -745,10 +745,10 @@ TEST_CASE("kernels: launch-boundary errors are kda::Error before anything runs",
   CHECK_THROWS_WITH(kernels::invoke_verify_fused(bad, 32, nullptr),
                     Catch::Contains("invoke_verify_fused: K=96 unsupported, expected 64 or 128"));
   bad = p.params();
-  bad.T = bad.T_alloc + 1;
+  bad.T = bad.T_max + 1;
   CHECK_THROWS_WITH(
       kernels::invoke_verify_unfused(bad, nullptr),
-      Catch::Contains("invoke_verify_unfused: T=5 exceeds T_alloc=4 (the scratch step pitch)"));
+      Catch::Contains("invoke_verify_unfused: T=5 exceeds T_max=4 (the scratch step pitch)"));
   bad = p.params();
   bad.L = 12;
   CHECK_THROWS_WITH(

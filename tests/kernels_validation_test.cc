@@ -57,8 +57,8 @@ TEST_CASE("kernels: verify entry points validate before launching", "[kernels]")
   p.V = 63;
   CHECK(fused(p) == "invoke_verify_fused: V=63 must be even on CUDA (bf16 channel pairs)");
   p = good;
-  p.T = p.T_alloc + 1;
-  CHECK(fused(p) == "invoke_verify_fused: T=5 exceeds T_alloc=4 (the scratch step pitch)");
+  p.T = p.T_max + 1;
+  CHECK(fused(p) == "invoke_verify_fused: T=5 exceeds T_max=4 (the scratch step pitch)");
   p = good;
   p.L = 12;
   CHECK(fused(p) == "invoke_verify_fused: L=12 must be a power of two (ring mode)");
@@ -66,8 +66,8 @@ TEST_CASE("kernels: verify entry points validate before launching", "[kernels]")
   p.ring_g = nullptr;
   CHECK(fused(p) == "invoke_verify_fused: ring_g is null, expected a pointer (ring mode)");
   p = good;
-  p.qkv_stride = qkv_dim(p) - 2;
-  CHECK(fused(p) == fmt::format("invoke_verify_fused: qkv_stride={} is smaller than D = {}",
+  p.mixed_qkv_stride = qkv_dim(p) - 2;
+  CHECK(fused(p) == fmt::format("invoke_verify_fused: mixed_qkv_stride={} is smaller than D = {}",
                                 qkv_dim(p) - 2, qkv_dim(p)));
   p = good;
   p.ring_rawk_slot_stride -= 1;
@@ -78,13 +78,13 @@ TEST_CASE("kernels: verify entry points validate before launching", "[kernels]")
   CHECK(fused(p) == "invoke_verify_fused: B=65536 and HV=4 must be <= 65535 (grid dimensions)");
   p = good;
   p.B = 65535;
-  p.T = p.T_alloc = 256;  // 65535 * 256 * HV 4 * V 64 elements: past 2^31
-  p.conv_window_row_stride = int64_t{p.T_alloc} * kConvHistory * qkv_dim(p);
+  p.T = p.T_max = 256;  // 65535 * 256 * HV 4 * V 64 elements: past 2^31
+  p.conv_window_row_stride = int64_t{p.T_max} * kConvHistory * qkv_dim(p);
   CHECK(fused(p) == fmt::format("invoke_verify_fused: out has B*T*HV*V = {} elements, the CUDA "
                                 "kernels index it in 32 bits (< 2^31)",
                                 int64_t{65535} * 256 * 4 * 64));
   // Token row pitches: the per-item kernels step through a chunk's rows in 32 bits.
-  for (auto [field, name] : {std::pair{&VerifyParams::qkv_stride, "qkv_stride"},
+  for (auto [field, name] : {std::pair{&VerifyParams::mixed_qkv_stride, "mixed_qkv_stride"},
                              std::pair{&VerifyParams::a_stride, "a_stride"},
                              std::pair{&VerifyParams::b_stride, "b_stride"}}) {
     p = good;
@@ -94,8 +94,8 @@ TEST_CASE("kernels: verify entry points validate before launching", "[kernels]")
                                   name));
   }
   p = good;
-  p.qkv += 1;
-  CHECK(fused(p).rfind("invoke_verify_fused: qkv must be 4-byte aligned", 0) == 0);
+  p.mixed_qkv += 1;
+  CHECK(fused(p).rfind("invoke_verify_fused: mixed_qkv must be 4-byte aligned", 0) == 0);
   p = good;
   p.ssm_state += 1;
   CHECK(fused(p).rfind("invoke_verify_fused: ssm_state must be 16-byte aligned", 0) == 0);
@@ -158,8 +158,8 @@ TEST_CASE("kernels: commit entry points validate before launching", "[kernels]")
         "invoke_commit_snapshot: snapshots is null, expected a pointer (snapshot "
         "mode)");
   p = snap.commit_params(accepted);
-  p.T = p.T_alloc + 1;
-  CHECK(snapshot(p) == "invoke_commit_snapshot: T=5 exceeds T_alloc=4 (the scratch step pitch)");
+  p.T = p.T_max + 1;
+  CHECK(snapshot(p) == "invoke_commit_snapshot: T=5 exceeds T_max=4 (the scratch step pitch)");
   p = snap.commit_params(accepted);
   p.snapshots += 2;
   CHECK(snapshot(p) ==
@@ -168,11 +168,11 @@ TEST_CASE("kernels: commit entry points validate before launching", "[kernels]")
   p = good;
   p.conv_window = nullptr;
   CHECK(message_of([&] { kernels::invoke_commit_conv(p, nullptr); }) ==
-        "invoke_commit_conv: conv_window is null, expected a pointer ([layers, R, T_alloc, W-1, "
+        "invoke_commit_conv: conv_window is null, expected a pointer ([layers, R, T_max, W-1, "
         "D] bf16)");
   // The combined commit checks the conv part before it enqueues the fold.
   CHECK(message_of([&] { kernels::invoke_commit(p, nullptr); }) ==
-        "invoke_commit: conv_window is null, expected a pointer ([layers, R, T_alloc, W-1, D] "
+        "invoke_commit: conv_window is null, expected a pointer ([layers, R, T_max, W-1, D] "
         "bf16)");
   p = good;
   p.num_layers = 2;
@@ -195,7 +195,7 @@ TEST_CASE("kernels: which layouts the streaming kernels take", "[kernels]") {
   CHECK(kernels::verify_stream_layout_ok(good, true));
   CHECK(kernels::verify_stream_layout_ok(good, false));
   VerifyParams p = good;
-  p.qkv_stride += 4;  // 8-byte pieces only: fused needs 16
+  p.mixed_qkv_stride += 4;  // 8-byte pieces only: fused needs 16
   CHECK_FALSE(kernels::verify_stream_layout_ok(p, true));
   CHECK(kernels::verify_stream_layout_ok(p, false));  // unfused reads qkv_act, not mixed_qkv
   p = good;

@@ -25,8 +25,8 @@ PoolConfig small_config(bool ring_mode) {
   c.HV = 4;
   c.K = 64;
   c.V = 64;
-  c.max_slots = 5;
-  c.scratch_rows = 3;
+  c.num_slots = 5;
+  c.num_rows = 3;
   c.T_max = 4;
   c.ring_mode = ring_mode;
   c.ring_len = 8;
@@ -72,10 +72,9 @@ TEST_CASE("pool: every bad config raises a precise error", "[pool]") {
       {"layers", [](PoolConfig& c) { c.layers = 0; }, "PoolConfig.layers: expected >= 1, got 0"},
       {"H", [](PoolConfig& c) { c.H = -1; }, "PoolConfig.H: expected >= 1, got -1"},
       {"V", [](PoolConfig& c) { c.V = 0; }, "PoolConfig.V: expected >= 1, got 0"},
-      {"slots", [](PoolConfig& c) { c.max_slots = 0; },
-       "PoolConfig.max_slots: expected >= 1, got 0"},
-      {"rows", [](PoolConfig& c) { c.scratch_rows = 0; },
-       "PoolConfig.scratch_rows: expected >= 1, got 0"},
+      {"slots", [](PoolConfig& c) { c.num_slots = 0; },
+       "PoolConfig.num_slots: expected >= 1, got 0"},
+      {"rows", [](PoolConfig& c) { c.num_rows = 0; }, "PoolConfig.num_rows: expected >= 1, got 0"},
       {"T_max", [](PoolConfig& c) { c.T_max = 0; }, "PoolConfig.T_max: expected >= 1, got 0"},
       {"K", [](PoolConfig& c) { c.K = 96; }, "PoolConfig.K: expected 64 or 128, got 96"},
       {"GQA", [](PoolConfig& c) { c.HV = 3; },
@@ -89,7 +88,7 @@ TEST_CASE("pool: every bad config raises a precise error", "[pool]") {
       {"overflow",
        [](PoolConfig& c) {
          c.layers = 1 << 20;
-         c.max_slots = 1 << 30;
+         c.num_slots = 1 << 30;
        },
        "PoolConfig: a pool tensor size overflows int64 (factors too large)"},
   };
@@ -252,8 +251,8 @@ TEST_CASE("pool: memory report numbers, both modes", "[pool]") {
                                                r.ring_mode_savings_bytes() / 1048576.0,
                                                r.ring_mode_savings_bytes())));
   // Many slots, few rows: the rings outweigh the snapshots and the report says so.
-  c.max_slots = 4000;
-  c.scratch_rows = 1;
+  c.num_slots = 4000;
+  c.num_rows = 1;
   const PoolMemoryReport many = compute_memory_report(c);
   CHECK(many.ring_mode_savings_bytes() < 0);
   CHECK_THAT(many.to_string(), Catch::Contains("ring mode saves nothing (costs"));

@@ -71,7 +71,7 @@ std::vector<T> load(const std::string& path) {
 void write_problem(const VerifyProblem& p, const std::string& dir, ConvLayout layout,
                    const std::vector<int32_t>& accepted) {
   const VerifyCase& c = p.config();
-  const int64_t N = p.N(), D = p.D(), S = p.num_slots(), R = p.num_rows(), Ta = p.T_alloc();
+  const int64_t N = p.N(), D = p.D(), S = p.num_slots(), R = p.num_rows(), Ta = p.T_max();
   const int64_t HV = c.HV, H = c.H, K = c.K, V = c.V, L = c.L, W1 = kConvHistory;
   Manifest m;
   m.B = c.B;
@@ -84,7 +84,7 @@ void write_problem(const VerifyProblem& p, const std::string& dir, ConvLayout la
     m.lower_bound = c.lower_bound;
   }
   m.L = c.L;
-  m.T_alloc = p.T_alloc();
+  m.T_max = p.T_max();
   m.R = p.num_rows();
   m.conv_state_layout = layout;
   m.conv_window_layout = layout;
@@ -132,12 +132,12 @@ struct RoundTripCase {
 
 std::vector<RoundTripCase> round_trip_cases() {
   std::vector<RoundTripCase> cases;
-  // padding request, reversed slots/rows, T_alloc > T
+  // padding request, reversed slots/rows, T_max > T
   VerifyCase a = testing::make_case(3, 4, 1, 2, 64, 32, RecordMode::kRing, 81);
   a.bias = true;
   a.neg_slot = true;
   a.reversed = true;
-  a.T_alloc = 5;
+  a.T_max = 5;
   cases.push_back({a, ConvLayout::kSWD});
   // safe gate, bf16 weights, padded pitches in the direct run, SGLang layout
   VerifyCase b = testing::make_case(2, 3, 2, 4, 128, 16, RecordMode::kRing, 82);
@@ -194,7 +194,7 @@ TEST_CASE("replay: host replay of written files is bitwise equal to the direct h
 
   const bool sdw = rc.layout == ConvLayout::kSDW;
   const int64_t D = base.D(), W1 = kConvHistory;
-  const int64_t RTa = int64_t{base.num_rows()} * base.T_alloc();
+  const int64_t RTa = int64_t{base.num_rows()} * base.T_max();
   CHECK(bitwise_equal(load<bf16_t>(out + "/output.npy"), direct.out()));
   std::vector<bf16_t> window = load<bf16_t>(out + "/conv_window.npy");
   CHECK(bitwise_equal(sdw ? transpose_last2(window, RTa, D, W1) : window, direct.conv_window()));

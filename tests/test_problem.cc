@@ -129,12 +129,12 @@ std::vector<float> randn_f32(Rng& rng, int64_t n, float scale) {
 std::string describe(const VerifyCase& c) {
   return fmt::format(
       "B={} T={} H={} HV={} K={} V={} bias={} gate={}{} wtype={} neg_slot={} "
-      "pad_at={} reversed={} mode={} L={} T_alloc={} qkv_pad={} pitch_pad={} seed={} "
+      "pad_at={} reversed={} mode={} L={} T_max={} qkv_pad={} pitch_pad={} seed={} "
       "extra_slots={}",
       c.B, c.T, c.H, c.HV, c.K, c.V, c.bias, c.safe_gate ? "safe" : "standard",
       c.safe_gate ? fmt::format("({})", c.lower_bound) : "",
       c.wtype == ConvWeightType::kF32 ? "f32" : "bf16", c.neg_slot, c.pad_at, c.reversed,
-      c.mode == RecordMode::kRing ? "ring" : "snapshot", c.L, c.T_alloc, c.qkv_pad, c.pitch_pad,
+      c.mode == RecordMode::kRing ? "ring" : "snapshot", c.L, c.T_max, c.qkv_pad, c.pitch_pad,
       c.seed, c.extra_slots);
 }
 
@@ -193,8 +193,8 @@ VerifyProblem::VerifyProblem(const VerifyCase& c, Device device, bool fill_value
     : c_(c), device_(device), entries_(static_cast<size_t>(Tensor::kCount)) {
   KDA_CHECK(c.B >= 1 && c.T >= 1 && c.H >= 1 && c.HV >= 1 && c.K >= 32 && c.V >= 1,
             "VerifyProblem: bad sizes in case {{{}}}", describe(c));
-  KDA_CHECK(c.HV % c.H == 0 && c.L >= 1 && T_alloc() >= c.T && c.extra_slots >= 0 &&
-                c.qkv_pad >= 0 && c.pitch_pad >= 0 && c.pad_at >= 0 && (c.B == 1 || c.pad_at < c.B),
+  KDA_CHECK(c.HV % c.H == 0 && c.L >= 1 && T_max() >= c.T && c.extra_slots >= 0 && c.qkv_pad >= 0 &&
+                c.pitch_pad >= 0 && c.pad_at >= 0 && (c.B == 1 || c.pad_at < c.B),
             "VerifyProblem: inconsistent case {{{}}}", describe(c));
   allocate();
   if (fill_values) {
@@ -211,7 +211,7 @@ int VerifyProblem::pad_request() const {
 
 void VerifyProblem::allocate() {
   const int64_t B = c_.B, N = this->N(), D = this->D(), H = c_.H, HV = c_.HV, K = c_.K, V = c_.V,
-                L = c_.L, S = num_slots(), R = num_rows(), Ta = T_alloc();
+                L = c_.L, S = num_slots(), R = num_rows(), Ta = T_max();
   const int64_t Q = c_.qkv_pad, P = c_.pitch_pad;
   const DType wdt = c_.wtype == ConvWeightType::kF32 ? DType::kF32 : DType::kBF16;
   const DType bf = DType::kBF16, f32 = DType::kF32, i32 = DType::kI32;
@@ -432,15 +432,15 @@ VerifyParams VerifyProblem::params(RecordMode mode) const {
   p.HV = c_.HV;
   p.K = c_.K;
   p.V = c_.V;
-  p.T_alloc = T_alloc();
+  p.T_max = T_max();
   p.L = c_.L;
   p.num_slots = num_slots();
   p.num_rows = num_rows();
   p.gate = c_.safe_gate ? GateKind::kSafe : GateKind::kStandard;
   p.lower_bound = c_.safe_gate ? c_.lower_bound : 0.0f;
   p.mode = mode;
-  p.qkv = static_cast<const bf16_t*>(ptr(Tensor::kQkv));
-  p.qkv_stride = pitch(Tensor::kQkv);
+  p.mixed_qkv = static_cast<const bf16_t*>(ptr(Tensor::kQkv));
+  p.mixed_qkv_stride = pitch(Tensor::kQkv);
   p.a = static_cast<const bf16_t*>(ptr(Tensor::kA));
   p.a_stride = pitch(Tensor::kA);
   p.b = static_cast<const bf16_t*>(ptr(Tensor::kB));
@@ -496,7 +496,7 @@ CommitParams VerifyProblem::commit_params(const Buffer& accepted, RecordMode mod
   q.num_layers = 1;
   q.B = c_.B;
   q.T = c_.T;
-  q.T_alloc = T_alloc();
+  q.T_max = T_max();
   q.H = c_.H;
   q.HV = c_.HV;
   q.K = c_.K;

@@ -42,7 +42,7 @@ struct VerifyCase {
   bool reversed = false;  ///< slots and rows assigned from the top down (rows != position)
   RecordMode mode = RecordMode::kRing;
   int L = 16;       ///< ring length
-  int T_alloc = 0;  ///< scratch step pitch; 0 -> T
+  int T_max = 0;    ///< scratch step pitch; 0 -> T
   int qkv_pad = 0;  ///< extra elements per qkv / a / b row
   uint64_t seed = 1;
   int extra_slots = 2;  ///< S = B + extra_slots
@@ -82,8 +82,8 @@ enum class Tensor : int {
   kSlots,       ///< [B] i32
   kRows,        ///< [B] i32
   kOut,         ///< [N, HV, V] bf16
-  kConvWindow,  ///< [R, T_alloc, W-1, D] bf16
-  kSnapshots,   ///< [R, T_alloc, HV, V, K] f32
+  kConvWindow,  ///< [R, T_max, W-1, D] bf16
+  kSnapshots,   ///< [R, T_max, HV, V, K] f32
   kRingRawv,    ///< [S, HV, L, V] bf16
   kRingRawk,    ///< [S, H, L, K] bf16
   kRingG,       ///< [S, HV, L, K] f32
@@ -110,7 +110,7 @@ class VerifyProblem {
   int64_t N() const { return static_cast<int64_t>(c_.B) * c_.T; }
   int num_slots() const { return c_.B + c_.extra_slots; }
   int num_rows() const { return c_.B + 1; }
-  int T_alloc() const { return c_.T_alloc > 0 ? c_.T_alloc : c_.T; }
+  int T_max() const { return c_.T_max > 0 ? c_.T_max : c_.T; }
   /// Elements of one slot's SSM state (= one snapshot step): HV * V * K.
   int64_t state_elems() const { return static_cast<int64_t>(c_.HV) * c_.V * c_.K; }
   /// The padding request's batch position, or -1.

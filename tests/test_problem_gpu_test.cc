@@ -43,7 +43,7 @@ TEST_CASE("test_problem: CUDA problems are byte-identical to host ones", "[test_
 
   // Params carry device pointers.
   const VerifyParams p = cuda.params();
-  for (const void* ptr : {static_cast<const void*>(p.qkv), static_cast<const void*>(p.out),
+  for (const void* ptr : {static_cast<const void*>(p.mixed_qkv), static_cast<const void*>(p.out),
                           static_cast<const void*>(p.ring_rawk), p.conv_weight}) {
     cudaPointerAttributes attr{};
     REQUIRE(cudaPointerGetAttributes(&attr, ptr) == cudaSuccess);

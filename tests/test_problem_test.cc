@@ -17,7 +17,7 @@ VerifyCase padded_case() {
   c.reversed = true;
   c.qkv_pad = 3;
   c.pitch_pad = 5;
-  c.T_alloc = 4;
+  c.T_max = 4;
   return c;
 }
 
@@ -54,7 +54,7 @@ TEST_CASE("test_problem: slots, rows and params layout", "[host][test_problem]")
   CHECK(p.rows() == std::vector<int32_t>{3, 2, 1});
 
   const VerifyParams vp = p.params(RecordMode::kRing);
-  CHECK(vp.qkv_stride == p.D() + 3);
+  CHECK(vp.mixed_qkv_stride == p.D() + 3);
   CHECK(vp.a_stride == c.HV * c.K + 3);
   CHECK(vp.b_stride == c.HV + 3);
   CHECK(vp.ssm_slot_stride == p.state_elems() + 5);

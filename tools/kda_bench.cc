@@ -51,7 +51,7 @@ void print_header(const BenchArgs& args) {
   fmt::print("shape: {}{}\n", args.shape.describe(),
              args.preset != Preset::kNone ? fmt::format(" (preset {})", preset_name(args.preset))
                                           : std::string());
-  fmt::print("T: {}  B: {}  L={}  T_alloc={}  slots = rows = arange(B), S = R = B\n",
+  fmt::print("T: {}  B: {}  L={}  T_max={}  slots = rows = arange(B), S = R = B\n",
              fmt::join(args.draft_tokens, ","), fmt::join(args.batch_sizes, ","),
              args.effective_ring_len(), args.max_T());
   fmt::print(

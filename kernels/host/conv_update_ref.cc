@@ -41,7 +41,7 @@ void conv_request(const VerifyParams& p, int n, int32_t slot, bf16_t* act, int64
       win[j] = history[j * D + ch];
     }
     for (int t = 0; t < p.T; ++t) {
-      const bf16_t x = p.qkv[qkv_row(p, n, t) * p.qkv_stride + ch];
+      const bf16_t x = p.mixed_qkv[qkv_row(p, n, t) * p.mixed_qkv_stride + ch];
       const float taps_in[kConvWidth] = {bf16_to_float(win[0]), bf16_to_float(win[1]),
                                          bf16_to_float(win[2]), bf16_to_float(x)};
       act[t * act_stride + ch] = math::conv_silu_bf16(taps, taps_in);

@@ -57,7 +57,7 @@ inline int64_t v_channel(const VerifyParams& p, int hv) {
 inline int64_t state_offset(int64_t slot_stride, int64_t slot, int hv, int V, int K) {
   return slot * slot_stride + static_cast<int64_t>(hv) * V * K;
 }
-/// [.., T_alloc, W-1, D] window of step t inside one scratch row.
+/// [.., T_max, W-1, D] window of step t inside one scratch row.
 inline int64_t window_step_offset(int t, int64_t D) {
   return static_cast<int64_t>(t) * kConvHistory * D;
 }

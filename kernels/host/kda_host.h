@@ -52,7 +52,7 @@ void verify_fused(const VerifyParams& p);
 /// Processes the p.v.T tokens of every real request and commits them in place: outputs into
 /// p.v.out, the final state into p.ssm_state_out[slot], the window after the last token
 /// (last W-1 raw inputs) into p.conv_state_out[slot]. Either may alias its input. mode, rows,
-/// T_alloc, L, scratch, rings and qkv_act are ignored.
+/// T_max, L, scratch, rings and qkv_act are ignored.
 void extend(const ExtendParams& p);
 
 // ---- commit (all layers; requests with slots[i] < 0 are skipped) ----

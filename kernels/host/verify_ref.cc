@@ -90,7 +90,7 @@ class HeadConv {
   // Step 1 for token t of request n: fills w.q, w.k, w.v and stores the windows after t into
   // the request's scratch row `windows`.
   void step(int n, int t, bf16_t* windows, HeadStep<float>& w) {
-    const bf16_t* x_row = p_.qkv + qkv_row(p_, n, t) * p_.qkv_stride;
+    const bf16_t* x_row = p_.mixed_qkv + qkv_row(p_, n, t) * p_.mixed_qkv_stride;
     bf16_t* step_windows = windows + window_step_offset(t, D_);
     const size_t qk = 2 * static_cast<size_t>(p_.K);
     for (size_t i = 0; i < channels_.size(); ++i) {

@@ -5,7 +5,7 @@
 namespace kda::bench {
 
 int64_t VerifyBytes::model() const {
-  return state + qkv + a + b + weights + conv_state + windows + out + records;
+  return state + mixed_qkv + a + b + weights + conv_state + windows + out + records;
 }
 
 int64_t ring_step_bytes(const Shape& s) {
@@ -27,7 +27,7 @@ VerifyBytes verify_bytes(const Shape& s, int B, int T, RecordMode mode) {
   const int64_t N = int64_t{B} * T, D = s.D();
   VerifyBytes v;
   v.state = B * state_bytes(s);
-  v.qkv = N * D * 2;
+  v.mixed_qkv = N * D * 2;
   v.a = N * s.HV * s.K * 2;
   v.b = N * s.HV * 2;
   v.weights = weight_bytes(s);
@@ -57,7 +57,7 @@ std::vector<std::string> describe_byte_model(const Shape& s, double hbm_gbps) {
     l.push_back(fmt::format("  {:<22} {:<36} = {}", what, formula, value));
   };
   line("ssm state read", "B*HV*V*K*4", fmt::format("B * {}", one.state));
-  line("mixed_qkv", "N*D*2", fmt::format("N * {}", one.qkv));
+  line("mixed_qkv", "N*D*2", fmt::format("N * {}", one.mixed_qkv));
   line("a (gate logits)", "N*HV*K*2", fmt::format("N * {}", one.a));
   line("b (beta logits)", "N*HV*2", fmt::format("N * {}", one.b));
   line("A_log, dt_bias, conv w",

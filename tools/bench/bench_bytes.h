@@ -13,7 +13,7 @@ namespace kda::bench {
 /// One layer's verify call, per tensor (bytes).
 struct VerifyBytes {
   int64_t state = 0;         ///< ssm state read: B*HV*V*K*4
-  int64_t qkv = 0;           ///< mixed_qkv: N*D*2
+  int64_t mixed_qkv = 0;     ///< N*D*2
   int64_t a = 0;             ///< gate logits: N*HV*K*2
   int64_t b = 0;             ///< beta logits: N*HV*2
   int64_t weights = 0;       ///< A_log HV*4 + dt_bias HV*K*4 + conv weight D*W*w (+ bias D*w)

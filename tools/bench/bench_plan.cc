@@ -27,7 +27,7 @@ ProblemConfig problem_config(const BenchArgs& args, int B) {
   ProblemConfig c;
   c.shape = args.shape;
   c.B = B;
-  c.T_alloc = args.max_T();
+  c.T_max = args.max_T();
   c.L = args.effective_ring_len();
   c.ring = args.any_mode(RecordMode::kRing);
   c.snapshot = args.any_mode(RecordMode::kSnapshot);

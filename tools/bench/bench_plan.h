@@ -12,7 +12,7 @@ namespace kda::bench {
 /// L2 size --dry-run assumes (H200: 50 MiB).
 constexpr int64_t kAssumedL2Bytes = int64_t{50} << 20;
 
-/// The Problem of batch size `B`: one copy, T_alloc = max T, the modes the variants need.
+/// The Problem of batch size `B`: one copy, T_max = max T, the modes the variants need.
 ProblemConfig problem_config(const BenchArgs& args, int B);
 
 /// --l2-cold: layer copies so that the bytes touched between two uses of one copy exceed

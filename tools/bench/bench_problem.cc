@@ -54,12 +54,12 @@ std::vector<const Pool*> OutputSet::written(RecordMode mode) const {
 
 Problem::Pools Problem::plan(const ProblemConfig& c) {
   const Shape& s = c.shape;
-  const int64_t B = c.B, N = int64_t{c.B} * c.T_alloc, D = s.D(), HV = s.HV, H = s.H, K = s.K,
-                V = s.V, L = c.L, Ta = c.T_alloc;
+  const int64_t B = c.B, N = int64_t{c.B} * c.T_max, D = s.D(), HV = s.HV, H = s.H, K = s.K,
+                V = s.V, L = c.L, Ta = c.T_max;
   const DType wt = s.conv_weight_type == ConvWeightType::kF32 ? DType::kF32 : DType::kBF16;
   const int n = c.copies;
   Pools p;
-  p.qkv = spec("mixed_qkv", DType::kBF16, {N, D}, n);
+  p.mixed_qkv = spec("mixed_qkv", DType::kBF16, {N, D}, n);
   p.a = spec("a", DType::kBF16, {N, HV * K}, n);
   p.b = spec("b", DType::kBF16, {N, HV}, n);
   p.A_log = spec("A_log", DType::kF32, {HV}, n);
@@ -93,9 +93,8 @@ int64_t Problem::device_bytes(const ProblemConfig& config) {
 Problem::Problem(const ProblemConfig& config, cudaStream_t stream)
     : config_(config), pools_(plan(config)) {
   const Shape& s = config.shape;
-  KDA_CHECK(config.B >= 1 && config.T_alloc >= 1 && config.copies >= 1,
-            "Problem: B={} T_alloc={} copies={} must be >= 1", config.B, config.T_alloc,
-            config.copies);
+  KDA_CHECK(config.B >= 1 && config.T_max >= 1 && config.copies >= 1,
+            "Problem: B={} T_max={} copies={} must be >= 1", config.B, config.T_max, config.copies);
   const Device dev = Device::cuda(config.device);
   pools_.each([&](Pool& p) {
     if (p.copies > 0 && p.numel > 0) {
@@ -115,7 +114,7 @@ Problem::Problem(const ProblemConfig& config, cudaStream_t stream)
       }
     }
   };
-  randn(pools_.qkv, kQkv, 0.5f);
+  randn(pools_.mixed_qkv, kQkv, 0.5f);
   randn(pools_.a, kA, 0.5f);
   randn(pools_.b, kB, 1.0f);
   randn(pools_.A_log, kALog, 0.5f);
@@ -157,7 +156,7 @@ VerifyParams Problem::verify_params(int copy, int T, RecordMode mode, int set) c
   const ProblemConfig& c = config_;
   const Shape& s = c.shape;
   const OutputSet& o = outputs(set);
-  KDA_CHECK(T >= 1 && T <= c.T_alloc, "Problem: T={} outside [1, T_alloc={}]", T, c.T_alloc);
+  KDA_CHECK(T >= 1 && T <= c.T_max, "Problem: T={} outside [1, T_max={}]", T, c.T_max);
   const int32_t* idx = static_cast<const int32_t*>(indices_.data());
   const int64_t D = s.D();
 
@@ -168,7 +167,7 @@ VerifyParams Problem::verify_params(int copy, int T, RecordMode mode, int set) c
   p.HV = s.HV;
   p.K = s.K;
   p.V = s.V;
-  p.T_alloc = c.T_alloc;
+  p.T_max = c.T_max;
   p.L = c.L;
   p.num_slots = c.B;
   p.num_rows = c.B;
@@ -176,8 +175,8 @@ VerifyParams Problem::verify_params(int copy, int T, RecordMode mode, int set) c
   p.lower_bound = s.lower_bound;
   p.mode = mode;
 
-  p.qkv = pools_.qkv.as<const bf16_t>(copy);
-  p.qkv_stride = D;
+  p.mixed_qkv = pools_.mixed_qkv.as<const bf16_t>(copy);
+  p.mixed_qkv_stride = D;
   p.a = pools_.a.as<const bf16_t>(copy);
   p.a_stride = int64_t{s.HV} * s.K;
   p.b = pools_.b.as<const bf16_t>(copy);
@@ -196,10 +195,10 @@ VerifyParams Problem::verify_params(int copy, int T, RecordMode mode, int set) c
 
   p.out = o.out.as<bf16_t>(copy);
   p.conv_window = o.conv_window.as<bf16_t>(copy);
-  p.conv_window_row_stride = int64_t{c.T_alloc} * kConvHistory * D;
+  p.conv_window_row_stride = int64_t{c.T_max} * kConvHistory * D;
   if (mode == RecordMode::kSnapshot) {
     p.snapshots = o.snapshots.as<float>(copy);
-    p.snapshot_row_stride = int64_t{c.T_alloc} * s.HV * s.V * s.K;
+    p.snapshot_row_stride = int64_t{c.T_max} * s.HV * s.V * s.K;
   } else {
     p.ring_rawv = o.rawv.as<bf16_t>(copy);
     p.ring_rawv_slot_stride = int64_t{s.HV} * c.L * s.V;
@@ -219,7 +218,7 @@ CommitParams Problem::commit_params(int T, RecordMode mode, int layers) const {
   const Shape& s = c.shape;
   KDA_CHECK(layers >= 1 && layers <= c.copies, "Problem: {} layers, {} copies allocated", layers,
             c.copies);
-  KDA_CHECK(T >= 1 && T <= c.T_alloc, "Problem: T={} outside [1, T_alloc={}]", T, c.T_alloc);
+  KDA_CHECK(T >= 1 && T <= c.T_max, "Problem: T={} outside [1, T_max={}]", T, c.T_max);
   const OutputSet& o = outputs(0);
   const int32_t* idx = static_cast<const int32_t*>(indices_.data());
   const VerifyParams v = verify_params(0, T, mode, 0);  // the per-layer (slot/row) strides
@@ -228,7 +227,7 @@ CommitParams Problem::commit_params(int T, RecordMode mode, int layers) const {
   p.num_layers = layers;
   p.B = c.B;
   p.T = T;
-  p.T_alloc = c.T_alloc;
+  p.T_max = c.T_max;
   p.H = s.H;
   p.HV = s.HV;
   p.K = s.K;

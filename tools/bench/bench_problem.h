@@ -5,13 +5,13 @@
 // copy pitch rounded to 256 bytes), so the same object serves one warm layer (copies = 1),
 // the L2-cold rotation (copies = n) and the all-layer commit / round (copies = layers).
 // Shapes (contract §2) with S = R = B, slots = rows = arange(B):
-//   inputs     qkv [B*T_alloc, D] bf16, a [B*T_alloc, HV*K] bf16, b [B*T_alloc, HV] bf16,
+//   inputs     mixed_qkv [B*T_max, D] bf16, a [B*T_max, HV*K] bf16, b [B*T_max, HV] bf16,
 //              A_log [HV] f32, dt_bias [HV*K] f32, conv_weight [D, W] f32|bf16,
 //              conv_bias [D] (optional), conv_state [B, W-1, D] bf16, ssm_state [B, HV, V, K] f32
-//   outputs    out [B*T_alloc, HV, V] bf16, conv_window [B, T_alloc, W-1, D] bf16,
-//              snapshots [B, T_alloc, HV, V, K] f32, rings rawv [B, HV, L, V] bf16,
+//   outputs    out [B*T_max, HV, V] bf16, conv_window [B, T_max, W-1, D] bf16,
+//              snapshots [B, T_max, HV, V, K] f32, rings rawv [B, HV, L, V] bf16,
 //              rawk [B, H, L, K] bf16, g [B, HV, L, K] f32, beta [B, HV, L] f32
-//   scratch    qkv_act [B*T_alloc, D] bf16, one for all copies (as the state pool has it)
+//   scratch    qkv_act [B*T_max, D] bf16, one for all copies (as the state pool has it)
 // Output set 0 has `copies` instances; the optional set 1 (the guard's second set) has one.
 // Inputs are randn scaled as contract §6 (generated on the device from the seed).
 // Ownership: the Problem owns all memory (kda::Buffer); params point into it.
@@ -32,7 +32,7 @@ namespace kda::bench {
 struct ProblemConfig {
   Shape shape;
   int B = 1;
-  int T_alloc = 1;         ///< step pitch of windows / snapshots; rows of the inputs per request
+  int T_max = 1;           ///< step pitch of windows / snapshots; rows of the inputs per request
   int L = 16;              ///< ring length
   int copies = 1;          ///< independent layer instances
   bool ring = true;        ///< allocate rings
@@ -96,12 +96,12 @@ class Problem {
 
  private:
   struct Pools {
-    Pool qkv, a, b, A_log, dt_bias, conv_weight, conv_bias, conv_state, ssm_state;
+    Pool mixed_qkv, a, b, A_log, dt_bias, conv_weight, conv_bias, conv_state, ssm_state;
     Pool qkv_act;
     OutputSet sets[2];
     template <typename F>
     void each(F&& f) {
-      for (Pool* p : {&qkv, &a, &b, &A_log, &dt_bias, &conv_weight, &conv_bias, &conv_state,
+      for (Pool* p : {&mixed_qkv, &a, &b, &A_log, &dt_bias, &conv_weight, &conv_bias, &conv_state,
                       &ssm_state, &qkv_act}) {
         f(*p);
       }

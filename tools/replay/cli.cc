@@ -261,7 +261,7 @@ int make_example_cmd(const Args& args, std::ostream& out) {
   o.K = args.integer("K", o.K, 1, kMaxDim);
   o.V = args.integer("V", o.V, 1, kMaxDim);
   o.L = args.integer("L", o.L, 1, kMaxDim);
-  o.T_alloc = args.integer("T-alloc", 0, 1, kMaxDim);
+  o.T_max = args.integer("T-alloc", 0, 1, kMaxDim);
   o.extra_slots = args.integer("extra-slots", o.extra_slots, 0, kMaxDim);
   o.seed = static_cast<uint64_t>(args.integer("seed", 1, 0, 1 << 30));
   if (args.has("lower-bound")) {
@@ -307,9 +307,9 @@ void print_run(const ReplayProblem& p, const RunResult& r, const std::string& ou
   out << fmt::format("kda_replay: {} -> {} on {} (kernel set {}; platform {})\n", p.dir, out_dir,
                      r.device, r.kernel_set, r.platform.describe());
   out << fmt::format(
-      "  problem: B={} T={} H={} HV={} K={} V={} D={} S={} R={} T_alloc={} L={}; {} gate; conv "
+      "  problem: B={} T={} H={} HV={} K={} V={} D={} S={} R={} T_max={} L={}; {} gate; conv "
       "weight {}{}; conv layout {}; padding requests: {}\n",
-      p.B, p.T, p.H, p.HV, p.K, p.V, p.D, p.S, p.R, p.T_alloc, p.L,
+      p.B, p.T, p.H, p.HV, p.K, p.V, p.D, p.S, p.R, p.T_max, p.L,
       m.lower_bound ? fmt::format("safe (lower_bound {})", *m.lower_bound) : "standard",
       p.wtype == ConvWeightType::kF32 ? "f32" : "bf16", p.has_bias ? " + bias" : ", no bias",
       conv_layout_name(m.conv_state_layout), pads.empty() ? "none" : pads);
@@ -408,9 +408,9 @@ REPLAY
                     uint16; loads anywhere) or bfloat16 (descr 'bfloat16', for ml_dtypes)
   Runs verify, then commit if the directory has accepted lengths, and writes to OUT:
     output.npy       bf16 [N, HV, V]          token t of request n is row n*T + t
-    conv_window.npy  bf16 [R, T_alloc, W-1, D] (or [R, T_alloc, D, W-1], conv_window_layout)
+    conv_window.npy  bf16 [R, T_max, W-1, D] (or [R, T_max, D, W-1], conv_window_layout)
     ring mode:       ring_rawv.npy ring_rawk.npy ring_g.npy ring_beta.npy  (whole rings)
-    snapshot mode:   snapshots.npy f32 [R, T_alloc, HV, V, K]
+    snapshot mode:   snapshots.npy f32 [R, T_max, HV, V, K]
     with accepted:   ssm_state.npy f32 [S, HV, V, K], conv_state.npy bf16 [S, W-1, D] (or
                      [S, D, W-1]): the committed state
     summary.json     path taken, the dispatcher's decision and reason, shapes, timings (ms)
@@ -449,14 +449,14 @@ MANIFEST (DIR/manifest.json)
     "B" "T" "H" "HV" "K" "V"   required integers
     "lower_bound"        required: null = standard gate, a number (e.g. -5) = safe gate
     "L"                  ring length (optional: the ring files' dim 2, else 16)
-    "T_alloc"            scratch step pitch (optional: conv_window/snapshots dim 1, else T)
+    "T_max"            scratch step pitch (optional: conv_window/snapshots dim 1, else T)
     "R"                  scratch rows (optional: conv_window/snapshots dim 0, else
                          max(B, max(rows of real requests) + 1))
     "mode"               "ring" | "snapshot": default of --mode (optional)
     "conv_state_layout"  "SWD" (default): [S, W-1, D] as contract section 2, or "SDW": SGLang's
                          transposed view [S, D, W-1] (conv.transpose(-1, -2).contiguous());
                          converted on load, and conv_state.npy is written back the same way
-    "conv_window_layout" the same for conv_window ([R, T_alloc, W-1, D] | [R, T_alloc, D, W-1]);
+    "conv_window_layout" the same for conv_window ([R, T_max, W-1, D] | [R, T_max, D, W-1]);
                          default: conv_state_layout
     "tensors"            {{"name": "file.npy", ...}} (files relative to DIR), or ["name", ...]
                          meaning name.npy

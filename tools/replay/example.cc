@@ -76,8 +76,8 @@ Manifest make_example(const std::string& dir, const ExampleOptions& o) {
             "make-example: B={} T={} H={} HV={} K={} V={} must all be >= 1", o.B, o.T, o.H, o.HV,
             o.K, o.V);
   KDA_CHECK(o.HV % o.H == 0, "make-example: HV={} is not a multiple of H={}", o.HV, o.H);
-  KDA_CHECK(o.T_alloc == 0 || o.T_alloc >= o.T, "make-example: T_alloc={} is smaller than T={}",
-            o.T_alloc, o.T);
+  KDA_CHECK(o.T_max == 0 || o.T_max >= o.T, "make-example: T_max={} is smaller than T={}", o.T_max,
+            o.T);
   KDA_CHECK(o.extra_slots >= 0, "make-example: extra slots {} must be >= 0", o.extra_slots);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -92,8 +92,8 @@ Manifest make_example(const std::string& dir, const ExampleOptions& o) {
   m.V = o.V;
   m.lower_bound = o.lower_bound;
   m.L = o.L;
-  if (o.T_alloc > 0) {
-    m.T_alloc = o.T_alloc;
+  if (o.T_max > 0) {
+    m.T_max = o.T_max;
   }
   m.mode = o.mode;
   m.conv_state_layout = o.conv_layout;
@@ -102,7 +102,7 @@ Manifest make_example(const std::string& dir, const ExampleOptions& o) {
 
   const int64_t B = o.B, T = o.T, H = o.H, HV = o.HV, K = o.K, V = o.V;
   const int64_t N = B * T, D = m.D(), S = B + o.extra_slots, W1 = kConvHistory;
-  const int64_t Ta = o.T_alloc > 0 ? o.T_alloc : T;
+  const int64_t Ta = o.T_max > 0 ? o.T_max : T;
   const int64_t L = o.L, R = o.rows ? B + 1 : B;
   const int pad = o.pad_request ? (o.B > 1 ? 1 : 0) : -1;
   Normal rng(o.seed);

@@ -14,7 +14,7 @@ namespace kda::replay {
 struct ExampleOptions {
   int B = 2, T = 4, H = 2, HV = 4, K = 64, V = 64;
   int L = kDefaultRingLength;
-  int T_alloc = 0;      ///< 0: T (no T_alloc key written)
+  int T_max = 0;        ///< 0: T (no T_max key written)
   int extra_slots = 2;  ///< S = B + extra_slots
   uint64_t seed = 1;
   std::optional<float> lower_bound;  ///< set: safe gate

@@ -120,9 +120,9 @@ const std::vector<TensorSpec>& tensor_specs() {
       {"slots", true, "i32", "[B]", "slot per request; -1 = padding request"},
       {"rows", false, "i32", "[B]", "scratch row per request; absent: arange(B)"},
       {"accepted", false, "i32", "[B]", "accepted lengths 1..T; present: commit runs"},
-      {"conv_window", false, "bf16", "[R, T_alloc, W-1, D] | [R, T_alloc, D, W-1]",
+      {"conv_window", false, "bf16", "[R, T_max, W-1, D] | [R, T_max, D, W-1]",
        "pre-filled scratch; layout \"conv_window_layout\"; absent: zeros"},
-      {"snapshots", false, "f32", "[R, T_alloc, HV, V, K]",
+      {"snapshots", false, "f32", "[R, T_max, HV, V, K]",
        "pre-filled snapshot scratch; absent: zeros"},
       {"ring_rawv", false, "bf16", "[S', HV, L, V]", "pre-filled ring (S' >= S); absent: zeros"},
       {"ring_rawk", false, "bf16", "[S', H, L, K]", "pre-filled ring; absent: zeros"},
@@ -145,7 +145,7 @@ Manifest parse_manifest(const std::string& json_text, const std::string& source)
   for (const auto& item : j.items()) {
     const std::string& key = item.key();
     bool known = key == "tensors" || key == "format" || key == "comment" || key == "lower_bound" ||
-                 key == "L" || key == "T_alloc" || key == "R" || key == "mode" ||
+                 key == "L" || key == "T_max" || key == "R" || key == "mode" ||
                  key == "conv_state_layout" || key == "conv_window_layout" ||
                  (!key.empty() && key[0] == '_');
     for (const char* k : kSizeKeys) {
@@ -153,7 +153,7 @@ Manifest parse_manifest(const std::string& json_text, const std::string& source)
     }
     KDA_CHECK(known,
               "replay manifest {}: unknown key \"{}\" (keys: format, comment, B, T, H, HV, K, V, "
-              "lower_bound, L, T_alloc, R, mode, conv_state_layout, conv_window_layout, tensors; "
+              "lower_bound, L, T_max, R, mode, conv_state_layout, conv_window_layout, tensors; "
               "keys starting with '_' are ignored)",
               source, key);
   }
@@ -188,11 +188,11 @@ Manifest parse_manifest(const std::string& json_text, const std::string& source)
     m.lower_bound = lb.get<float>();
   }
   m.L = get_optional_int(j, "L", source);
-  m.T_alloc = get_optional_int(j, "T_alloc", source);
+  m.T_max = get_optional_int(j, "T_max", source);
   m.R = get_optional_int(j, "R", source);
-  if (m.T_alloc) {
-    KDA_CHECK(*m.T_alloc >= m.T, "replay manifest {}: T_alloc = {} is smaller than T = {}", source,
-              *m.T_alloc, m.T);
+  if (m.T_max) {
+    KDA_CHECK(*m.T_max >= m.T, "replay manifest {}: T_max = {} is smaller than T = {}", source,
+              *m.T_max, m.T);
   }
   if (j.contains("mode") && !j.at("mode").is_null()) {
     m.mode = parse_record_mode(get_string(j, "mode", source),
@@ -276,8 +276,8 @@ std::string manifest_to_json(const Manifest& m) {
   j["V"] = m.V;
   j["lower_bound"] = m.lower_bound ? Json(*m.lower_bound) : Json(nullptr);
   j["L"] = m.L ? Json(*m.L) : Json(nullptr);
-  if (m.T_alloc) {
-    j["T_alloc"] = *m.T_alloc;
+  if (m.T_max) {
+    j["T_max"] = *m.T_max;
   }
   if (m.R) {
     j["R"] = *m.R;

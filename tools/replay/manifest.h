@@ -14,8 +14,8 @@ namespace kda::replay {
 
 /// Layout of the conv state / conv window files: the last two dims as (W-1, D) or (D, W-1).
 enum class ConvLayout : uint8_t {
-  kSWD,  ///< contract §2: [S, W-1, D] (windows [R, T_alloc, W-1, D]), D contiguous
-  kSDW,  ///< SGLang's transposed view: [S, D, W-1] (windows [R, T_alloc, D, W-1])
+  kSWD,  ///< contract §2: [S, W-1, D] (windows [R, T_max, W-1, D]), D contiguous
+  kSDW,  ///< SGLang's transposed view: [S, D, W-1] (windows [R, T_max, D, W-1])
 };
 /// "SWD" / "SDW".
 const char* conv_layout_name(ConvLayout layout);
@@ -44,13 +44,13 @@ struct TensorSpec {
 /// Every tensor, inputs first, then the optional pre-filled output buffers.
 const std::vector<TensorSpec>& tensor_specs();
 
-/// A parsed manifest. Sizes are validated (positive, HV % H == 0, T <= T_alloc); tensor
+/// A parsed manifest. Sizes are validated (positive, HV % H == 0, T <= T_max); tensor
 /// names are checked against tensor_specs() and required ones must be present.
 struct Manifest {
   int B = 0, T = 0, H = 0, HV = 0, K = 0, V = 0;
   std::optional<float> lower_bound;  ///< null/absent key is invalid; null = standard gate
   std::optional<int> L;              ///< ring length; absent: ring files, else 16
-  std::optional<int> T_alloc;        ///< scratch step pitch; absent: scratch files, else T
+  std::optional<int> T_max;          ///< scratch step pitch; absent: scratch files, else T
   std::optional<int> R;              ///< scratch rows; absent: scratch files, else from rows
   std::optional<RecordMode> mode;    ///< default of --mode
   ConvLayout conv_state_layout = ConvLayout::kSWD;

@@ -94,7 +94,7 @@ ReplayProblem load_problem(const std::string& dir, std::optional<RecordMode> mod
   }
 
   // ---- activations and weights ----
-  p.qkv = in.read_as<bf16_t>("mixed_qkv", {N, D}, "N = B*T, D = 2*H*K + HV*V");
+  p.mixed_qkv = in.read_as<bf16_t>("mixed_qkv", {N, D}, "N = B*T, D = 2*H*K + HV*V");
   p.a = in.read_as<bf16_t>("a", {N, HV * K}, "N = B*T, HV*K");
   p.b = in.read_as<bf16_t>("b", {N, HV}, "N = B*T, HV");
   p.A_log = in.read_as<float>("A_log", {HV}, "HV");
@@ -131,7 +131,7 @@ ReplayProblem load_problem(const std::string& dir, std::optional<RecordMode> mod
   }
 
   // ---- scratch geometry: manifest, else the scratch files, else defaults ----
-  std::optional<int> T_alloc = m.T_alloc, R = m.R;
+  std::optional<int> T_max = m.T_max, R = m.R;
   std::string t_src = "the manifest", r_src = "the manifest";
   std::optional<NpyArray> window_file, snapshot_file;
   if (m.has("conv_window")) {
@@ -139,21 +139,21 @@ ReplayProblem load_problem(const std::string& dir, std::optional<RecordMode> mod
     const bool swd = m.conv_window_layout == ConvLayout::kSWD;
     npy::expect(*window_file, in.path("conv_window"), NpyType::kBF16,
                 swd ? std::vector<int64_t>{-1, -1, W1, D} : std::vector<int64_t>{-1, -1, D, W1},
-                swd ? "R, T_alloc, W-1, D; conv_window_layout SWD"
-                    : "R, T_alloc, D, W-1; conv_window_layout SDW");
+                swd ? "R, T_max, W-1, D; conv_window_layout SWD"
+                    : "R, T_max, D, W-1; conv_window_layout SDW");
     in.agree(R, window_file->shape[0], "dim 0 (R)", in.path("conv_window"), r_src);
-    in.agree(T_alloc, window_file->shape[1], "dim 1 (T_alloc)", in.path("conv_window"), t_src);
+    in.agree(T_max, window_file->shape[1], "dim 1 (T_max)", in.path("conv_window"), t_src);
   }
   if (p.mode == RecordMode::kSnapshot && m.has("snapshots")) {
     snapshot_file = in.read("snapshots");
     npy::expect(*snapshot_file, in.path("snapshots"), NpyType::kF32, {-1, -1, HV, V, K},
-                "R, T_alloc, HV, V, K");
+                "R, T_max, HV, V, K");
     in.agree(R, snapshot_file->shape[0], "dim 0 (R)", in.path("snapshots"), r_src);
-    in.agree(T_alloc, snapshot_file->shape[1], "dim 1 (T_alloc)", in.path("snapshots"), t_src);
+    in.agree(T_max, snapshot_file->shape[1], "dim 1 (T_max)", in.path("snapshots"), t_src);
   }
-  p.T_alloc = T_alloc.value_or(p.T);
-  KDA_CHECK(p.T_alloc >= p.T, "replay: T_alloc = {} (from {}) is smaller than T = {}", p.T_alloc,
-            t_src, p.T);
+  p.T_max = T_max.value_or(p.T);
+  KDA_CHECK(p.T_max >= p.T, "replay: T_max = {} (from {}) is smaller than T = {}", p.T_max, t_src,
+            p.T);
   int max_row = p.B - 1;
   for (int n = 0; n < p.B; ++n) {
     if (p.slots[static_cast<size_t>(n)] >= 0) {
@@ -191,11 +191,11 @@ ReplayProblem load_problem(const std::string& dir, std::optional<RecordMode> mod
   }
 
   // ---- output buffer templates ----
-  const int64_t window_elems = int64_t{p.R} * p.T_alloc * W1 * D;
+  const int64_t window_elems = int64_t{p.R} * p.T_max * W1 * D;
   if (window_file) {
     p.conv_window = npy::elements<bf16_t>(*window_file, in.path("conv_window"));
     if (m.conv_window_layout == ConvLayout::kSDW) {
-      p.conv_window = transpose_last2(p.conv_window, int64_t{p.R} * p.T_alloc, D, W1);
+      p.conv_window = transpose_last2(p.conv_window, int64_t{p.R} * p.T_max, D, W1);
     }
   } else {
     p.conv_window.assign(static_cast<size_t>(window_elems), bf16_t{0});
@@ -204,7 +204,7 @@ ReplayProblem load_problem(const std::string& dir, std::optional<RecordMode> mod
     if (snapshot_file) {
       p.snapshots = npy::elements<float>(*snapshot_file, in.path("snapshots"));
     } else {
-      p.snapshots.assign(static_cast<size_t>(int64_t{p.R} * p.T_alloc * p.state_elems()), 0.0f);
+      p.snapshots.assign(static_cast<size_t>(int64_t{p.R} * p.T_max * p.state_elems()), 0.0f);
     }
     p.L = m.L.value_or(kDefaultRingLength);
     p.ring_slots = p.S;

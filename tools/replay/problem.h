@@ -24,14 +24,14 @@ struct ReplayProblem {
   int64_t D = 0, N = 0;
   int S = 0;           ///< slots: ssm_state / conv_state dim 0
   int R = 0;           ///< scratch rows: conv_window / snapshots dim 0
-  int T_alloc = 0;     ///< scratch step pitch
+  int T_max = 0;       ///< scratch step pitch
   int L = 0;           ///< ring length
   int ring_slots = 0;  ///< S' >= S: ring dim 0
   ConvWeightType wtype = ConvWeightType::kF32;
   bool has_bias = false;
 
   // Inputs.
-  std::vector<bf16_t> qkv;                       ///< [N, D]
+  std::vector<bf16_t> mixed_qkv;                 ///< [N, D]
   std::vector<bf16_t> a;                         ///< [N, HV*K]
   std::vector<bf16_t> b;                         ///< [N, HV]
   std::vector<float> A_log;                      ///< [HV]
@@ -46,8 +46,8 @@ struct ReplayProblem {
 
   // Output buffer templates (pre-filled from files, else zeros). Only the mode's record
   // buffers are allocated: snapshots in snapshot mode, rings in ring mode.
-  std::vector<bf16_t> conv_window;  ///< [R, T_alloc, W-1, D]
-  std::vector<float> snapshots;     ///< [R, T_alloc, HV, V, K]
+  std::vector<bf16_t> conv_window;  ///< [R, T_max, W-1, D]
+  std::vector<float> snapshots;     ///< [R, T_max, HV, V, K]
   std::vector<bf16_t> ring_rawv;    ///< [S', HV, L, V]
   std::vector<bf16_t> ring_rawk;    ///< [S', H, L, K]
   std::vector<float> ring_g;        ///< [S', HV, L, K]

@@ -75,7 +75,7 @@ OutputTensor make_output(const std::string& name, std::vector<int64_t> shape,
 
 // All device memory of one replay.
 struct DeviceTensors {
-  Buffer qkv, a, b, A_log, dt_bias, conv_weight, conv_bias, conv_state, ssm_state;
+  Buffer mixed_qkv, a, b, A_log, dt_bias, conv_weight, conv_bias, conv_state, ssm_state;
   Buffer slots, rows, accepted, error_flag;
   Buffer out, conv_window, snapshots, rawv, rawk, g, beta, qkv_act;
 };
@@ -144,7 +144,7 @@ namespace {
 // (rings or snapshots), the accepted lengths and the error flag only if there are accepted lengths.
 DeviceTensors upload_problem(const ReplayProblem& p, const Device& dev) {
   DeviceTensors t;
-  t.qkv = upload(p.qkv, dev);
+  t.mixed_qkv = upload(p.mixed_qkv, dev);
   t.a = upload(p.a, dev);
   t.b = upload(p.b, dev);
   t.A_log = upload(p.A_log, dev);
@@ -183,15 +183,15 @@ VerifyParams make_verify_params(const ReplayProblem& p, const DeviceTensors& t) 
   v.HV = p.HV;
   v.K = p.K;
   v.V = p.V;
-  v.T_alloc = p.T_alloc;
+  v.T_max = p.T_max;
   v.L = p.L;
   v.num_slots = p.S;
   v.num_rows = p.R;
   v.gate = p.manifest.lower_bound ? GateKind::kSafe : GateKind::kStandard;
   v.lower_bound = p.manifest.lower_bound.value_or(0.0f);
   v.mode = p.mode;
-  v.qkv = static_cast<const bf16_t*>(t.qkv.data());
-  v.qkv_stride = D;
+  v.mixed_qkv = static_cast<const bf16_t*>(t.mixed_qkv.data());
+  v.mixed_qkv_stride = D;
   v.a = static_cast<const bf16_t*>(t.a.data());
   v.a_stride = HV * K;
   v.b = static_cast<const bf16_t*>(t.b.data());
@@ -209,7 +209,7 @@ VerifyParams make_verify_params(const ReplayProblem& p, const DeviceTensors& t) 
   v.rows = static_cast<const int32_t*>(t.rows.data());
   v.out = static_cast<bf16_t*>(t.out.data());
   v.conv_window = static_cast<bf16_t*>(t.conv_window.data());
-  v.conv_window_row_stride = int64_t{p.T_alloc} * kW1 * D;
+  v.conv_window_row_stride = int64_t{p.T_max} * kW1 * D;
   if (p.mode == RecordMode::kRing) {
     v.ring_rawv = static_cast<bf16_t*>(t.rawv.data());
     v.ring_rawv_slot_stride = HV * p.L * V;
@@ -221,7 +221,7 @@ VerifyParams make_verify_params(const ReplayProblem& p, const DeviceTensors& t) 
     v.ring_beta_slot_stride = HV * p.L;
   } else {
     v.snapshots = static_cast<float*>(t.snapshots.data());
-    v.snapshot_row_stride = int64_t{p.T_alloc} * p.state_elems();
+    v.snapshot_row_stride = int64_t{p.T_max} * p.state_elems();
   }
   v.qkv_act = static_cast<bf16_t*>(t.qkv_act.data());
   return v;
@@ -241,7 +241,7 @@ DispatchProblem make_dispatch_problem(const ReplayProblem& p, const DeviceTensor
   dp.V = p.V;
   dp.mode = p.mode;
   dp.plain_chain = true;  // captured verify steps are chains: [B*T] rows, T per request
-  dp.qkv = TensorView::contiguous(t.qkv.data(), DType::kBF16, dev, {N, D});
+  dp.mixed_qkv = TensorView::contiguous(t.mixed_qkv.data(), DType::kBF16, dev, {N, D});
   dp.a = TensorView::contiguous(t.a.data(), DType::kBF16, dev, {N, HV * K});
   dp.b = TensorView::contiguous(t.b.data(), DType::kBF16, dev, {N, HV});
   dp.conv_weight = TensorView::contiguous(t.conv_weight.data(), wdtype, dev, {D, kConvWidth});
@@ -314,7 +314,7 @@ CommitParams make_commit_params(const ReplayProblem& p, const VerifyParams& v,
   c.num_layers = 1;
   c.B = p.B;
   c.T = p.T;
-  c.T_alloc = p.T_alloc;
+  c.T_max = p.T_max;
   c.H = p.H;
   c.HV = p.HV;
   c.K = p.K;
@@ -350,7 +350,7 @@ CommitParams make_commit_params(const ReplayProblem& p, const VerifyParams& v,
 // and the error flag only if r.committed.
 void download_outputs(const ReplayProblem& p, const DeviceTensors& t, RunResult& r) {
   const int64_t N = p.N, D = p.D, HV = p.HV, H = p.H, K = p.K, V = p.V;
-  const int64_t R = p.R, Ta = p.T_alloc, S = p.S;
+  const int64_t R = p.R, Ta = p.T_max, S = p.S;
   const bool window_sdw = p.manifest.conv_window_layout == ConvLayout::kSDW;
   const bool state_sdw = p.manifest.conv_state_layout == ConvLayout::kSDW;
   r.outputs.push_back(make_output("output", {N, HV, V}, download<bf16_t>(t.out, N * HV * V)));
@@ -470,7 +470,7 @@ std::string write_outputs(const ReplayProblem& p, const RunResult& r, const std:
                  {"N", p.N},
                  {"S", p.S},
                  {"R", p.R},
-                 {"T_alloc", p.T_alloc},
+                 {"T_max", p.T_max},
                  {"L", p.L},
                  {"ring_slots", p.ring_slots},
                  {"gate", m.lower_bound ? "safe" : "standard"},
