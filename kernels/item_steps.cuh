@@ -16,18 +16,10 @@ namespace kda::kernels {
 template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false>
 struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide> {
   using Prologue = ItemPrologue<WeightT, K, BV, FUSED, kWide>;
-  using Prologue::c;
-  using Prologue::col0;
-  using Prologue::CPT;
-  using Prologue::group;
-  using Prologue::hv;
-  using Prologue::kSnapshotStores;
-  using Prologue::n;
-  using Prologue::P;
-  using Prologue::p;
+  using Prologue::c, Prologue::col0, Prologue::CPT, Prologue::group, Prologue::hv,
+      Prologue::kSnapshotStores, Prologue::n, Prologue::P, Prologue::p;
   using Prologue::Prologue;
-  using typename Prologue::Cfg;
-  using typename Prologue::Slice;
+  using typename Prologue::Cfg, typename Prologue::Slice;
 
   /// Step 4's v of the thread's CPT columns at step tt (not the ring streaming kernel's: it loads
   /// one column), columns past V as zeros. The snapshot streaming kernel (issue-bound) takes them

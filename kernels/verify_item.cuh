@@ -38,36 +38,14 @@ namespace kda::kernels {
 template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false>
 struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide> {
   using Steps = ItemSteps<WeightT, K, BV, FUSED, kWide>;
-  using Steps::a_log;
-  using Steps::args;
-  using Steps::c;
-  using Steps::col0;
-  using Steps::convolve_chunk;
-  using Steps::CPT;
-  using Steps::exp_a_log;
-  using Steps::gates_chunk;
-  using Steps::h;
-  using Steps::hv;
-  using Steps::is_qk;
-  using Steps::kConvWarps;
-  using Steps::kSpareWarps;
-  using Steps::lane;
-  using Steps::load_chunk;
-  using Steps::p;
-  using Steps::pair_channel;
-  using Steps::pair_stores;
-  using Steps::spare_warp_norms;
+  using Steps::a_log, Steps::args, Steps::c, Steps::col0, Steps::convolve_chunk, Steps::CPT,
+      Steps::exp_a_log, Steps::gates_chunk, Steps::h, Steps::hv, Steps::is_qk, Steps::kConvWarps,
+      Steps::kSpareWarps, Steps::lane, Steps::load_chunk, Steps::p, Steps::pair_channel,
+      Steps::pair_stores, Steps::spare_warp_norms, Steps::tid, Steps::tile, Steps::v0, Steps::warp,
+      Steps::zero_outputs;
   using Steps::Steps;
-  using Steps::tid;
-  using Steps::tile;
-  using Steps::v0;
-  using Steps::warp;
-  using Steps::zero_outputs;
-  using typename Steps::Cfg;
-  using typename Steps::ChunkInputs;
-  using typename Steps::PairStores;
-  using typename Steps::Prologue;
-  using typename Steps::Slice;
+  using typename Steps::Cfg, typename Steps::ChunkInputs, typename Steps::PairStores,
+      typename Steps::Prologue, typename Steps::Slice;
 
   /// Runs the item: the state tile and the chunk's inputs in flight, then per chunk the steps of
   /// the file's header: 1. convolve_chunk, 2. gates_chunk, 3. the norms (spare_warp_norms or every
