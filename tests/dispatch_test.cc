@@ -113,7 +113,7 @@ static_assert(noexcept(check_ring_layout(RingViews{}, RingLayoutExpectation{})),
 
 TEST_CASE("dispatch: the auto tile follows the call's T", "[dispatch]") {
   // B = 8 at HV = 4, V = 64 on 132 SMs: BV = 32's 64 CTAs run one per SM, which takes BV = 32 up
-  // to T = kNarrowBv32MaxT and BV = 16 beyond (docs/perf.md v42). Snapshot mode ignores T.
+  // to T = kNarrowBv32MaxT and BV = 16 beyond (docs/perf_log.md v42). Snapshot mode ignores T.
   DispatchFlags flags;
   flags.fused_ring_max_batch = 64;
   for (const PlatformCase& pc : {PlatformCase{"SM90", fake_platform(9, 0, 132)},
@@ -440,10 +440,10 @@ TEST_CASE("dispatch: each ring-layout failure has its own reason", "[dispatch]")
   }
 }
 
-TEST_CASE("dispatch: the default tile is the H200's measured best (docs/perf.md, v4, v13, v32)",
+TEST_CASE("dispatch: the default tile is the H200's measured best (docs/perf_log.md v4, v13, v32)",
           "[dispatch]") {
   // Best fused BV per B = 1, 2, 4, 8, 16, 32, 64 (T = 4 and 8 agree but for one row), kda_bench
-  // on the H200 (132 SMs): snapshot mode docs/bench/h200_v4_*.txt; ring mode, where grids of
+  // on the H200 (132 SMs): snapshot mode docs/perf_log.md v4; ring mode, where grids of
   // 96..132 CTAs run BV = 128 one CTA per SM, h200_v13k_*.txt. At K3 TP8 B = 1 ring mode takes
   // BV = 32 one per SM on 48 CTAs up to T = 4, BV = 16 beyond (v42, h200_v42_block_v_sweep.txt:
   // BV = 32 -7.2 / -3.7 / +2.2% at T = 2 / 4 / 8).
@@ -463,7 +463,7 @@ TEST_CASE("dispatch: the default tile is the H200's measured best (docs/perf.md,
     }
   }
   CHECK(kernels::default_block_v(1, 12, 128, 132, /*T=*/8) == 16);
-  // Snapshot mode on the H200 (docs/perf.md v32): K3 TP8 B = 16 takes BV = 64 (384 CTAs one
+  // Snapshot mode on the H200 (docs/perf_log.md v32): K3 TP8 B = 16 takes BV = 64 (384 CTAs one
   // per SM fill 2.9 waves, BV = 128's 192 fill 1.45), Kimi-Linear B = 32 and 64 BV = 64 (beyond
   // kSnapshotWideMaxWaves waves of BV = 128 CTAs); without a device, default_block_v's rule.
   const int kimi_linear_snapshot[] = {32, 64, 64, 128, 128, 64, 64};
@@ -482,7 +482,7 @@ TEST_CASE("dispatch: the default tile is the H200's measured best (docs/perf.md,
   CHECK(kernels::default_block_v(65535, 64, 1024) == 128);
 }
 
-TEST_CASE("dispatch: ring mode's default tile at small grids and V = 64 (docs/perf.md v42)",
+TEST_CASE("dispatch: ring mode's default tile at small grids and V = 64 (docs/perf_log.md v42)",
           "[dispatch]") {
   // The ring-mode default per B = 1, 2, 4, 8 at T = 4 and T = 8 on the H200 (132 SMs), from the
   // sweep of every tile at T = 2, 4, 8 (docs/bench/h200_v42_block_v_sweep.txt). Narrow grids:
@@ -548,7 +548,7 @@ TEST_CASE("dispatch: ring mode's default tile at small grids and V = 64 (docs/pe
 TEST_CASE("dispatch: a BV = 128 default below 192 CTAs always runs one CTA per SM", "[dispatch]") {
   // default_block_v picks BV = 128 for 96..SMs CTAs only because the launcher then runs the
   // per-item tiles one CTA per SM (grouped steps); below 192 CTAs in any other form BV = 64 is
-  // faster (docs/perf.md v13k). The two rules must agree on every shape and device size.
+  // faster (docs/perf_log.md v13k). The two rules must agree on every shape and device size.
   for (const int sms : {0, 80, 114, 132, 148}) {
     for (const int HV : {1, 4, 12, 16, 32, 64}) {
       for (const int V : {64, 128, 256}) {

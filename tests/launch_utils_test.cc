@@ -25,7 +25,7 @@ double fill(int64_t k, int64_t units, int64_t wave) {
 
 TEST_CASE("launch_utils: copy grid on an H200 (1056 resident copy CTAs)", "[kernels]") {
   const int64_t wave = 132 * 8;
-  // Kimi-Linear snapshot commit, 20 layers: the measured rows of docs/perf.md v11b.
+  // Kimi-Linear snapshot commit, 20 layers: the measured rows of docs/perf_log.md v11b.
   CHECK(ctas_per_unit_filling_waves(20, 64, wave) == 52);    // B = 1: 1040 CTAs, one wave
   CHECK(ctas_per_unit_filling_waves(640, 64, wave) == 33);   // B = 32: exactly 20 waves
   CHECK(ctas_per_unit_filling_waves(1280, 64, wave) == 33);  // B = 64: exactly 40 waves
@@ -91,7 +91,7 @@ TEST_CASE("launch_utils: snapshot tiles go one per SM only for fuller waves", "[
   CHECK(wave_fill_permille(133, 132, 1) == 503);
   CHECK(wave_fill_permille(10, 0, 1) == 0);
   CHECK(wave_fill_permille(0, 132, 2) == 0);
-  // K3 TP8 B = 16 at BV = 64 (measured 2.4-2.8% faster one per SM, docs/perf.md v32).
+  // K3 TP8 B = 16 at BV = 64 (measured 2.4-2.8% faster one per SM, docs/perf_log.md v32).
   CHECK(one_per_sm_fills_waves_better(384, 132));
   CHECK(one_per_sm_fills_waves_better(600, 132));  // 909 against 757
   // Within one wave of two per SM, or equal fills (256, 512, 768 CTAs: two per SM measured

@@ -4,7 +4,7 @@
 Joins Nsight Compute's per-SASS-instruction source counters with the line table of the
 kernel's cubin (our kernels are built with -lineinfo, tools/bazel/cuda.bzl), so that each
 executed SASS instruction and each stall sample is charged to the source line it came from.
-This is how the docs/bench/h200_v10*_ncu_stream_b64_lines.txt tables were made.
+This is how the docs/bench/h200_v30_ncu_stream_b64_lines.txt table was made.
 
 On the GPU host (ncu, cuobjdump and nvdisasm come with the CUDA toolkit there):
 
