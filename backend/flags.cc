@@ -18,6 +18,7 @@ enum class FlagKind {
   kBool,        // on|off, true|false, 1|0 (value required)
   kSwitch,      // bare = true; `=value` like kBool
   kBlockV,      // auto|0 or one of kernels::kFusedBlockVs
+  kAutoOnOff,   // auto|on|off -> 0|1|2 (DeferredCommit)
 };
 
 struct FlagSpec {
@@ -47,6 +48,10 @@ constexpr FlagSpec kFlags[] = {
      nullptr, "N", "largest batch that takes the fused kernel in ring mode (SM90/SM100)"},
     {"--kda-verify-block-v", FlagKind::kBlockV, 0, 0, &EngineFlags::verify_block_v, nullptr,
      "auto|N", "fused verify V tile"},
+    {"--kda-deferred-commit", FlagKind::kAutoOnOff, 0, 2, &EngineFlags::deferred_commit, nullptr,
+     "auto|on|off",
+     "ring mode: fold the accepted steps inside the next verify (auto: where the benchmark "
+     "measured it faster, dispatch/commit_policy.h)"},
 };
 
 std::string block_v_list() {
@@ -70,6 +75,8 @@ std::string allowed(const FlagSpec& f) {
       return "no value, or =on|off, =true|false, =1|0";
     case FlagKind::kBlockV:
       return fmt::format("auto (or 0) or one of {}", block_v_list());
+    case FlagKind::kAutoOnOff:
+      return "auto, on or off";
   }
   return "?";
 }
@@ -78,6 +85,10 @@ std::string default_text(const FlagSpec& f) {
   const EngineFlags defaults;
   if (f.bool_field != nullptr) {
     return (defaults.*f.bool_field) ? "on" : "off";
+  }
+  if (f.kind == FlagKind::kAutoOnOff) {
+    static constexpr const char* kNames[] = {"auto", "on", "off"};
+    return kNames[defaults.*f.int_field];
   }
   if (f.kind == FlagKind::kBlockV && defaults.*f.int_field == 0) {
     return std::string("auto: by batch size, 32 (B=1), 64 (B<=4), 128");
@@ -115,6 +126,8 @@ bool int_in_range(const FlagSpec& f, int v) {
       return v >= f.lo && v <= f.hi && (v & (v - 1)) == 0;
     case FlagKind::kBlockV:
       return v == 0 || kernels::is_fused_block_v(v);
+    case FlagKind::kAutoOnOff:
+      return v >= f.lo && v <= f.hi;
     case FlagKind::kBool:
     case FlagKind::kSwitch:
       return true;
@@ -132,7 +145,17 @@ void apply(const FlagSpec& f, std::string_view value, EngineFlags& flags) {
     return;
   }
   int v = 0;
-  if (f.kind == FlagKind::kBlockV && value == "auto") {
+  if (f.kind == FlagKind::kAutoOnOff) {
+    if (value == "auto") {
+      v = static_cast<int>(DeferredCommit::kAuto);
+    } else if (value == "on") {
+      v = static_cast<int>(DeferredCommit::kOn);
+    } else if (value == "off") {
+      v = static_cast<int>(DeferredCommit::kOff);
+    } else {
+      reject(f, value);
+    }
+  } else if (f.kind == FlagKind::kBlockV && value == "auto") {
     v = 0;
   } else if (!parse_int(value, v) || !int_in_range(f, v)) {
     reject(f, value);

@@ -11,6 +11,9 @@
 //                                      for its grid and T, kernels::default_block_v in ring mode,
 //                                      default_snapshot_block_v in snapshot mode) or
 //                                      8|16|32|64|128
+//   --kda-deferred-commit auto|on|off  ring mode: commit only records the accepted length and
+//                                      the next verify folds it (contract §7); auto (default):
+//                                      dispatch/commit_policy.h's measured rule
 #pragma once
 
 #include <string>
@@ -21,6 +24,9 @@
 
 namespace kda {
 
+/// --kda-deferred-commit (stored as its int value in EngineFlags::deferred_commit).
+enum class DeferredCommit : int { kAuto = 0, kOn = 1, kOff = 2 };
+
 /// Parsed engine flags (defaults = the flags' defaults). A plain value.
 struct EngineFlags {
   int num_draft_tokens = 4;       ///< --speculative-num-draft-tokens (T)
@@ -30,6 +36,7 @@ struct EngineFlags {
   bool fused_verify = true;       ///< --kda-fused-verify
   int fused_ring_max_batch = 1;   ///< --kda-fused-ring-max-batch
   int verify_block_v = 0;         ///< --kda-verify-block-v; 0 = auto
+  int deferred_commit = 0;        ///< --kda-deferred-commit: a DeferredCommit value
 
   RecordMode record_mode() const {
     return replayssm_spec ? RecordMode::kRing : RecordMode::kSnapshot;

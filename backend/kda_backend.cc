@@ -9,6 +9,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "dispatch/commit_policy.h"
 
 namespace kda {
 
@@ -73,6 +74,33 @@ Platform platform_for(const Device& device, const BackendOptions& o) {
   return p;
 }
 
+// Whether the backend defers its commits (contract §7): ring mode only; on, or auto where
+// dispatch/commit_policy.h's measured rule says it pays for the configured batch.
+bool defers_commit(const ModelConfig& m, const EngineFlags& f) {
+  if (!f.replayssm_spec) {
+    return false;
+  }
+  switch (static_cast<DeferredCommit>(f.deferred_commit)) {
+    case DeferredCommit::kOn:
+      return true;
+    case DeferredCommit::kOff:
+      return false;
+    case DeferredCommit::kAuto:
+      break;
+  }
+  return deferred_commit_pays({m.HV, m.K, m.V, f.max_running_requests, f.num_draft_tokens});
+}
+
+// Whether `stream` is capturing a CUDA graph (then enqueued work has not run).
+bool capturing(const Device& device, cudaStream_t stream) {
+  if (!device.is_cuda()) {
+    return false;
+  }
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  KDA_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 Buffer zeroed_flag(const Device& device) {
   Buffer flag(device, sizeof(int32_t));
   const int32_t zero = 0;
@@ -110,15 +138,18 @@ KdaAttentionBackend::KdaAttentionBackend(const ModelConfig& model, const EngineF
       indices_(device_, flags.max_running_requests),
       error_flag_(zeroed_flag(device_)),
       round_(model.num_layers),
+      deferred_(defers_commit(model_, flags_)),
+      verify_ran_(static_cast<size_t>(model.num_layers), 0),
       last_decision_(static_cast<size_t>(model.num_layers)) {
   batch_slots_.reserve(static_cast<size_t>(flags.max_running_requests));
   upload_rows_.reserve(static_cast<size_t>(flags.max_running_requests));
   logger().info(
-      "KDA backend: {} layers, H={} HV={} K={} V={}, {} mode (L={}), T_max={}, kernels {} on {}, "
-      "dispatch platform {}",
+      "KDA backend: {} layers, H={} HV={} K={} V={}, {} mode (L={}, {} commit), T_max={}, kernels "
+      "{} on {}, dispatch platform {}",
       model_.num_layers, model_.H, model_.HV, model_.K, model_.V,
       flags_.replayssm_spec ? "ring" : "snapshot", flags_.replayssm_cache_len,
-      flags_.num_draft_tokens, kernels_->name(), device_name(device_), platform_.describe());
+      deferred_ ? "deferred" : "eager", flags_.num_draft_tokens, kernels_->name(),
+      device_name(device_), platform_.describe());
 }
 
 KdaAttentionBackend::~KdaAttentionBackend() = default;
@@ -220,6 +251,20 @@ void KdaAttentionBackend::prepare(const BatchSpec& batch, cudaStream_t stream) {
 }
 
 void KdaAttentionBackend::prepare_extend(const BatchSpec& batch, cudaStream_t stream) {
+  if (deferred_) {
+    // Extend continues from the committed state: fold what is pending first (validated first,
+    // so that a bad batch changes nothing). A prepared round that no layer ran is replaced.
+    validate_batch(RoundKind::kExtend, batch);
+    round_.check_can_prepare("prepare_extend");
+    round_.abort();
+    std::vector<int32_t> live;
+    for (const int32_t s : batch.slots) {
+      if (s >= 0) {
+        live.push_back(s);
+      }
+    }
+    materialize(live, stream);
+  }
   prepare_round(RoundKind::kExtend, batch, stream);
 }
 
@@ -311,6 +356,11 @@ VerifyParams KdaAttentionBackend::make_verify_params(int layer, const VerifyInpu
     p.snapshot_row_stride = snapshots.stride(0);
   }
   p.qkv_act = static_cast<bf16_t*>(pool_.qkv_act().data());
+  if (deferred_) {
+    p.ring_cursor = static_cast<const int32_t*>(pool_.ring_cursor().data());
+    p.ring_pending = static_cast<const int32_t*>(pool_.ring_pending(layer).data());
+    p.ssm_fold_out = static_cast<float*>(ssm_state.data());
+  }
   return p;
 }
 
@@ -364,6 +414,7 @@ DispatchDecision KdaAttentionBackend::verify(int layer, const VerifyInputs& in,
     kernels_->verify_unfused(params, stream);
   }
   record_decision(layer, decision);
+  verify_ran_[static_cast<size_t>(layer)] = !capturing(device_, stream);
   round_.on_layer_done(layer);
   return decision;
 }
@@ -401,10 +452,17 @@ void KdaAttentionBackend::commit(const TensorView& accepted_lengths, cudaStream_
   } catch (const Error& e) {
     KDA_THROW(e.code(), "commit: {}", e.message());
   }
-  CommitParams c;
-  c.num_layers = model_.num_layers;
+  CommitParams c = make_commit_params(deferred_ ? CommitKind::kDeferred : CommitKind::kEager);
   c.B = batch_B_;
   c.T = batch_T_;
+  c.accepted = static_cast<const int32_t*>(accepted_lengths.data());
+  kernels_->commit(c, stream);
+  round_.on_committed();
+}
+
+CommitParams KdaAttentionBackend::make_commit_params(CommitKind kind) const {
+  CommitParams c;
+  c.num_layers = model_.num_layers;
   c.T_max = pool_.T_max();
   c.H = model_.H;
   c.HV = model_.HV;
@@ -416,7 +474,6 @@ void KdaAttentionBackend::commit(const TensorView& accepted_lengths, cudaStream_
   c.mode = flags_.record_mode();
   c.slots = indices_.slots_data();
   c.rows = indices_.rows_data();
-  c.accepted = static_cast<const int32_t*>(accepted_lengths.data());
 
   const TensorView ssm = pool_.ssm_state_all(), conv = pool_.conv_state_all();
   const TensorView window = pool_.conv_window_all();
@@ -450,17 +507,70 @@ void KdaAttentionBackend::commit(const TensorView& accepted_lengths, cudaStream_
     c.snapshot_layer_stride = snapshots.stride(0);
     c.snapshot_row_stride = snapshots.stride(1);
   }
+  if (kind != CommitKind::kEager) {
+    const TensorView pending = pool_.ring_pending_all();
+    c.ring_cursor = static_cast<int32_t*>(pool_.ring_cursor().data());
+    c.ring_pending = static_cast<int32_t*>(pending.data());
+    c.ring_pending_layer_stride = pending.stride(0);
+  }
+  c.kind = kind;
   c.error_flag = static_cast<int32_t*>(error_flag_.data());
-  kernels_->commit(c, stream);
-  round_.on_committed();
+  return c;
+}
+
+void KdaAttentionBackend::materialize(const std::vector<int32_t>& slots, cudaStream_t stream) {
+  KDA_CHECK_CODE(round_.kind() == RoundKind::kNone, ErrorCode::kLifecycle,
+                 "materialize: a round is in progress ({}); commit() or abort_round() first",
+                 round_.describe());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int32_t s = slots[i];
+    KDA_CHECK(s >= 0 && s < pool_.num_slots() && pool_.is_slot_allocated(s),
+              "materialize: slots[{}] = {} is not an allocated slot in [0, {})", i, s,
+              pool_.num_slots());
+    for (size_t j = 0; j < i; ++j) {
+      KDA_CHECK(slots[j] != s, "materialize: slots[{}] and slots[{}] are both {} (distinct slots)",
+                j, i, s);
+    }
+  }
+  if (!deferred_ || slots.empty()) {
+    return;  // nothing is ever pending
+  }
+  // In pieces of the index buffer's capacity: the fold kernel reads the uploaded slots.
+  const int capacity = indices_.capacity();
+  upload_rows_.assign(static_cast<size_t>(capacity), -1);
+  for (size_t first = 0; first < slots.size(); first += static_cast<size_t>(capacity)) {
+    const int B = static_cast<int>(std::min(slots.size() - first, static_cast<size_t>(capacity)));
+    indices_.upload(slots.data() + first, upload_rows_.data(), B, stream);
+    CommitParams c = make_commit_params(CommitKind::kMaterialize);
+    c.B = B;
+    c.T = pool_.T_max();
+    kernels_->commit(c, stream);
+  }
 }
 
 void KdaAttentionBackend::record_graph_verify_round() {
   round_.check_can_mark_graph_round();
+  std::fill(verify_ran_.begin(), verify_ran_.end(), 1);  // the replay runs every layer
   round_.on_graph_round();
 }
 
-void KdaAttentionBackend::abort_round() { round_.abort(); }
+void KdaAttentionBackend::abort_round(cudaStream_t stream) {
+  // The verifies that ran folded their layer's pending steps and wrote them back: those layers'
+  // counts go (the others keep theirs for the next verify).
+  if (deferred_ && round_.kind() == RoundKind::kVerify) {
+    CommitParams c = make_commit_params(CommitKind::kDropPending);
+    c.B = batch_B_;
+    c.T = batch_T_;
+    c.num_layers = 1;
+    for (int layer = 0; layer < model_.num_layers; ++layer) {
+      if (round_.layer_done(layer) && verify_ran_[static_cast<size_t>(layer)] != 0) {
+        c.ring_pending = static_cast<int32_t*>(pool_.ring_pending(layer).data());
+        kernels_->commit(c, stream);
+      }
+    }
+  }
+  round_.abort();
+}
 
 DispatchStats KdaAttentionBackend::stats() const {
   DispatchStats s;

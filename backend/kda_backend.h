@@ -154,10 +154,22 @@ class KdaAttentionBackend {
   /// Records that a CUDA-graph replay verified every layer of the freshly prepared batch
   /// (replays do not repeat the host-side verify calls the lifecycle tracks).
   void record_graph_verify_round();
-  /// Drops the current round (e.g. the engine abandons a batch). Safe for verify rounds, whose
-  /// verifies never touch the committed state; layers an unfinished extend round already
-  /// ran keep their advanced state.
-  void abort_round();
+  /// Drops the current round (e.g. the engine abandons a batch). Safe for verify rounds: the
+  /// committed state stays what it was (with the deferred commit, the layers that ran have
+  /// folded their pending steps into it, and their pending counts are cleared on `stream`;
+  /// verifies captured into a graph have not run and clear nothing, so the capture idiom
+  /// "prepare, capture every verify, abort_round" keeps the counts for the replays); layers an
+  /// unfinished extend round already ran keep their advanced state.
+  void abort_round(cudaStream_t stream = nullptr);
+
+  /// Deferred commit (ring mode, contract §7): folds the pending steps of `slots` (allocated,
+  /// distinct) into the state of every layer, as the next verify would, so that the pool's
+  /// ssm_state views hold the committed state (to read, copy or export it). Enqueues on
+  /// `stream`; kLifecycle during a round (prepared or in progress). Nothing to do when the
+  /// backend commits eagerly. prepare_extend materializes its batch itself.
+  void materialize(const std::vector<int32_t>& slots, cudaStream_t stream);
+  /// Whether commits are deferred (--kda-deferred-commit and ring mode; fixed at construction).
+  bool deferred_commit() const { return deferred_; }
 
   RoundKind round_kind() const { return round_.kind(); }
   /// e.g. "verify round, 1 of 2 layers verified (0)".
@@ -184,6 +196,7 @@ class KdaAttentionBackend {
   VerifyParams make_verify_params(int layer, const VerifyInputs& in, const TensorView& out) const;
   DispatchProblem make_dispatch_problem(int layer, const VerifyInputs& in) const;
   void record_decision(int layer, const DispatchDecision& d);
+  CommitParams make_commit_params(CommitKind kind) const;
 
   ModelConfig model_;
   EngineFlags flags_;
@@ -195,6 +208,10 @@ class KdaAttentionBackend {
   BatchIndices indices_;
   Buffer error_flag_;  // [1] int32 on the device; CommitParams::error_flag
   RoundTracker round_;
+  bool deferred_ = false;  // ring mode with --kda-deferred-commit on (or auto, measured)
+  // Per layer of the round: its verify was enqueued for execution (not captured into a graph),
+  // so it folds the layer's pending steps; abort_round drops those layers' counts only.
+  std::vector<uint8_t> verify_ran_;
   int batch_B_ = 0, batch_T_ = 0;
   std::vector<int32_t> batch_slots_;  // host copy of the prepared slots (capacity R)
   std::vector<int32_t> upload_rows_;  // prepare's scratch for the resolved rows (capacity R)

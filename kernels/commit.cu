@@ -95,6 +95,8 @@ struct FoldRing {
   const bf16_t* rawv;
   const float* beta;
   int64_t v_pitch;  ///< V: rawv row pitch
+  int first = 0;    ///< ring position of step 0 (materialize: c - n; eager: 0)
+  int mask = 0;     ///< L - 1
 
   __device__ __forceinline__ FoldRing(const CommitParams& p, int layer, int slot, int h, int hv) {
     const int64_t L = p.L;
@@ -105,6 +107,12 @@ struct FoldRing {
     g = p.ring_g + layer * p.ring_g_layer_stride + slot * p.ring_g_slot_stride + hv * L * p.K;
     beta = p.ring_beta + layer * p.ring_beta_layer_stride + slot * p.ring_beta_slot_stride + hv * L;
     v_pitch = p.V;
+    mask = p.L - 1;
+  }
+  /// Ring position of step t (kPending: from `first`, wrapping; eager: t itself).
+  template <bool kPending>
+  __device__ __forceinline__ int64_t pos(int t) const {
+    return kPending ? (first + t) & mask : t;
   }
 };
 
@@ -128,7 +136,7 @@ struct FoldCoords {
 /// before the ring records) or FoldStagedSource (persistent streaming CTAs: the state and
 /// rawk / g / rawv from a shared-memory stage filled during the previous item, the state copied
 /// to registers after the prologue). Both give the same values to the same arithmetic.
-template <int K>
+template <int K, bool kPending = false>
 struct FoldItem {
   using Cfg = TileConfig<K, kFoldBlockV>;
   using Slice = typename Cfg::Slice;
@@ -162,11 +170,21 @@ struct FoldItem {
     if (slot < 0) {
       return false;
     }
-    const int steps = accepted_or_flag(p, n, tile == 0 && hv == 0 && layer == 0 && tid == 0);
-    if (steps == 0) {
+    // Eager: the accepted steps, from ring position c = 0. kPending (materialize): the slot's
+    // pending steps of this layer, from position c - n.
+    int steps = 0;
+    if constexpr (kPending) {
+      steps = p.ring_pending[layer * p.ring_pending_layer_stride + slot];
+    } else {
+      steps = accepted_or_flag(p, n, tile == 0 && hv == 0 && layer == 0 && tid == 0);
+    }
+    if (steps <= 0) {
       return false;
     }
-    const FoldRing ring(p, layer, slot, h, hv);
+    FoldRing ring(p, layer, slot, h, hv);
+    if constexpr (kPending) {
+      ring.first = p.ring_cursor[slot] - steps;
+    }
     float* s_base = p.ssm_state + layer * p.ssm_layer_stride + slot * p.ssm_slot_stride +
                     static_cast<int64_t>(hv) * p.V * K;
 
@@ -255,22 +273,25 @@ struct FoldItem {
 
 /// Ring records and the state tile straight from global memory (`col` counts from the
 /// tile's first column).
-template <typename Slice>
+/// kPending: step t at ring position (first + t) mod L (FoldRing::pos).
+template <typename Slice, bool kPending = false>
 struct FoldGlobalSource {
   static constexpr FoldSchedule kSchedule = FoldSchedule::kPerItem;
   int c;  // lane within the column's P lanes
   int v0;
   __device__ __forceinline__ void wait_records() const {}
   __device__ __forceinline__ float rawk(const FoldRing& r, int t, int, int k) const {
-    return ld_bf16(r.rawk + static_cast<int64_t>(t) * Slice::K + k);
+    return ld_bf16(r.rawk + r.pos<kPending>(t) * Slice::K + k);
   }
   __device__ __forceinline__ float g(const FoldRing& r, int t, int, int k) const {
-    return r.g[static_cast<int64_t>(t) * Slice::K + k];
+    return r.g[r.pos<kPending>(t) * Slice::K + k];
   }
   __device__ __forceinline__ float rawv(const FoldRing& r, int t, int, int v0_, int j) const {
-    return ld_bf16(r.rawv + static_cast<int64_t>(t) * r.v_pitch + v0_ + j);
+    return ld_bf16(r.rawv + r.pos<kPending>(t) * r.v_pitch + v0_ + j);
   }
-  __device__ __forceinline__ float beta(const FoldRing& r, int t, int) const { return r.beta[t]; }
+  __device__ __forceinline__ float beta(const FoldRing& r, int t, int) const {
+    return r.beta[r.pos<kPending>(t)];
+  }
   __device__ __forceinline__ void load_state(ColRegs<Slice> (&S)[Slice::CPT],
                                              const bool (&ok)[Slice::CPT], const float* head,
                                              int col) const {
@@ -280,11 +301,11 @@ struct FoldGlobalSource {
 
 /// grid (ceil(V/128), B, layers*HV): one CTA per item. With `with_conv` the CTAs of request n
 /// in a layer also share its conv commit (one launch for the whole commit).
-template <int K>
+template <int K, bool kPending = false>
 __global__ void __launch_bounds__(256, 2)
     fold_kernel(const __grid_constant__ CommitParams p, const __grid_constant__ FoldDivisors div,
                 bool with_conv) {
-  using Item = FoldItem<K>;
+  using Item = FoldItem<K, kPending>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
   pdl_wait();
   pdl_launch_dependents();
@@ -297,7 +318,8 @@ __global__ void __launch_bounds__(256, 2)
   }
   Item item(p, {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(layer),
                 static_cast<int>(hv), static_cast<int>(div.group.div(hv))});
-  (void)item.run(sm, FoldGlobalSource<typename Item::Slice>{item.c, item.tile * kFoldBlockV});
+  (void)item.run(sm,
+                 FoldGlobalSource<typename Item::Slice, kPending>{item.c, item.tile * kFoldBlockV});
 }
 
 /// The fold's stage: the state tile (kFoldBlockV x K f32), then the item's ring records for
@@ -508,14 +530,48 @@ __global__ void __launch_bounds__(kCopyThreads)
   }
 }
 
-/// grid (chunks, B, layers): conv_state[layer][slot] <- conv_window[layer][row][n-1] alone.
+/// A deferred commit's bookkeeping for request n in `layer` (one thread): ring_pending[layer]
+/// [slot] <- n (0 for a bad accepted length, which it reports), and in layer 0 the cursor
+/// advanced by n (mod L). Nothing else of the launch reads these.
+__device__ __forceinline__ void commit_pending(const CommitParams& p, int layer, int n) {
+  const int slot = p.slots[n];
+  if (slot < 0) {
+    return;
+  }
+  const int steps = accepted_or_flag(p, n, layer == 0);
+  p.ring_pending[layer * p.ring_pending_layer_stride + slot] = steps;
+  if (layer == 0 && steps > 0) {
+    p.ring_cursor[slot] = (p.ring_cursor[slot] + steps) & (p.L - 1);
+  }
+}
+
+/// grid (chunks, B, layers): conv_state[layer][slot] <- conv_window[layer][row][n-1] alone;
+/// a deferred commit (kDeferred) also records the pending counts (commit_pending).
 template <int VEC>
 __global__ void __launch_bounds__(kCopyThreads)
     commit_conv_kernel(const __grid_constant__ CommitParams p) {
   pdl_wait();
   pdl_launch_dependents();
+  if (p.kind == CommitKind::kDeferred && blockIdx.x == 0 && threadIdx.x == 0) {
+    commit_pending(p, static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.y));
+  }
   commit_conv_share<VEC>(p, static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.y),
                          static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+}
+
+/// grid (ceil(B / kCopyThreads)): ring_pending[layer][slots[n]] <- 0 for layers 0..num_layers-1
+/// (after a materializing fold, and for abort_round's layers that folded).
+__global__ void __launch_bounds__(kCopyThreads)
+    drop_pending_kernel(const __grid_constant__ CommitParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int n = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (n >= p.B || p.slots[n] < 0) {
+    return;
+  }
+  for (int layer = 0; layer < p.num_layers; ++layer) {
+    p.ring_pending[layer * p.ring_pending_layer_stride + p.slots[n]] = 0;
+  }
 }
 
 /// A copy kernel taking only the params (the conv commit's own launch).
@@ -585,6 +641,27 @@ void launch_fold(const CommitParams& p, cudaStream_t stream, bool with_conv) {
 }
 template void launch_fold<64>(const CommitParams&, cudaStream_t, bool);
 template void launch_fold<128>(const CommitParams&, cudaStream_t, bool);
+
+template <int K>
+void launch_materialize(const CommitParams& p, cudaStream_t stream) {
+  // Off the hot path: the per-item fold (its records at any ring position), then the counts
+  // zeroed once every CTA has read them.
+  const int64_t tiles = ceil_div(p.V, kFoldBlockV);
+  const FoldDivisors div{
+      FastDivisor(static_cast<uint32_t>(tiles)), FastDivisor(static_cast<uint32_t>(p.B)),
+      FastDivisor(static_cast<uint32_t>(p.HV)), FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
+  const dim3 grid3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.B),
+                   static_cast<unsigned>(p.num_layers * p.HV));
+  launch_pdl(fold_kernel<K, true>, grid3, dim3(kCopyThreads), 0, stream, pdl_enabled(), p, div,
+             false);
+  launch_drop_pending(p, stream);
+}
+template void launch_materialize<64>(const CommitParams&, cudaStream_t);
+template void launch_materialize<128>(const CommitParams&, cudaStream_t);
+
+void launch_drop_pending(const CommitParams& p, cudaStream_t stream) {
+  launch(drop_pending_kernel, dim3(static_cast<unsigned>(ceil_div(p.B, kCopyThreads))), p, stream);
+}
 
 void launch_commit_snapshot(const CommitParams& p, cudaStream_t stream, bool with_conv) {
   const int64_t n4 = static_cast<int64_t>(p.HV) * p.V * p.K / 4;

@@ -11,6 +11,11 @@
 // commit_conv_kernel: conv_state[layer][slot] <- conv_window[layer][row][n-1] (W-1 rows of D).
 // invoke_commit is one launch when the conv commit is 16-byte aligned: the fold or snapshot
 //   kernel copies the conv windows too (a separate conv launch costs a launch per round).
+// Deferred commit (contract §7, CommitKind): kDeferred runs commit_conv_kernel alone, which
+//   also records each request's pending count and advances its slot's ring cursor;
+//   kMaterialize folds every slot's pending steps (fold_kernel<K, true>: records at ring
+//   positions (c - n + j) mod L) and then zeroes the counts (drop_pending_kernel), which
+//   kDropPending runs alone.
 // slot < 0: skipped. n outside [1, T]: skipped, *error_flag = 1.
 #pragma once
 
@@ -28,7 +33,15 @@ void launch_fold(const CommitParams& p, cudaStream_t stream, bool with_conv);
 extern template void launch_fold<64>(const CommitParams&, cudaStream_t, bool);
 extern template void launch_fold<128>(const CommitParams&, cudaStream_t, bool);
 
+/// kMaterialize: the pending folds of every layer, then the counts zeroed.
+template <int K>
+void launch_materialize(const CommitParams& p, cudaStream_t stream);
+extern template void launch_materialize<64>(const CommitParams&, cudaStream_t);
+extern template void launch_materialize<128>(const CommitParams&, cudaStream_t);
+
 void launch_commit_snapshot(const CommitParams& p, cudaStream_t stream, bool with_conv);
 void launch_commit_conv(const CommitParams& p, cudaStream_t stream);
+/// ring_pending[layer][slots[n]] <- 0 for layers 0..num_layers-1.
+void launch_drop_pending(const CommitParams& p, cudaStream_t stream);
 
 }  // namespace kda::kernels

@@ -48,6 +48,15 @@ __device__ __forceinline__ void load_slice(ColRegs<Slice>& dst, const float* vec
   }
 }
 
+/// Stores this lane's slice to a [K] vector in shared memory (load_slice's layout).
+template <typename Slice>
+__device__ __forceinline__ void store_slice(float* vec, const ColRegs<Slice>& src, int c) {
+#pragma unroll
+  for (int i = 0; i < Slice::NPT; ++i) {
+    store_vec<Slice::E>(vec + Slice::k_of(c, i), src[i]);
+  }
+}
+
 /// Loads this lane's slice of a [K] column from global memory (16/8-byte vector loads). The
 /// lane's first k is added once; partial i is then a constant offset P*E*i from it, so the
 /// loads take immediate offsets instead of one 64-bit address each.

@@ -235,6 +235,22 @@ void invoke_commit_conv(const CommitParams& p, cudaStream_t stream) {
 }
 
 void invoke_commit(const CommitParams& p, cudaStream_t stream) {
+  switch (p.kind) {
+    case CommitKind::kEager:
+      break;
+    case CommitKind::kDeferred:  // no state pass: the conv commit records the pending counts
+      check_commit_launch(p, "invoke_commit", params::kConvCommit);
+      launch_commit_conv(p, stream);
+      return;
+    case CommitKind::kMaterialize:
+      check_commit_launch(p, "invoke_commit", params::kFold);
+      KDA_DISPATCH_K(p.K, K, { launch_materialize<K>(p, stream); })
+      return;
+    case CommitKind::kDropPending:
+      check_commit_launch(p, "invoke_commit", 0u);
+      launch_drop_pending(p, stream);
+      return;
+  }
   // Both launches' checks before the first is enqueued: an error leaves the state untouched.
   const uint32_t state = p.mode == RecordMode::kRing ? params::kFold : params::kSnapshot;
   check_commit_launch(p, "invoke_commit", state | params::kConvCommit);

@@ -196,23 +196,24 @@ struct ItemPrologue {
 
   /// Where this thread's channel pair stores each token's values (run, step 1).
   struct PairStores {
-    float* sm_dst;      ///< token 0's pair in shared memory
-    int sm_stride;      ///< floats from one token's row of sm_dst's array to the next
-    bf16_t* win_base;   ///< the pair's conv window after token 0 (three rows of D per token)
-    bf16_t* ring_pair;  ///< ring record of this pair at step 0 (L-strided per step), or null
-    int64_t ring_step;  ///< elements per ring step
-    bool write_window;  ///< this CTA writes the pair's windows
+    float* sm_dst;        ///< token 0's pair in shared memory
+    int sm_stride;        ///< floats from one token's row of sm_dst's array to the next
+    bf16_t* win_base;     ///< the pair's conv window after token 0 (three rows of D per token)
+    bf16_t* ring_pair;    ///< ring record of this pair at position 0 (L-strided), or null
+    int32_t ring_step;    ///< elements per ring position
+    int32_t ring_cursor;  ///< the slot's ring base c: step t goes to position (c + t) mod L
+    bool write_window;    ///< this CTA writes the pair's windows
   };
 
   /// The pair's destinations that do not depend on the token.
   __device__ __forceinline__ PairStores pair_stores(TileSmem<Cfg>& sm, int slot, int64_t row,
-                                                    bool ring, bool qk_owner,
+                                                    bool ring, int cursor, bool qk_owner,
                                                     bool write_window) const {
     float* sm_dst = is_qk ? &sm.qk[0][ch_local / K][ch_local % K] : &sm.v[0][ch_local - 2 * K];
     const int sm_stride = is_qk ? 2 * K : BV;
     bf16_t* win_base = p.conv_window + row * p.conv_window_row_stride + pair_channel;
     bf16_t* ring_pair = nullptr;
-    int64_t ring_step = 0;
+    int32_t ring_step = 0;
     if (ring && pair_channel >= 0) {
       if (is_k && qk_owner) {
         ring_pair = p.ring_rawk + slot * p.ring_rawk_slot_stride +
@@ -224,7 +225,7 @@ struct ItemPrologue {
         ring_step = p.V;
       }
     }
-    return PairStores{sm_dst, sm_stride, win_base, ring_pair, ring_step, write_window};
+    return PairStores{sm_dst, sm_stride, win_base, ring_pair, ring_step, cursor, write_window};
   }
 
   /// Step 1: q/k/v of the chunk [t0, t0 + tc) for this thread's channel pair (pair_channel >= 0):
@@ -240,7 +241,8 @@ struct ItemPrologue {
     const int sm_stride = dst.sm_stride;
     bf16_t* const win_base = dst.win_base;
     bf16_t* const ring_pair = dst.ring_pair;
-    const int64_t ring_step = dst.ring_step;
+    const int32_t ring_step = dst.ring_step;
+    const int32_t ring_cursor = dst.ring_cursor;
     const bool write_window = dst.write_window;
     // The streaming kernel loads the taps here: held from the item's start they are live
     // across its item loop and spill. The per-item kernel loads them with the constants,
@@ -248,11 +250,10 @@ struct ItemPrologue {
     if constexpr (FUSED && is_streamed(Src::kSchedule)) {
       src.conv_taps(*this, taps0, taps1);
     }
-    // Token t's record offsets from win_base / ring_pair advance by one step per token
-    // (no 64-bit multiply per token).
+    // Token t's window offset from win_base advances by one step per token (no 64-bit multiply
+    // per token); its ring record is at position (c + t) mod L, a 32-bit offset.
     constexpr bool kTokenLoop = FUSED && is_streamed(Src::kSchedule);
     int64_t win_off = static_cast<int64_t>(t0) * 3 * D;
-    int64_t ring_off = t0 * ring_step;
     // A token's q/k/v value of one channel: conv + SiLU of (window c0..c2, input x).
     const auto token_y = [&](const ConvTaps& taps, float c0, float c1, float c2, float x) {
       if constexpr (FUSED) {
@@ -275,7 +276,7 @@ struct ItemPrologue {
       }
       *reinterpret_cast<float2*>(sm_dst + tt * sm_stride) = make_float2(y0, y1);
       if (ring_pair != nullptr && t < p.L) {
-        st_bf16x2(ring_pair + ring_off, y0, y1);
+        st_bf16x2(ring_pair + ((ring_cursor + t) & (p.L - 1)) * ring_step, y0, y1);
       }
     };
     if constexpr (kTokenLoop) {
@@ -301,13 +302,11 @@ struct ItemPrologue {
         const float sa1[kConvHistory] = {w1[1], w1[2], xa.y};
         token_stores(tt, ya0, ya1, sa0, sa1);
         win_off += 3 * D;
-        ring_off += ring_step;
         if (second) {
           const float sb0[kConvHistory] = {w0[2], xa.x, xb.x};
           const float sb1[kConvHistory] = {w1[2], xa.y, xb.y};
           token_stores(tt + 1, yb0, yb1, sb0, sb1);
           win_off += 3 * D;
-          ring_off += ring_step;
         }
       }
     } else {
@@ -350,7 +349,6 @@ struct ItemPrologue {
             token_stores(g + u, y0[u], y1[u], &s0[u + 1], &s1[u + 1]);
           }
           win_off += 3 * D;
-          ring_off += ring_step;
         }
 #pragma unroll
         for (int j = 0; j < kConvHistory; ++j) {
@@ -363,8 +361,10 @@ struct ItemPrologue {
 
   /// Step 2: this thread's gates (key gate_key) and beta (token tid) of the chunk [t0, t0 + tc):
   /// EXP(g) and beta to shared memory; g and beta to the ring by the gate owner.
+  /// `cursor`: the slot's ring base (step t at position (cursor + t) mod L).
   __device__ __forceinline__ void gates_chunk(TileSmem<Cfg>& sm, const ChunkInputs& in, int slot,
-                                              bool ring, bool gate_owner, int t0, int tc) const {
+                                              bool ring, int cursor, bool gate_owner, int t0,
+                                              int tc) const {
     const uint32_t(&as)[kGateIters] = in.as;
     // A group: this thread's gates within 4 consecutive tokens (kGateGroup of them), computed
     // before their stores, as convolve_chunk computes a group of tokens before storing it.
@@ -400,8 +400,9 @@ struct ItemPrologue {
           const int t = t0 + tt;
           sm.decay[tt][gate_key] = decay[u];
           if (ring && gate_owner && t < p.L) {
-            p.ring_g[slot * p.ring_g_slot_stride + (static_cast<int64_t>(hv) * p.L + t) * K +
-                     gate_key] = g[u];
+            p.ring_g[slot * p.ring_g_slot_stride +
+                     (static_cast<int64_t>(hv) * p.L + ((cursor + t) & (p.L - 1))) * K + gate_key] =
+                g[u];
           }
         }
       }
@@ -411,7 +412,8 @@ struct ItemPrologue {
       const float beta = kda_sigmoid(bf16_bits_to_float(in.bs));
       sm.beta[tid] = beta;
       if (ring && gate_owner && t < p.L) {
-        p.ring_beta[slot * p.ring_beta_slot_stride + static_cast<int64_t>(hv) * p.L + t] = beta;
+        p.ring_beta[slot * p.ring_beta_slot_stride + static_cast<int64_t>(hv) * p.L +
+                    ((cursor + t) & (p.L - 1))] = beta;
       }
     }
   }

@@ -95,6 +95,18 @@ struct VerifyParams {
   float* ring_beta = nullptr;  ///< ring mode: [S, HV, L] sigmoid(b)
   int64_t ring_beta_slot_stride = 0;
 
+  // ---- deferred commit (ring mode, contract §7; all null: no cursor, nothing pending) ----
+  /// [S] ring base c of each slot: draft step t is recorded at ring position (c + t) mod L.
+  /// Null: c = 0.
+  const int32_t* ring_cursor = nullptr;
+  /// [S] this layer's pending count n of each slot (0..T_max): before its draft steps the verify
+  /// replays ring positions (c - n + j) mod L, j < n, with the fold's arithmetic and writes the
+  /// folded state to ssm_fold_out. Null: nothing pending.
+  const int32_t* ring_pending = nullptr;
+  /// Where the folded state goes: the committed state itself (the same memory as ssm_state,
+  /// same strides). Required when ring_pending is set.
+  float* ssm_fold_out = nullptr;
+
   // ---- unfused path only: conv output handed from the conv kernel to the recurrence ----
   bf16_t* qkv_act = nullptr;  ///< [N, D] bf16 q|k|v after conv + SiLU, packed rows
 };
@@ -112,11 +124,31 @@ struct ExtendParams {
   bf16_t* conv_state_out = nullptr;  ///< [S, W-1, D], same strides as v.conv_state
 };
 
+/// What a commit does with the SSM state (contract §1, §7).
+enum class CommitKind : uint8_t {
+  /// Ring mode folds the accepted ring steps (positions (c + j) mod L, j < n) into the state;
+  /// snapshot mode copies snapshot n-1. The conv commit. No ring cursor, nothing pending
+  /// (ring_cursor and ring_pending null).
+  kEager,
+  /// Ring mode only: records ring_pending[layer][slot] = n and advances ring_cursor[slot] by n
+  /// (mod L); reads and writes no SSM state. The conv commit.
+  kDeferred,
+  /// Ring mode only, no verify round: folds each slot's pending steps (positions
+  /// (c - n + j) mod L, j < n = ring_pending[layer][slot]) into the state of every layer and
+  /// zeroes ring_pending. No conv commit; accepted is not read.
+  kMaterialize,
+  /// Ring mode only: zeroes ring_pending[layer][slot] of the batch's slots for layers
+  /// 0..num_layers-1 (abort_round: those layers' verifies already folded them). Nothing else.
+  kDropPending,
+};
+
 /// Commit of all layers after sampling: make the state after the n-th accepted token the
 /// committed state (n = accepted[i] in 1..T, read on the device). Layer strides are the
 /// pool's per-layer pitches. Requests with slots[i] < 0 are skipped; an accepted length
-/// outside [1, T] skips the request and sets *error_flag (if given) to 1.
+/// outside [1, T] skips the request (its pending count becomes 0) and sets *error_flag (if
+/// given) to 1.
 struct CommitParams {
+  CommitKind kind = CommitKind::kEager;
   int32_t num_layers = 0;
   int32_t B = 0, T = 0, T_max = 0;
   int32_t H = 0, HV = 0, K = 0, V = 0, L = 0;
@@ -143,6 +175,13 @@ struct CommitParams {
   int64_t ring_g_layer_stride = 0, ring_g_slot_stride = 0;
   const float* ring_beta = nullptr;  ///< [layers, S, HV, L]
   int64_t ring_beta_layer_stride = 0, ring_beta_slot_stride = 0;
+
+  /// Ring mode: [S] ring base c per slot (null: c = 0; kDeferred and kMaterialize need it).
+  int32_t* ring_cursor = nullptr;
+  /// Ring mode: [layers, S] pending counts, layer pitch ring_pending_layer_stride (null: none
+  /// pending; kDeferred and kMaterialize need it).
+  int32_t* ring_pending = nullptr;
+  int64_t ring_pending_layer_stride = 0;
 
   int32_t* error_flag = nullptr;  ///< optional [1]; set to 1 on a bad accepted length
 };

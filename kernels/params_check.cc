@@ -137,6 +137,18 @@ void check_verify(const VerifyParams& p, const char* op, uint32_t needs) {
     check_present(p.ring_beta, op, "ring_beta", "ring mode");
     check_pitch(p.ring_beta_slot_stride, p.HV * L, op, "ring_beta_slot_stride", "HV x L");
   }
+  if (records && (p.ring_pending != nullptr || p.ring_cursor != nullptr)) {
+    KDA_CHECK(ring, "{}: ring_cursor / ring_pending are ring-mode records (the call has none)", op);
+    KDA_CHECK(2 * p.T_max <= p.L,
+              "{}: a ring cursor needs L >= 2 * T_max (a round's records off the pending ones), "
+              "got L={}, T_max={}",
+              op, p.L, p.T_max);
+  }
+  if (records && p.ring_pending != nullptr) {
+    check_present(p.ring_cursor, op, "ring_cursor", "[S] ring base per slot, with ring_pending");
+    check_present(p.ssm_fold_out, op, "ssm_fold_out",
+                  "[S, HV, V, K] f32 (the committed state), with ring_pending");
+  }
 }
 
 void check_extend(const ExtendParams& e, const char* op) {
@@ -151,7 +163,28 @@ void check_commit(const CommitParams& p, const char* op, uint32_t needs) {
   check_positive(p.num_slots, op, "num_slots");
   check_mode(op, p.mode);
   check_present(p.slots, op, "slots", "[B] slot per request");
-  check_present(p.accepted, op, "accepted", "[B] accepted lengths");
+  KDA_CHECK(p.kind == CommitKind::kEager || p.kind == CommitKind::kDeferred ||
+                p.kind == CommitKind::kMaterialize || p.kind == CommitKind::kDropPending,
+            "{}: kind={} unknown, expected kEager (0), kDeferred (1), kMaterialize (2) or "
+            "kDropPending (3)",
+            op, static_cast<int>(p.kind));
+  const bool reads_accepted = p.kind == CommitKind::kEager || p.kind == CommitKind::kDeferred;
+  if (reads_accepted) {
+    check_present(p.accepted, op, "accepted", "[B] accepted lengths");
+  }
+  if (p.kind == CommitKind::kEager) {
+    KDA_CHECK(p.ring_cursor == nullptr && p.ring_pending == nullptr,
+              "{}: an eager commit takes no ring_cursor / ring_pending (deferred state)", op);
+  } else {
+    KDA_CHECK(p.mode == RecordMode::kRing, "{}: kind={} is ring mode only", op,
+              static_cast<int>(p.kind));
+    check_present(p.ring_cursor, op, "ring_cursor", "[S] ring base per slot");
+    check_present(p.ring_pending, op, "ring_pending", "[layers, S] pending counts");
+  }
+  if (p.ring_pending != nullptr) {
+    check_layer_pitch(p.num_layers, p.ring_pending_layer_stride, p.num_slots, 1, op,
+                      "ring_pending_layer_stride");
+  }
   const int64_t D = qkv_dim(p);
   const int64_t state_elems = static_cast<int64_t>(p.HV) * p.V * p.K;
   const bool fold = (needs & kFold) != 0;

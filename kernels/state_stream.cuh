@@ -111,6 +111,22 @@ class BulkStage {
     }
   }
 
+  /// Every thread: waits until the fill that the next wait() waits for has landed, without
+  /// consuming it (that wait() then returns at once).
+  __device__ void wait_landed() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "KDA_STAGE_PEEK:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra KDA_STAGE_PEEK;\n"
+        "}\n" ::"r"(smem_addr(bar_)),
+        "r"(phase_)
+        : "memory");
+#endif
+  }
+
   /// Every thread: waits until the last fill has landed.
   __device__ void wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -160,6 +176,22 @@ __device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+/// Orders this thread's generic-proxy shared-memory stores before later async-proxy (bulk copy)
+/// writes of the same bytes.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+/// Orders this thread's generic-proxy global stores before later async-proxy (bulk copy) reads
+/// of the same bytes.
+__device__ __forceinline__ void fence_proxy_async_global() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.global;" ::: "memory");
 #endif
 }
 

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "kernels/item_fold.cuh"
 #include "kernels/item_steps.cuh"
 
 namespace kda::kernels {
@@ -77,6 +78,19 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide> {
     const bool qk_owner = tile == 0 && hv == h * static_cast<int>(args.div.group.divisor);
     const bool gate_owner = tile == 0;
     const bool write_window = !extend && FUSED && pair_channel >= 0 && (is_qk ? qk_owner : true);
+
+    // Ring mode: the slot's ring base, and the deferred commit's pending steps, folded onto the
+    // tile and written back before anything else reads the state (item_fold.cuh).
+    int cursor = 0;
+    if constexpr (Src::kSchedule != ItemSchedule::kStreamSnapshot) {
+      if (ring) {
+        cursor = ring_cursor(p, slot);
+        const int pending = pending_steps(p, slot);
+        if (pending > 0) {
+          fold_pending(*this, src, sm, slot, pending, cursor - pending);
+        }
+      }
+    }
 
     // Conv history of the pair (fused only; the streaming kernel reads it per token, below).
     // Issued first: the conv waits for it. Raw bits until every load of the item is in
@@ -171,7 +185,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide> {
       exp_a_log = kda_exp(a_log);
     }
 
-    const PairStores pair = pair_stores(sm, slot, row, ring, qk_owner, write_window);
+    const PairStores pair = pair_stores(sm, slot, row, ring, cursor, qk_owner, write_window);
 
     // The streaming kernel serves T <= kChunk only (launcher-checked): one chunk, so the
     // state is never live through a prologue (no spills).
@@ -204,7 +218,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide> {
               src.load_state(*this, S, col_ok, s_base);
             }
           }
-          gates_chunk(sm, in, slot, ring, gate_owner, t0, tc);
+          gates_chunk(sm, in, slot, ring, cursor, gate_owner, t0, tc);
           if constexpr (kLateStateLoads) {
             // The first chunk's steps are the first to need the tile; the spare warps issue
             // theirs here, after their phase-0 gates (later, in phase 1, proved slower).

@@ -197,6 +197,32 @@ struct StagedSource : WeightReads<Item> {
                                                                        next.slot);
     }
   }
+  /// The pending fold's columns (item_fold.cuh), in the stage, which holds the item's tile once
+  /// its fill has landed (unswizzled: the fold's own layout); each folded column also goes to
+  /// the committed state.
+  template <typename Column>
+  __device__ __forceinline__ void fold_column_in(const Item& it, ColRegs<Column>& S, int, int col,
+                                                 bool first_chunk) const {
+    if (first_chunk) {
+      bulk.wait_landed();
+    }
+    load_slice<Column>(S, stage + static_cast<int64_t>(col - it.v0) * Slice::K, it.c);
+  }
+  template <typename Column>
+  __device__ __forceinline__ void fold_column_out(const Item& it, const ColRegs<Column>& S,
+                                                  int slot, int col) const {
+    store_slice<Column>(const_cast<float*>(stage) + static_cast<int64_t>(col - it.v0) * Slice::K, S,
+                        it.c);
+    store_column<Column>(it.p.ssm_fold_out + slot * it.p.ssm_slot_stride +
+                             (static_cast<int64_t>(it.hv) * it.p.V + col) * Slice::K,
+                         S, it.c);
+  }
+  /// The stage's generic-proxy stores are fenced before its next bulk refill, and complete for
+  /// every thread (load_state's swizzled columns read other threads' stores).
+  __device__ __forceinline__ void fold_done() const {
+    fence_proxy_async_shared();
+    __syncthreads();
+  }
   /// The stage always holds BV columns, so every column is copied: the ones past V hold zeros
   /// (verify_stream_kernel clears the stage first) or an earlier item's state, and they are
   /// never stored (columns do not mix in the recurrence), so they need no zeroing in registers.

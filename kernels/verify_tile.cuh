@@ -124,6 +124,31 @@ struct GlobalSource : WeightReads<Item> {
       bulk->arrive();
     }
   }
+  /// The pending fold's columns (item_fold.cuh), in global memory: the committed state (the
+  /// unfolded column first, then this thread's own stores to ssm_fold_out, the same memory).
+  template <typename Column>
+  __device__ __forceinline__ void fold_column_in(const Item& it, ColRegs<Column>& S, int slot,
+                                                 int col, bool) const {
+    load_column<Column>(S, fold_column(it, slot, col), it.c);
+  }
+  template <typename Column>
+  __device__ __forceinline__ void fold_column_out(const Item& it, const ColRegs<Column>& S,
+                                                  int slot, int col) const {
+    store_column<Column>(const_cast<float*>(fold_column(it, slot, col)), S, it.c);
+  }
+  /// After the fold: a bulk-copied tile (kPerItemStagedState) is read through the async proxy,
+  /// so the stores are fenced for it and every thread's are done before thread 0 issues the
+  /// copy. Register loads re-read their own thread's stores.
+  __device__ __forceinline__ void fold_done() const {
+    if constexpr (stages_state(kSchedule)) {
+      fence_proxy_async_global();
+      __syncthreads();
+    }
+  }
+  static __device__ __forceinline__ const float* fold_column(const Item& it, int slot, int col) {
+    return it.p.ssm_fold_out + slot * it.p.ssm_slot_stride +
+           (static_cast<int64_t>(it.hv) * it.p.V + col) * Slice::K;
+  }
   /// Every thread: waits for the copy, then its columns to registers (zeros past V).
   __device__ __forceinline__ void state_from_stage(const Item& it, ColRegs<Slice> (&S)[Slice::CPT],
                                                    const bool (&ok)[Slice::CPT]) const {

@@ -84,7 +84,7 @@ KdaStatePool::KdaStatePool(const PoolConfig& config)
   const int64_t H = config.H, HV = config.HV, K = config.K, V = config.V;
   const int64_t T = config.T_max, L = config.ring_len, D = config.qkv_dim();
 
-  buffers_.reserve(8);
+  buffers_.reserve(10);
   auto allocate = [&](DType dtype, std::initializer_list<int64_t> shape) {
     int64_t numel = 1;
     for (int64_t e : shape) {
@@ -103,6 +103,8 @@ KdaStatePool::KdaStatePool(const PoolConfig& config)
     ring_rawk_ = allocate(DType::kBF16, {layers, S, H, L, K});
     ring_g_ = allocate(DType::kF32, {layers, S, HV, L, K});
     ring_beta_ = allocate(DType::kF32, {layers, S, HV, L});
+    ring_cursor_ = allocate(DType::kI32, {S});
+    ring_pending_ = allocate(DType::kI32, {layers, S});
   } else {
     snapshots_ = allocate(DType::kF32, {layers, R, T, HV, V, K});
   }
@@ -128,10 +130,18 @@ void KdaStatePool::release_slot(int slot) { slots_.release(slot); }
 
 void KdaStatePool::zero_slot(int slot, cudaStream_t stream) {
   const ScopedCudaDevice on_device(config_.device);
-  for (const TensorView* all :
-       {&conv_state_, &ssm_state_, &ring_rawv_, &ring_rawk_, &ring_g_, &ring_beta_}) {
+  for (const TensorView* all : {&conv_state_, &ssm_state_, &ring_rawv_, &ring_rawk_, &ring_g_,
+                                &ring_beta_, &ring_pending_}) {
     if (all->defined()) {
       zero_slot_in_all_layers(*all, slot, stream);
+    }
+  }
+  if (ring_cursor_.defined()) {
+    int32_t* cursor = static_cast<int32_t*>(ring_cursor_.data()) + slot;
+    if (config_.device.is_cuda()) {
+      KDA_CUDA_CHECK(cudaMemsetAsync(cursor, 0, sizeof(int32_t), stream));
+    } else {
+      *cursor = 0;
     }
   }
 }
@@ -163,6 +173,9 @@ TensorView KdaStatePool::ring_rawk(int layer) const {
 TensorView KdaStatePool::ring_g(int layer) const { return layer_view(ring_g_, layer, "ring_g"); }
 TensorView KdaStatePool::ring_beta(int layer) const {
   return layer_view(ring_beta_, layer, "ring_beta");
+}
+TensorView KdaStatePool::ring_pending(int layer) const {
+  return layer_view(ring_pending_, layer, "ring_pending");
 }
 
 }  // namespace kda

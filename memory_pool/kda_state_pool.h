@@ -9,6 +9,10 @@
 //     ring_rawk    [layers, S, H, L, K]         bf16
 //     ring_g       [layers, S, HV, L, K]        f32
 //     ring_beta    [layers, S, HV, L]           f32
+//     ring_cursor  [S]                          i32   ring base c: a verify's step t goes to
+//                                                     ring position (c + t) mod L (contract §7)
+//     ring_pending [layers, S]                  i32   deferred commit: steps of the ring that
+//                                                     the next verify (or materialize) folds
 //   indexed by scratch row (the batch position by default; valid between verify and commit):
 //     conv_window  [layers, R, T_max, W-1, D]   bf16  window after consuming token t
 //     snapshots    [layers, R, T_max, HV, V, K] f32   snapshot mode only: state after token t
@@ -18,12 +22,16 @@
 // extents); the per-layer views drop the leading dim. Views into a mode's absent tensors
 // (snapshots in ring mode, rings in snapshot mode) are undefined (data() == nullptr).
 //
+// Deferred commit (contract §7): with pending steps, a slot's ssm_state is the state before
+// them: the committed state is materialized (folded) by the slot's next verify of each layer
+// or by KdaAttentionBackend::materialize. Read or copy ssm_state only with no steps pending
+// (ring_pending zero for the slot in every layer), e.g. right after materialize.
 // Ownership: the pool owns all memory (kda::Buffer, RAII) on config.device, host or CUDA;
 // it is move-only and views stay valid (same addresses) across a move until the pool is
 // destroyed. Everything is zeroed at construction; a slot's conv_state, ssm_state and rings
-// are zeroed again when it is handed out by allocate_slot, so a released slot never leaks
-// the previous request's state.
-// Thread safety: none; the owner (the backend) serialises calls.
+// (and ring cursor and pending counts) are zeroed again when it is handed out by allocate_slot, so
+// a released slot never leaks the previous request's state. Thread safety: none; the owner (the
+// backend) serialises calls.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -79,14 +87,16 @@ class KdaStatePool {
 
   // ---- per-layer views (throw kInvalidArgument for a layer outside [0, layers)) ----
 
-  TensorView conv_state(int layer) const;   ///< [S, W-1, D] bf16
-  TensorView ssm_state(int layer) const;    ///< [S, HV, V, K] f32
-  TensorView conv_window(int layer) const;  ///< [R, T_max, W-1, D] bf16
-  TensorView snapshots(int layer) const;    ///< [R, T_max, HV, V, K] f32; undefined in ring mode
-  TensorView ring_rawv(int layer) const;    ///< [S, HV, L, V] bf16; undefined in snapshot mode
-  TensorView ring_rawk(int layer) const;    ///< [S, H, L, K] bf16
-  TensorView ring_g(int layer) const;       ///< [S, HV, L, K] f32
-  TensorView ring_beta(int layer) const;    ///< [S, HV, L] f32
+  TensorView conv_state(int layer) const;    ///< [S, W-1, D] bf16
+  TensorView ssm_state(int layer) const;     ///< [S, HV, V, K] f32
+  TensorView conv_window(int layer) const;   ///< [R, T_max, W-1, D] bf16
+  TensorView snapshots(int layer) const;     ///< [R, T_max, HV, V, K] f32; undefined in ring mode
+  TensorView ring_rawv(int layer) const;     ///< [S, HV, L, V] bf16; undefined in snapshot mode
+  TensorView ring_rawk(int layer) const;     ///< [S, H, L, K] bf16
+  TensorView ring_g(int layer) const;        ///< [S, HV, L, K] f32
+  TensorView ring_beta(int layer) const;     ///< [S, HV, L] f32
+  TensorView ring_pending(int layer) const;  ///< [S] i32 pending steps; undefined in snapshot mode
+  TensorView ring_cursor() const { return ring_cursor_; }  ///< [S] i32 ring base per slot
   TensorView qkv_act() const { return qkv_act_; }  ///< [R * T_max, D] bf16, shared by layers
 
   // ---- whole-stack views ([layers, ...]; for commit, which covers all layers at once) ----
@@ -99,6 +109,7 @@ class KdaStatePool {
   TensorView ring_rawk_all() const { return ring_rawk_; }
   TensorView ring_g_all() const { return ring_g_; }
   TensorView ring_beta_all() const { return ring_beta_; }
+  TensorView ring_pending_all() const { return ring_pending_; }  ///< [layers, S] i32
 
  private:
   TensorView layer_view(const TensorView& all, int layer, const char* what) const;
@@ -109,7 +120,7 @@ class KdaStatePool {
   SlotAllocator slots_;
   std::vector<Buffer> buffers_;  // owns the memory behind every view below
   TensorView conv_state_, ssm_state_, conv_window_, snapshots_, qkv_act_;
-  TensorView ring_rawv_, ring_rawk_, ring_g_, ring_beta_;
+  TensorView ring_rawv_, ring_rawk_, ring_g_, ring_beta_, ring_cursor_, ring_pending_;
 };
 
 }  // namespace kda

@@ -100,10 +100,11 @@ ModelConfig model_for(const ModelCase& c) {
   return m;
 }
 
-EngineFlags flags_for(bool ring) {
+EngineFlags flags_for(bool ring, bool deferred) {
   EngineFlags f;
   f.num_draft_tokens = kT;
   f.replayssm_spec = ring;
+  f.deferred_commit = static_cast<int>(deferred ? DeferredCommit::kOn : DeferredCommit::kOff);
   f.replayssm_cache_len = 8;
   f.max_running_requests = kMaxRunning;
   return f;
@@ -202,9 +203,10 @@ uint64_t pool_checksum(const KdaStatePool& pool) {
   return h;
 }
 
-Harness::Harness(const ModelCase& mc, bool ring, const Platform& platform, bool fused)
+Harness::Harness(const ModelCase& mc, bool ring, const Platform& platform, bool fused,
+                 bool deferred)
     : model(model_for(mc)), counts(std::make_shared<KernelCounts>()) {
-  EngineFlags flags = flags_for(ring);
+  EngineFlags flags = flags_for(ring, deferred);
   flags.fused_verify = fused;
   BackendOptions options;
   options.platform_override = platform;

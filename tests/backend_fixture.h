@@ -56,8 +56,9 @@ ModelConfig model_for(const ModelCase& c);
 
 extern const ModelCase kGqaCase;  ///< GQA HV=2H, standard gate, f32 conv + bias
 
-/// T = kT, R = kMaxRunning, replayssm cache length 8 when `ring`.
-EngineFlags flags_for(bool ring);
+/// T = kT, R = kMaxRunning, replayssm cache length 8 when `ring`; --kda-deferred-commit on
+/// when `deferred`, else off (eager commits).
+EngineFlags flags_for(bool ring, bool deferred = false);
 
 // Per-layer weights owned by the test (the backend only holds views).
 struct OwnedWeights {
@@ -91,7 +92,8 @@ uint64_t pool_checksum(const KdaStatePool& pool);
 // A backend on the counting kernel set, with weights and seeded random committed state
 // in slots 0..S-1 (all allocated).
 struct Harness {
-  Harness(const ModelCase& mc, bool ring, const Platform& platform, bool fused = true);
+  Harness(const ModelCase& mc, bool ring, const Platform& platform, bool fused = true,
+          bool deferred = false);
 
   const KdaStatePool& pool() const { return backend->pool(); }
 

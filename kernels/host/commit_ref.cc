@@ -50,8 +50,56 @@ void commit_conv(const CommitParams& p) {
   });
 }
 
+namespace {
+
+// A deferred commit's bookkeeping: each live request's pending count becomes its accepted
+// length (0 for a bad one) in every layer, and its slot's cursor advances by it (mod L).
+void commit_pending(const CommitParams& p) {
+  for (int i = 0; i < p.B; ++i) {
+    const int32_t slot = p.slots[i];
+    if (slot < 0) {
+      continue;
+    }
+    const int32_t acc = p.accepted[i];
+    const int32_t n = acc >= 1 && acc <= p.T ? acc : 0;
+    for (int layer = 0; layer < p.num_layers; ++layer) {
+      p.ring_pending[layer * p.ring_pending_layer_stride + slot] = n;
+    }
+    p.ring_cursor[slot] = (p.ring_cursor[slot] + n) & (p.L - 1);
+  }
+}
+
+// kDropPending: the batch's pending counts of layers 0..num_layers-1 become 0.
+void drop_pending(const CommitParams& p) {
+  for (int i = 0; i < p.B; ++i) {
+    if (p.slots[i] >= 0) {
+      for (int layer = 0; layer < p.num_layers; ++layer) {
+        p.ring_pending[layer * p.ring_pending_layer_stride + p.slots[i]] = 0;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void commit(const CommitParams& p) {
   // Everything this commit touches is validated before the first write.
+  switch (p.kind) {
+    case CommitKind::kMaterialize:
+      fold(p);
+      return;
+    case CommitKind::kDropPending:
+      detail::validate_commit(p, "kda::host::commit", 0u);
+      drop_pending(p);
+      return;
+    case CommitKind::kDeferred:
+      detail::validate_commit(p, "kda::host::commit", params::kConvCommit);
+      commit_conv(p);  // flags a bad accepted length
+      commit_pending(p);
+      return;
+    case CommitKind::kEager:
+      break;
+  }
   const uint32_t state_part = p.mode == RecordMode::kRing ? params::kFold : params::kSnapshot;
   detail::validate_commit(p, "kda::host::commit", state_part | params::kConvCommit);
   if (p.mode == RecordMode::kRing) {

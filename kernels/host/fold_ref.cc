@@ -7,41 +7,56 @@
 #include "kernels/host/kda_host.h"
 
 namespace kda::host {
-namespace {
+namespace detail {
 
-// The ring records of one (layer, slot), per-layer base pointers applied.
-struct LayerRings {
-  const bf16_t* rawv;
-  const bf16_t* rawk;
-  const float* g;
-  const float* beta;
-};
-
-LayerRings layer_rings(const CommitParams& p, int layer) {
-  return {p.ring_rawv + layer * p.ring_rawv_layer_stride,
-          p.ring_rawk + layer * p.ring_rawk_layer_stride, p.ring_g + layer * p.ring_g_layer_stride,
-          p.ring_beta + layer * p.ring_beta_layer_stride};
+void fold_steps(const RingView& r, int32_t slot, int h, int hv, int K, int V, int first, int n,
+                float* S) {
+  std::vector<float> k(K), kn(K), v(V), decay(K);
+  for (int j = 0; j < n; ++j) {
+    const int t = (first + j) & (r.L - 1);  // ring position (first may be negative)
+    const bf16_t* rawk = r.rawk + ring_record(r.rawk_slot_stride, slot, h, r.L, t, K);
+    const bf16_t* rawv = r.rawv + ring_record(r.rawv_slot_stride, slot, hv, r.L, t, V);
+    const float* g = r.g + ring_record(r.g_slot_stride, slot, hv, r.L, t, K);
+    const float beta = r.beta[ring_record(r.beta_slot_stride, slot, hv, r.L, t, 1)];
+    std::transform(rawk, rawk + K, k.begin(), bf16_to_float);
+    std::transform(rawv, rawv + V, v.begin(), bf16_to_float);
+    math::l2_normalize(k.data(), K, kn.data());
+    math::decay_state(S, g, K, V, decay.data());
+    math::delta_update(S, kn.data(), beta, v.data(), K, V);
+  }
 }
 
-// Folds steps 0..n-1 of (slot, hv) into S, exactly the verify step minus q and the output:
-// the recorded values are the bits verify computed, so the result equals verify's state.
-void fold_head(const CommitParams& p, const LayerRings& rings, int32_t slot, int hv, int n,
+}  // namespace detail
+
+namespace {
+
+// Layer `layer`'s ring records.
+detail::RingView layer_rings(const CommitParams& p, int layer) {
+  return {p.ring_rawv + layer * p.ring_rawv_layer_stride,
+          p.ring_rawk + layer * p.ring_rawk_layer_stride,
+          p.ring_g + layer * p.ring_g_layer_stride,
+          p.ring_beta + layer * p.ring_beta_layer_stride,
+          p.ring_rawv_slot_stride,
+          p.ring_rawk_slot_stride,
+          p.ring_g_slot_stride,
+          p.ring_beta_slot_stride,
+          p.L};
+}
+
+int32_t cursor_of(const CommitParams& p, int32_t slot) {
+  return p.ring_cursor != nullptr ? p.ring_cursor[slot] : 0;
+}
+
+// Folds ring positions (first + j) mod L, j < n, of every head of (layer, slot) into the state.
+void fold_slot(const CommitParams& p, int layer, int32_t slot, int first, int n,
                std::vector<float>& S) {
-  const int h = hv / (p.HV / p.H);
-  std::vector<float> k(p.K), kn(p.K), v(p.V), decay(p.K);
-  for (int t = 0; t < n; ++t) {
-    const bf16_t* rawk =
-        rings.rawk + detail::ring_record(p.ring_rawk_slot_stride, slot, h, p.L, t, p.K);
-    const bf16_t* rawv =
-        rings.rawv + detail::ring_record(p.ring_rawv_slot_stride, slot, hv, p.L, t, p.V);
-    const float* g = rings.g + detail::ring_record(p.ring_g_slot_stride, slot, hv, p.L, t, p.K);
-    const float beta =
-        rings.beta[detail::ring_record(p.ring_beta_slot_stride, slot, hv, p.L, t, 1)];
-    std::transform(rawk, rawk + p.K, k.begin(), bf16_to_float);
-    std::transform(rawv, rawv + p.V, v.begin(), bf16_to_float);
-    math::l2_normalize(k.data(), p.K, kn.data());
-    math::decay_state(S.data(), g, p.K, p.V, decay.data());
-    math::delta_update(S.data(), kn.data(), beta, v.data(), p.K, p.V);
+  const detail::RingView rings = layer_rings(p, layer);
+  float* state = p.ssm_state + layer * p.ssm_layer_stride;
+  for (int hv = 0; hv < p.HV; ++hv) {
+    float* head = state + detail::state_offset(p.ssm_slot_stride, slot, hv, p.V, p.K);
+    std::copy(head, head + S.size(), S.begin());
+    detail::fold_steps(rings, slot, hv / (p.HV / p.H), hv, p.K, p.V, first, n, S.data());
+    std::copy(S.begin(), S.end(), head);
   }
 }
 
@@ -50,16 +65,25 @@ void fold_head(const CommitParams& p, const LayerRings& rings, int32_t slot, int
 void fold(const CommitParams& p) {
   detail::validate_commit(p, "kda::host::fold", params::kFold);
   std::vector<float> S(static_cast<size_t>(p.V) * p.K);
+  if (p.kind == CommitKind::kMaterialize) {
+    for (int i = 0; i < p.B; ++i) {
+      const int32_t slot = p.slots[i];
+      if (slot < 0) {
+        continue;
+      }
+      for (int layer = 0; layer < p.num_layers; ++layer) {
+        int32_t& n = p.ring_pending[layer * p.ring_pending_layer_stride + slot];
+        if (n > 0) {
+          fold_slot(p, layer, slot, cursor_of(p, slot) - n, n, S);
+        }
+        n = 0;
+      }
+    }
+    return;
+  }
   detail::for_each_committed(p, [&](int, int32_t slot, int32_t n) {
     for (int layer = 0; layer < p.num_layers; ++layer) {
-      const LayerRings rings = layer_rings(p, layer);
-      float* state = p.ssm_state + layer * p.ssm_layer_stride;
-      for (int hv = 0; hv < p.HV; ++hv) {
-        float* head = state + detail::state_offset(p.ssm_slot_stride, slot, hv, p.V, p.K);
-        std::copy(head, head + S.size(), S.begin());
-        fold_head(p, rings, slot, hv, n, S);
-        std::copy(S.begin(), S.end(), head);
-      }
+      fold_slot(p, layer, slot, cursor_of(p, slot), n, S);
     }
   });
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -97,6 +98,31 @@ struct HeadStep {
   std::vector<R> o;  ///< output before the bf16 rounding
 };
 
+/// One layer's ring records (per-layer base pointers applied) and their slot pitches.
+struct RingView {
+  const bf16_t* rawv;
+  const bf16_t* rawk;
+  const float* g;
+  const float* beta;
+  int64_t rawv_slot_stride, rawk_slot_stride, g_slot_stride, beta_slot_stride;
+  int L;
+};
+
+/// The fold (contract §3 "Fold") of ring positions (first + j) mod L, j < n, of (slot, hv)
+/// onto S ([V][K] f32): steps 5-6 for k only, no q, no output (fold_ref.cc).
+void fold_steps(const RingView& r, int32_t slot, int h, int hv, int K, int V, int first, int n,
+                float* S);
+
+/// The ring base c of `slot` (0 without a cursor).
+inline int32_t ring_cursor_of(const VerifyParams& p, int32_t slot) {
+  return p.ring_cursor != nullptr ? p.ring_cursor[slot] : 0;
+}
+
+/// The deferred commit's pending steps of (slot, hv) (contract §7): folds ring positions
+/// (c - n + j) mod L, j < n = ring_pending[slot], onto S and writes S to ssm_fold_out. Nothing
+/// without pending steps.
+void fold_pending(const VerifyParams& p, int32_t slot, int hv, std::vector<float>& S);
+
 /// Loads the f32 state of (slot, hv) into S as R.
 template <typename R>
 void load_state(const float* base, int64_t slot_stride, int32_t slot, int hv, int V, int K,
@@ -159,6 +185,9 @@ void recur_request(const VerifyParams& p, int n, int32_t slot, const bf16_t* act
   HeadStep<R> w(p.K, p.V);
   for (int hv = 0; hv < p.HV; ++hv) {
     load_state(p.ssm_state, p.ssm_slot_stride, slot, hv, p.V, p.K, w.S);
+    if constexpr (std::is_same_v<R, float>) {
+      fold_pending(p, slot, hv, w.S);
+    }
     for (int t = 0; t < p.T; ++t) {
       load_qkv(p, act + t * act_stride, hv / group, hv, w);
       run_token(p, qkv_row(p, n, t), hv, w);

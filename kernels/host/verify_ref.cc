@@ -25,8 +25,29 @@ void write_snapshot(const VerifyParams& p, int32_t row, int t, int hv, const Hea
   std::copy(w.S.begin(), w.S.end(), dst);
 }
 
-void write_ring(const VerifyParams& p, int32_t slot, int t, int hv, const HeadStep<float>& w) {
+void fold_pending(const VerifyParams& p, int32_t slot, int hv, std::vector<float>& S) {
+  const int32_t n = p.ring_pending != nullptr ? p.ring_pending[slot] : 0;
+  if (n <= 0) {
+    return;
+  }
+  const RingView rings{p.ring_rawv,
+                       p.ring_rawk,
+                       p.ring_g,
+                       p.ring_beta,
+                       p.ring_rawv_slot_stride,
+                       p.ring_rawk_slot_stride,
+                       p.ring_g_slot_stride,
+                       p.ring_beta_slot_stride,
+                       p.L};
+  fold_steps(rings, slot, hv / (p.HV / p.H), hv, p.K, p.V, ring_cursor_of(p, slot) - n, n,
+             S.data());
+  std::copy(S.begin(), S.end(),
+            p.ssm_fold_out + state_offset(p.ssm_slot_stride, slot, hv, p.V, p.K));
+}
+
+void write_ring(const VerifyParams& p, int32_t slot, int step, int hv, const HeadStep<float>& w) {
   const int group = p.HV / p.H;
+  const int t = (ring_cursor_of(p, slot) + step) & (p.L - 1);  // ring position of the step
   // q/k/v are bf16 values held in f32: converting back is exact.
   bf16_t* rawv = p.ring_rawv + ring_record(p.ring_rawv_slot_stride, slot, hv, p.L, t, p.V);
   for (int v = 0; v < p.V; ++v) {
@@ -177,6 +198,7 @@ void verify_fused(const VerifyParams& p) {
       detail::HeadConv conv(p, slot, hv);
       detail::HeadStep<float> w(p.K, p.V);
       detail::load_state(p.ssm_state, p.ssm_slot_stride, slot, hv, p.V, p.K, w.S);
+      detail::fold_pending(p, slot, hv, w.S);
       for (int t = 0; t < p.T; ++t) {
         conv.step(n, t, windows, w);
         detail::run_token(p, detail::qkv_row(p, n, t), hv, w);

@@ -65,7 +65,8 @@ TEST_CASE("kda_bench args: defaults and presets", "[tools][bench]") {
   CHECK(d.fused_block_vs(1, 4, ring) !=
         d.fused_block_vs(64, 4, ring));  // 32 vs 128 for Kimi-Linear
   // The device's SM count opens the one-CTA-per-SM window in ring mode only (B = 4: 128 CTAs),
-  // and the auto tile follows T (K3 TP8 B = 1: BV = 32 at T = 4, 16 at T = 8; docs/perf_log.md v42).
+  // and the auto tile follows T (K3 TP8 B = 1: BV = 32 at T = 4, 16 at T = 8; docs/perf_log.md
+  // v42).
   BenchArgs on_h200 = d;
   on_h200.sms = 132;
   CHECK(on_h200.fused_block_vs(4, 4, ring) == std::vector<int>{128});

@@ -284,6 +284,61 @@ int round_bv(const BenchContext& ctx, Variant v, int T, int B) {
 
 }  // namespace
 
+namespace {
+
+/// The same round with the deferred commit (contract §7): each layer's verify first folds the
+/// previous replay's accepted steps (n per request, from device pending counts and ring
+/// cursors) and writes the state back; the commit records the counts and commits the conv
+/// state, with no state pass. Byte model: the eager round's minus one state pass per layer
+/// (the fold's read). Steady state from the second replay on (the timer's warm-up).
+Row run_deferred_round(BenchContext& ctx, const Problem& problem, Variant v, int bv, int T, int B,
+                       const Row& eager) {
+  const BenchArgs& a = ctx.args;
+  TimerConfig timer = ctx.timer;
+  timer.iters = a.round_iters;
+  const Device device = Device::cuda(a.device);
+  Buffer cursor(device, static_cast<int64_t>(B) * 4);
+  Buffer pending(device, static_cast<int64_t>(a.layers) * B * 4);
+  KDA_CUDA_CHECK(
+      cudaMemsetAsync(cursor.data(), 0, static_cast<size_t>(cursor.bytes()), ctx.stream));
+  KDA_CUDA_CHECK(
+      cudaMemsetAsync(pending.data(), 0, static_cast<size_t>(pending.bytes()), ctx.stream));
+  std::vector<VerifyParams> params;
+  for (int l = 0; l < a.layers; ++l) {
+    VerifyParams p = problem.verify_params(l, T, RecordMode::kRing);
+    p.ring_cursor = static_cast<const int32_t*>(cursor.data());
+    p.ring_pending = static_cast<const int32_t*>(pending.data()) + static_cast<int64_t>(l) * B;
+    p.ssm_fold_out = const_cast<float*>(p.ssm_state);
+    params.push_back(p);
+  }
+  CommitParams cp = problem.commit_params(T, RecordMode::kRing, a.layers);
+  cp.kind = CommitKind::kDeferred;
+  cp.ring_cursor = static_cast<int32_t*>(cursor.data());
+  cp.ring_pending = static_cast<int32_t*>(pending.data());
+  cp.ring_pending_layer_stride = B;
+  Row r = eager;
+  r.what = eager.what + "+deferred";
+  const int64_t state_pass = verify_bytes(a.shape, B, T, RecordMode::kRing).state * a.layers;
+  r.model_bytes -= state_pass;
+  r.moved_bytes -= state_pass;
+  r.timing = time_in_graph(
+      ctx.stream, 1,
+      [&](int) {
+        for (const VerifyParams& p : params) {
+          enqueue_verify(v, bv, p, ctx.stream);
+        }
+        kernels::invoke_commit(cp, ctx.stream);
+      },
+      timer);
+  check_error_flag(ctx, problem, "deferred round");
+  finish_floor_row(r, a.hbm_gbps);
+  print_row(r);
+  add_rows(ctx, {r});
+  return r;
+}
+
+}  // namespace
+
 void run_round_phase(BenchContext& ctx) {
   const BenchArgs& a = ctx.args;
   print_table_header(Phase::kRound);
@@ -325,6 +380,13 @@ void run_round_phase(BenchContext& ctx) {
         finish_floor_row(r, a.hbm_gbps);
         print_row(r);
         add_rows(ctx, {r});
+        if (mode == RecordMode::kRing) {
+          const Row deferred = run_deferred_round(ctx, problem, v, bv, T, B, r);
+          fmt::print(
+              "            auto (--kda-deferred-commit): {} at T={} B={} ({:.1f} vs {:.1f} us)\n",
+              deferred.timing.median_us < r.timing.median_us ? "deferred" : "eager", T, B,
+              deferred.timing.median_us, r.timing.median_us);
+        }
       }
     }
   }

@@ -187,6 +187,7 @@ int run(const DemoArgs& args, std::ostream& out, std::ostream& err) {
       progress(spec, rec);
     }
   }
+  primary.finish();
   ctx.primary_seconds = primary_sw.seconds();
 
   // ---- independent runs + compare ----

@@ -66,6 +66,14 @@ void DemoRun::run(const ProgressFn& progress) {
       progress(spec_, rec);
     }
   }
+  finish();
+}
+
+void DemoRun::finish() {
+  // Deferred commit: the last round's accepted steps are still pending; fold them so that the
+  // pool's state views (the check reads them) hold the committed state.
+  backend_->materialize(slots_, stream_.get());
+  stream_.synchronize();
 }
 
 void DemoRun::prefill() {
@@ -113,10 +121,10 @@ void DemoRun::capture_round(const BatchSpec& batch) {
       }
     });
   } catch (...) {
-    backend_->abort_round();
+    backend_->abort_round(stream_.get());
     throw;
   }
-  backend_->abort_round();
+  backend_->abort_round(stream_.get());
 }
 
 RoundRecord DemoRun::run_round(int round) {

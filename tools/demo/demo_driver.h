@@ -91,6 +91,9 @@ class DemoRun {
   void run(const ProgressFn& progress = nullptr);
   /// Prompt prefill: prepare_extend, then extend per layer.
   void prefill();
+  /// After the last round: folds the deferred commit's pending steps (materialize), so that
+  /// ssm_state() reads the committed state. run() calls it.
+  void finish();
   /// Round `round`: prepare, inputs + verify every layer (eager or one graph replay), upload
   /// accepted lengths, commit. With cuda_graph the first call captures the graph first.
   RoundRecord run_round(int round);

@@ -1,0 +1,119 @@
+// item_fold.cuh: the deferred commit's pending fold inside a verify item (contract §7): before
+// its draft steps, a verify CTA replays its slot's pending ring steps onto its own state tile
+// with the fold's arithmetic (commit.cu FoldItem: the same key-row normalisation, EXP(g),
+// delta_rule_step and reduction tree, so the bits are an eager fold's) and writes the folded
+// tile back as the committed state.
+// One writer per state element: a CTA folds and stores only the columns v0 .. v0 + BV - 1 of
+// head hv of its request's slot (distinct slots per call), and no CTA of the launch reads
+// another CTA's columns. The pending records (ring positions (c - n + j) mod L, j < n) are
+// disjoint from the ones the launch's draft steps write ((c + t) mod L, t < T) because
+// L >= 2 * T_max (pool invariant, launcher-checked through params_check).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/kda_params.h"
+#include "kernels/tile_layout.cuh"
+
+namespace kda::kernels {
+
+/// The pending count of the item's slot (0: nothing pending, or no deferred commit).
+__device__ __forceinline__ int pending_steps(const VerifyParams& p, int slot) {
+  return p.ring_pending != nullptr ? p.ring_pending[slot] : 0;
+}
+
+/// The ring base c of the item's slot (0 without a cursor).
+__device__ __forceinline__ int ring_cursor(const VerifyParams& p, int slot) {
+  return p.ring_cursor != nullptr ? p.ring_cursor[slot] : 0;
+}
+
+/// Folds `n` pending steps at ring positions (first + j) mod L onto the item's state tile and
+/// stores it to p.ssm_fold_out. Every thread of the CTA calls it (CTA-uniform: n is the slot's).
+/// Column by column (a one-column slice of the item's layout: the same per-column arithmetic,
+/// a sixteenth of the registers at BV = 128), so the fold adds no register pressure to the
+/// item's own loops. `src` hands each column over and takes it back (fold_column_in / _out:
+/// global memory, or the streaming kernel's stage). Shared memory `sm` is free on entry after
+/// the leading barrier and on exit.
+template <typename Item, typename Src>
+__device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
+                                             TileSmem<typename Item::Cfg>& sm, int slot, int n,
+                                             int first) {
+  using Cfg = typename Item::Cfg;
+  using Slice = typename Item::Slice;
+  using Column = ColumnSlice<Slice::K, Slice::P, 1, Slice::kLaneStride>;
+  constexpr int K = Cfg::K;
+  constexpr int BV = Cfg::BV;
+  constexpr int CPT = Cfg::CPT;
+  constexpr int E = K / 32;  // key-row values per lane
+  const VerifyParams& p = it.p;
+  const int lane = it.tid & 31;
+  const int warp = it.tid >> 5;
+  const bool holds_tile = Cfg::kFirstStepThread == 0 || it.tid >= Cfg::kFirstStepThread;
+  const int64_t L = p.L;
+  const bf16_t* rawk = p.ring_rawk + slot * p.ring_rawk_slot_stride + it.h * L * K;
+  const float* g = p.ring_g + slot * p.ring_g_slot_stride + it.hv * L * K;
+  const bf16_t* rawv = p.ring_rawv + slot * p.ring_rawv_slot_stride + it.hv * L * p.V + it.v0;
+  const float* beta = p.ring_beta + slot * p.ring_beta_slot_stride + it.hv * L;
+  __syncthreads();  // a streaming CTA's previous item may still read `sm`
+  for (int t0 = 0; t0 < n; t0 += Cfg::kChunk) {
+    const int tc = min(Cfg::kChunk, n - t0);
+    // As FoldItem::run: job t < tc normalises key row t in registers; job tc + t fills step t's
+    // EXP(g) and value row; thread t reads step t's beta.
+    for (int job = warp; job < 2 * tc; job += Cfg::kWarps) {
+      if (job < tc) {
+        const int64_t pos = (first + t0 + job) & (p.L - 1);
+        float x[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          x[e] = ld_bf16(rawk + pos * K + lane * E + e);
+        }
+        l2_normalize_regs<K>(x, 1.0f, false);
+        store_vec<E>(&sm.qk[job][1][lane * E], x);
+      } else {
+        const int tt = job - tc;
+        const int64_t pos = (first + t0 + tt) & (p.L - 1);
+#pragma unroll
+        for (int k = lane; k < K; k += 32) {
+          sm.decay[tt][k] = kda_exp(g[pos * K + k]);
+        }
+#pragma unroll
+        for (int j = lane; j < BV; j += 32) {
+          if (it.v0 + j < p.V) {
+            sm.v[tt][j] = ld_bf16(rawv + pos * p.V + j);
+          }
+        }
+      }
+    }
+    for (int tt = it.tid; tt < tc; tt += Cfg::kThreads) {
+      sm.beta[tt] = beta[(first + t0 + tt) & (p.L - 1)];
+    }
+    __syncthreads();
+    // Whole warps hold columns (holds_tile is warp-uniform) and run every step: the trees'
+    // shuffles take all 32 lanes, so a column past V steps on zeros and is neither read nor
+    // stored.
+    if (holds_tile) {
+#pragma unroll 1
+      for (int j = 0; j < CPT; ++j) {
+        const int col = it.col0 + j;
+        const bool ok = col < p.V;
+        ColRegs<Column> S[1];
+        if (ok) {
+          src.template fold_column_in<Column>(it, S[0], slot, col, t0 == 0);
+        } else {
+          zero_column<Column>(S[0]);
+        }
+        for (int tt = 0; tt < tc; ++tt) {
+          const float vv[1] = {ok ? sm.v[tt][it.group * CPT + j] : 0.0f};
+          delta_rule_step<Column>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], it.c);
+        }
+        if (ok) {
+          src.template fold_column_out<Column>(it, S[0], slot, col);
+        }
+      }
+    }
+    __syncthreads();  // the next chunk (or the item's prologue) overwrites `sm`
+  }
+  src.fold_done();
+}
+
+}  // namespace kda::kernels

@@ -1,0 +1,251 @@
+// backend_deferred_test.cc: the deferred commit (contract §7) against the eager one, bitwise:
+// two ring-mode backends with the same weights, state and inputs, one with
+// --kda-deferred-commit on, one off. Every round's outputs and conv windows are equal, its ring
+// records are equal at the deferred backend's cursor-shifted positions, and after materialize()
+// every layer's SSM and conv state is equal; over random batches (requests joining, leaving,
+// sitting a round out, reversed slots, padding rows, explicit scratch rows), T changing between
+// rounds, random accepted lengths, abort_round() before / during / after a round's layers,
+// extend and a released and reused slot while steps are pending. The lifecycle errors of
+// materialize change nothing.
+//
+// Runs on the host reference (backend_deferred_test, CI) and, linked with :backend_fixture_cuda,
+// on the CUDA kernels (backend_deferred_cuda_test, GPU host).
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/kda_backend.h"
+#include "core/platform.h"
+#include "tests/backend_fixture.h"
+
+using namespace kda;
+using namespace kda::testing;
+
+namespace {
+
+struct Pair {
+  Harness eager, deferred;
+  explicit Pair(const ModelCase& mc)
+      : eager(mc, /*ring=*/true, fake_platform(9, 0), /*fused=*/true, /*deferred=*/false),
+        deferred(mc, /*ring=*/true, fake_platform(9, 0), /*fused=*/true, /*deferred=*/true) {}
+};
+
+std::vector<int32_t> cursors(const Harness& h) {
+  return to_host_vector<int32_t>(h.pool().ring_cursor());
+}
+
+// Ring record `t` of (slot, head) in a [S, heads, L, width] ring.
+std::vector<uint8_t> record(const TensorView& ring, int slot, int head, int pos) {
+  return bytes_of(ring.select(0, slot).select(0, head).select(0, pos));
+}
+
+// This round's outputs, windows and ring records of both backends, bitwise. `c` = the deferred
+// backend's cursors before the round (the eager backend's are 0).
+void check_round(const Pair& p, const std::vector<Activations>& eager,
+                 const std::vector<Activations>& deferred, const BatchSpec& batch,
+                 const std::vector<int32_t>& c) {
+  const ModelConfig& m = p.eager.model;
+  const int L = p.eager.pool().ring_len();
+  for (int layer = 0; layer < kLayers; ++layer) {
+    CAPTURE(layer);
+    CHECK(same_bits(eager[static_cast<size_t>(layer)].out_view,
+                    bytes_of(deferred[static_cast<size_t>(layer)].out_view)));
+    for (size_t i = 0; i < batch.slots.size(); ++i) {
+      const int32_t slot = batch.slots[i];
+      if (slot < 0) {
+        continue;
+      }
+      const int row = batch.rows.empty() ? static_cast<int>(i) : batch.rows[i];
+      CAPTURE(i, slot, row);
+      CHECK(same_bits(
+          p.eager.pool().conv_window(layer).select(0, row).narrow(0, 0, batch.T),
+          bytes_of(p.deferred.pool().conv_window(layer).select(0, row).narrow(0, 0, batch.T))));
+      for (int t = 0; t < batch.T; ++t) {
+        const int pos = (c[static_cast<size_t>(slot)] + t) & (L - 1);
+        for (int hv = 0; hv < m.HV; ++hv) {
+          CHECK(record(p.eager.pool().ring_rawv(layer), slot, hv, t) ==
+                record(p.deferred.pool().ring_rawv(layer), slot, hv, pos));
+          CHECK(record(p.eager.pool().ring_g(layer), slot, hv, t) ==
+                record(p.deferred.pool().ring_g(layer), slot, hv, pos));
+          CHECK(record(p.eager.pool().ring_beta(layer), slot, hv, t) ==
+                record(p.deferred.pool().ring_beta(layer), slot, hv, pos));
+        }
+        for (int h = 0; h < m.H; ++h) {
+          CHECK(record(p.eager.pool().ring_rawk(layer), slot, h, t) ==
+                record(p.deferred.pool().ring_rawk(layer), slot, h, pos));
+        }
+      }
+    }
+  }
+}
+
+std::vector<int32_t> allocated_slots(const Harness& h) {
+  std::vector<int32_t> s;
+  for (int i = 0; i < h.pool().num_slots(); ++i) {
+    if (h.pool().is_slot_allocated(i)) {
+      s.push_back(i);
+    }
+  }
+  return s;
+}
+
+// Materializes every allocated slot of the deferred backend and compares all committed state.
+void check_states(Pair& p) {
+  p.deferred.backend->materialize(allocated_slots(p.deferred), nullptr);
+  CHECK(same_bits(p.eager.pool().ssm_state_all(), bytes_of(p.deferred.pool().ssm_state_all())));
+  CHECK(same_bits(p.eager.pool().conv_state_all(), bytes_of(p.deferred.pool().conv_state_all())));
+  for (const int32_t n : to_host_vector<int32_t>(p.deferred.pool().ring_pending_all())) {
+    REQUIRE(n == 0);
+  }
+}
+
+// One verify round on both backends: every layer, then commit (or abort after `abort_after`
+// layers, -1: commit).
+void round_on_both(Pair& p, const BatchSpec& batch, const std::vector<int32_t>& accepted,
+                   uint64_t seed, int abort_after = -1) {
+  const std::vector<int32_t> c = cursors(p.deferred);
+  if (abort_after >= 0) {
+    for (Harness* h : {&p.eager, &p.deferred}) {
+      h->backend->prepare(batch, nullptr);
+      for (int layer = 0; layer < abort_after; ++layer) {
+        Activations x = make_activations(h->model, batch.slots, batch.T, seed + layer);
+        h->backend->verify(layer, x.in, x.out_view, nullptr);
+      }
+      h->backend->abort_round(nullptr);
+    }
+    return;
+  }
+  const auto eager = verify_all(p.eager, batch, seed);
+  const auto deferred = verify_all(p.deferred, batch, seed);
+  check_round(p, eager, deferred, batch, c);
+  commit(p.eager, accepted);
+  commit(p.deferred, accepted);
+  // The conv commit is eager in both modes.
+  CHECK(same_bits(p.eager.pool().conv_state_all(), bytes_of(p.deferred.pool().conv_state_all())));
+}
+
+}  // namespace
+
+TEST_CASE("backend deferred: random rounds equal the eager commit bitwise", "[backend][deferred]") {
+  const ModelCase mc =
+      GENERATE(values<ModelCase>({kGqaCase,
+                                  {"HV=H, safe gate -5, bf16 conv, no bias", 2, 2, GateKind::kSafe,
+                                   ConvWeightType::kBF16, false}}));
+  CAPTURE(mc.name);
+  Pair p(mc);
+  REQUIRE(p.deferred.backend->deferred_commit());
+  REQUIRE_FALSE(p.eager.backend->deferred_commit());
+  std::mt19937 rng(7);
+  const int S = p.eager.pool().num_slots();
+  for (int r = 0; r < 14; ++r) {
+    CAPTURE(r);
+    // A batch of 1..R requests in random order over the S slots (the others sit out), a
+    // padding row now and then, explicit scratch rows now and then, T in 1..kT.
+    std::vector<int32_t> slots(static_cast<size_t>(S));
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    const int B = 1 + static_cast<int>(rng() % kMaxRunning);
+    slots.resize(static_cast<size_t>(B));
+    if (B > 1 && rng() % 3 == 0) {
+      slots[rng() % static_cast<size_t>(B)] = -1;
+    }
+    BatchSpec batch{1 + static_cast<int>(rng() % kT), slots, {}};
+    if (rng() % 3 == 0) {
+      std::vector<int32_t> rows(static_cast<size_t>(kMaxRunning));
+      std::iota(rows.begin(), rows.end(), 0);
+      std::shuffle(rows.begin(), rows.end(), rng);
+      rows.resize(static_cast<size_t>(B));
+      batch.rows = rows;
+    }
+    std::vector<int32_t> accepted;
+    for (int i = 0; i < B; ++i) {
+      accepted.push_back(1 + static_cast<int>(rng() % static_cast<unsigned>(batch.T)));
+    }
+    round_on_both(p, batch, accepted, 500 + 10 * static_cast<uint64_t>(r));
+    if (r % 4 == 3) {
+      check_states(p);  // also exercises verifies that find nothing pending
+    }
+  }
+  check_states(p);
+}
+
+TEST_CASE("backend deferred: abort_round, extend and slot reuse with pending steps",
+          "[backend][deferred]") {
+  Pair p(kGqaCase);
+  const BatchSpec batch{kT, {3, 0, 4}, {}};
+  round_on_both(p, batch, {2, kT, 1}, 10);  // steps now pending in slots 3, 0, 4
+
+  SECTION("abort before any layer, after some, after all: nothing folded twice") {
+    for (const int after : {0, 1, kLayers}) {
+      CAPTURE(after);
+      round_on_both(p, {kT, {0, 4, 3}, {}}, {}, 20, after);
+      round_on_both(p, {2, {4, 1}, {}}, {2, 1}, 30);  // a different batch, then compare
+      check_states(p);
+      round_on_both(p, batch, {1, 3, kT}, 40);
+    }
+  }
+  SECTION("extend on slots with pending steps continues from the committed state") {
+    const BatchSpec prompt{6, {0, -1, 3}, {}};
+    for (Harness* h : {&p.eager, &p.deferred}) {
+      h->backend->prepare_extend(prompt, nullptr);
+    }
+    for (int layer = 0; layer < kLayers; ++layer) {
+      Activations xe = make_activations(p.eager.model, prompt.slots, prompt.T, 60 + layer);
+      Activations xd = make_activations(p.deferred.model, prompt.slots, prompt.T, 60 + layer);
+      p.eager.backend->extend(layer, xe.in, xe.out_view, nullptr);
+      p.deferred.backend->extend(layer, xd.in, xd.out_view, nullptr);
+      CHECK(same_bits(xe.out_view, bytes_of(xd.out_view)));
+    }
+    check_states(p);
+    round_on_both(p, batch, {kT, 1, 2}, 70);
+    check_states(p);
+  }
+  SECTION("a released slot with pending steps is reused clean") {
+    for (Harness* h : {&p.eager, &p.deferred}) {
+      h->backend->release_slot(3);
+      REQUIRE(h->backend->allocate_slot(nullptr) == 3);  // the only free slot
+    }
+    CHECK(to_host_vector<int32_t>(p.deferred.pool().ring_cursor())[3] == 0);
+    check_states(p);
+    round_on_both(p, {kT, {3, 4}, {}}, {kT, 2}, 80);
+    round_on_both(p, {kT, {4, 3}, {}}, {1, 3}, 90);
+    check_states(p);
+  }
+}
+
+TEST_CASE("backend deferred: materialize's errors change nothing",
+          "[backend][deferred]" KDA_HOST_ONLY) {
+  Pair p(kGqaCase);
+  round_on_both(p, {kT, {1, 2}, {}}, {3, 2}, 5);
+  const uint64_t before = pool_checksum(p.deferred.pool());
+  const auto pending = bytes_of(p.deferred.pool().ring_pending_all());
+  KdaAttentionBackend& b = *p.deferred.backend;
+  b.prepare({kT, {1}, {}}, nullptr);
+  CHECK_THAT(error_of([&] { b.materialize({1}, nullptr); }, ErrorCode::kLifecycle),
+             Catch::Matchers::StartsWith(
+                 "materialize: a round is in progress (verify round, 0 of 2 layers verified"));
+  b.abort_round(nullptr);
+  CHECK(error_of(
+            [&] {
+              b.materialize({1, 7}, nullptr);
+            },
+            ErrorCode::kInvalidArgument) ==
+        "materialize: slots[1] = 7 is not an allocated slot in [0, 5)");
+  CHECK(error_of(
+            [&] {
+              b.materialize({2, 2}, nullptr);
+            },
+            ErrorCode::kInvalidArgument) ==
+        "materialize: slots[0] and slots[1] are both 2 (distinct slots)");
+  b.release_slot(4);
+  CHECK(error_of([&] { b.materialize({4}, nullptr); }, ErrorCode::kInvalidArgument) ==
+        "materialize: slots[0] = 4 is not an allocated slot in [0, 5)");
+  CHECK(pool_checksum(p.deferred.pool()) == before);
+  CHECK(same_bits(p.deferred.pool().ring_pending_all(), pending));
+  // An eager backend has nothing pending: materialize validates, then does nothing.
+  const uint64_t eager_before = pool_checksum(p.eager.pool());
+  CHECK_NOTHROW(p.eager.backend->materialize({1, 2}, nullptr));
+  CHECK(pool_checksum(p.eager.pool()) == eager_before);
+}

@@ -1,0 +1,194 @@
+// deferred_gpu_test.cc: the deferred commit on the CUDA kernels (contract §7), bitwise against
+// the eager fold, for every verify path: every fused tile in both register budgets, the
+// persistent streaming kernels (forced, with few CTAs so that each walks many items), the
+// per-item form of the BV = 128 tile, and the unfused pair. Each case runs two rounds on two
+// copies of one problem (garbage-filled records and outputs, reversed slots, a padding row):
+//   eager:    verify (cursor 0) -> fold of n accepted steps -> verify of new inputs;
+//   deferred: verify at random per-slot cursors (records wrap around the ring) -> deferred
+//             commit (pending n, cursor + n) -> verify of the same new inputs, which folds first.
+// The second verify's outputs and windows, its ring records (at the shifted positions) and the
+// committed state after it are bitwise equal; the deferred commit moved no SSM state; the
+// materializing fold (kMaterialize) of the same pending steps gives the same state; and a
+// padding row and the slots outside the batch are untouched.
+#include <cuda_runtime_api.h>
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/kda_kernels.h"
+#include "kernels/launch_utils.h"
+#include "tests/test_problem.h"
+
+using namespace kda;
+using namespace kda::testing;
+
+namespace {
+
+struct Path {
+  const char* name;
+  int block_v;  ///< 0: unfused
+  kernels::StateStreamMode stream;
+  kernels::TileOccupancy occupancy;
+};
+
+void verify(const VerifyParams& p, const Path& path) {
+  kernels::set_state_stream_mode(
+      path.stream, /*max_ctas=*/path.stream == kernels::StateStreamMode::kAlways ? 8 : 0);
+  kernels::set_tile_occupancy_mode(path.occupancy);
+  if (path.block_v == 0) {
+    kernels::invoke_verify_unfused(p, nullptr);
+  } else {
+    kernels::invoke_verify_fused(p, path.block_v, nullptr);
+  }
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  kernels::set_state_stream_mode(kernels::StateStreamMode::kAuto);
+  kernels::set_tile_occupancy_mode(kernels::TileOccupancy::kAuto);
+}
+
+// New round-2 inputs, the same on both copies.
+void new_inputs(VerifyProblem& x, VerifyProblem& y, uint64_t seed) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> n(0.0f, 0.5f);
+  for (const Tensor t : {Tensor::kQkv, Tensor::kA, Tensor::kB}) {
+    std::vector<bf16_t> v = x.get<bf16_t>(t);
+    for (bf16_t& e : v) {
+      e = float_to_bf16(n(rng));
+    }
+    x.set(t, v);
+    y.set(t, v);
+  }
+}
+
+// Bitwise equality (bf16_t has no ==; floats compare bits, NaN-safe).
+template <typename T>
+bool same(const std::vector<T>& x, const std::vector<T>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+}
+
+template <typename T>
+std::vector<T> record(const std::vector<T>& ring, int slot, int head, int heads, int L, int pos,
+                      int width) {
+  return slice(ring, ((static_cast<int64_t>(slot) * heads + head) * L + pos) * width, width);
+}
+
+}  // namespace
+
+TEST_CASE("deferred: every verify path folds pending steps bitwise like the eager fold",
+          "[kernels][deferred][gpu]") {
+  VerifyCase c = GENERATE(values<VerifyCase>({
+      make_case(/*B=*/5, /*T=*/4, /*H=*/2, /*HV=*/4, /*K=*/128, /*V=*/128, RecordMode::kRing, 3),
+      make_case(/*B=*/4, /*T=*/8, /*H=*/1, /*HV=*/2, /*K=*/64, /*V=*/64, RecordMode::kRing, 4),
+      make_case(/*B=*/3, /*T=*/3, /*H=*/2, /*HV=*/2, /*K=*/128, /*V=*/96, RecordMode::kRing, 5),
+  }));
+  c.neg_slot = true;
+  c.reversed = true;
+  const Path path = GENERATE(values<Path>({
+      {"BV=8 two per SM", 8, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kTwoPerSm},
+      {"BV=8 one per SM", 8, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kOnePerSm},
+      {"BV=16 two per SM", 16, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kTwoPerSm},
+      {"BV=16 one per SM", 16, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kOnePerSm},
+      {"BV=32 two per SM", 32, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kTwoPerSm},
+      {"BV=32 one per SM", 32, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kOnePerSm},
+      {"BV=64 two per SM", 64, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kTwoPerSm},
+      {"BV=64 one per SM", 64, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kOnePerSm},
+      {"BV=128 per item", 128, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kTwoPerSm},
+      {"BV=128 streamed", 128, kernels::StateStreamMode::kAlways,
+       kernels::TileOccupancy::kTwoPerSm},
+      {"unfused per item", 0, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kTwoPerSm},
+      {"unfused streamed", 0, kernels::StateStreamMode::kAlways, kernels::TileOccupancy::kTwoPerSm},
+  }));
+  CAPTURE(c, path.name);
+  const Device gpu = Device::cuda(0);
+  VerifyProblem eager(c, gpu);
+  VerifyProblem deferred = eager.clone_to(gpu);
+  const int S = eager.num_slots(), L = c.L, B = c.B, T = c.T;
+  const std::vector<int32_t> slots = eager.slots();
+
+  // Per-slot cursors (some wrap a round's records past L - 1), nothing pending yet.
+  std::mt19937 rng(static_cast<uint32_t>(c.seed));
+  std::vector<int32_t> c0(static_cast<size_t>(S));
+  for (int32_t& x : c0) {
+    x = static_cast<int32_t>(rng() % static_cast<uint32_t>(L));
+  }
+  c0[static_cast<size_t>(slots[0])] = L - 1;  // request 0's records wrap
+  Buffer cursor = make_buffer(c0, gpu);
+  Buffer pending = make_buffer(std::vector<int32_t>(static_cast<size_t>(S), 0), gpu);
+  std::vector<int32_t> accepted(static_cast<size_t>(B));
+  for (int32_t& n : accepted) {
+    n = 1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(T));
+  }
+  const Buffer acc = make_buffer(accepted, gpu);
+
+  VerifyParams pd = deferred.params();
+  pd.ring_cursor = static_cast<const int32_t*>(cursor.data());
+  pd.ring_pending = static_cast<const int32_t*>(pending.data());
+  pd.ssm_fold_out = static_cast<float*>(deferred.view(Tensor::kSsmState).data());
+
+  // Round 1 and the commits.
+  verify(eager.params(), path);
+  verify(pd, path);
+  kernels::invoke_commit(eager.commit_params(acc), nullptr);
+  const std::vector<float> state_before = deferred.ssm_state();
+  CommitParams cd = deferred.commit_params(acc);
+  cd.kind = CommitKind::kDeferred;
+  cd.ring_cursor = static_cast<int32_t*>(cursor.data());
+  cd.ring_pending = static_cast<int32_t*>(pending.data());
+  cd.ring_pending_layer_stride = S;
+  kernels::invoke_commit(cd, nullptr);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(same(deferred.ssm_state(), state_before));  // no state pass
+  CHECK(same(deferred.conv_state(), eager.conv_state()));
+  const std::vector<int32_t> c1 = to_host_vector<int32_t>(cursor.view(DType::kI32, {S}));
+  const std::vector<int32_t> n1 = to_host_vector<int32_t>(pending.view(DType::kI32, {S}));
+  for (int i = 0; i < B; ++i) {
+    const int32_t s = slots[static_cast<size_t>(i)];
+    if (s >= 0) {
+      CHECK(n1[static_cast<size_t>(s)] == accepted[static_cast<size_t>(i)]);
+      CHECK(c1[static_cast<size_t>(s)] ==
+            ((c0[static_cast<size_t>(s)] + accepted[static_cast<size_t>(i)]) & (L - 1)));
+    }
+  }
+
+  SECTION("the next verify folds first") {
+    new_inputs(eager, deferred, c.seed + 100);
+    verify(eager.params(), path);
+    verify(pd, path);
+    CHECK(same(deferred.out(), eager.out()));
+    CHECK(same(deferred.conv_window(), eager.conv_window()));
+    CHECK(same(deferred.ssm_state(), eager.ssm_state()));  // the folded state, written back
+    const auto ev = eager.rawv(), dv = deferred.rawv(), ek = eager.rawk(), dk = deferred.rawk();
+    const auto eg = eager.ring_g(), dg = deferred.ring_g();
+    const auto eb = eager.ring_beta(), db = deferred.ring_beta();
+    for (int i = 0; i < B; ++i) {
+      const int32_t s = slots[static_cast<size_t>(i)];
+      if (s < 0) {
+        continue;
+      }
+      for (int t = 0; t < T; ++t) {
+        const int pos = (c1[static_cast<size_t>(s)] + t) & (L - 1);
+        CAPTURE(i, s, t, pos);
+        for (int hv = 0; hv < c.HV; ++hv) {
+          CHECK(same(record(dv, s, hv, c.HV, L, pos, c.V), record(ev, s, hv, c.HV, L, t, c.V)));
+          CHECK(same(record(dg, s, hv, c.HV, L, pos, c.K), record(eg, s, hv, c.HV, L, t, c.K)));
+          CHECK(same(record(db, s, hv, c.HV, L, pos, 1), record(eb, s, hv, c.HV, L, t, 1)));
+        }
+        for (int h = 0; h < c.H; ++h) {
+          CHECK(same(record(dk, s, h, c.H, L, pos, c.K), record(ek, s, h, c.H, L, t, c.K)));
+        }
+      }
+    }
+  }
+  SECTION("materialize folds the same steps") {
+    CommitParams cm = cd;
+    cm.kind = CommitKind::kMaterialize;
+    cm.T = T;
+    kernels::invoke_commit(cm, nullptr);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(same(deferred.ssm_state(), eager.ssm_state()));
+    for (const int32_t n : to_host_vector<int32_t>(pending.view(DType::kI32, {S}))) {
+      CHECK(n == 0);
+    }
+  }
+}
