@@ -91,7 +91,7 @@ std::string default_text(const FlagSpec& f) {
     return kNames[defaults.*f.int_field];
   }
   if (f.kind == FlagKind::kBlockV && defaults.*f.int_field == 0) {
-    return std::string("auto: by batch size, 32 (B=1), 64 (B<=4), 128");
+    return std::string("auto: per call, by grid and T (kernels/tile_policy.h)");
   }
   return std::to_string(defaults.*f.int_field);
 }

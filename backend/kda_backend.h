@@ -144,6 +144,10 @@ class KdaAttentionBackend {
   /// token, n = accepted_lengths[i] in 1..T ([B] int32 on the backend's device, contiguous,
   /// read on the device). A length outside [1, T] skips that request and raises the device
   /// error flag (check_device_errors). Enqueues on `stream`; graph-capturable.
+  /// Deferred (deferred_commit(), contract §7): records n per (layer, slot) and commits the conv
+  /// state; each layer's next verify of the slot folds the n steps first (exactly the eager
+  /// fold), and until then the pool's ssm_state of the slot is the state before them
+  /// (materialize() folds them without a verify).
   void commit(const TensorView& accepted_lengths, cudaStream_t stream);
 
   /// Runs the prepared extend round on layer `layer`: out [N, HV, V] bf16 for N = B*T prompt

@@ -178,7 +178,7 @@ struct FoldItem {
     } else {
       steps = accepted_or_flag(p, n, tile == 0 && hv == 0 && layer == 0 && tid == 0);
     }
-    if (steps <= 0) {
+    if (kPending ? steps <= 0 : steps == 0) {
       return false;
     }
     FoldRing ring(p, layer, slot, h, hv);

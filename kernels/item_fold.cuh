@@ -29,18 +29,15 @@ __device__ __forceinline__ int ring_cursor(const VerifyParams& p, int slot) {
 
 /// Folds `n` pending steps at ring positions (first + j) mod L onto the item's state tile and
 /// stores it to p.ssm_fold_out. Every thread of the CTA calls it (CTA-uniform: n is the slot's).
-/// Column by column (a one-column slice of the item's layout: the same per-column arithmetic,
-/// a sixteenth of the registers at BV = 128), so the fold adds no register pressure to the
-/// item's own loops. `src` hands each column over and takes it back (fold_column_in / _out:
-/// global memory, or the streaming kernel's stage). Shared memory `sm` is free on entry after
-/// the leading barrier and on exit.
+/// The whole tile at once, as FoldItem steps its columns. `src` hands each column over and takes it
+/// back (fold_column_in / _out: global memory, or the streaming kernel's stage). Shared memory `sm`
+/// is free on entry after the leading barrier and on exit.
 template <typename Item, typename Src>
 __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
                                              TileSmem<typename Item::Cfg>& sm, int slot, int n,
                                              int first) {
   using Cfg = typename Item::Cfg;
   using Slice = typename Item::Slice;
-  using Column = ColumnSlice<Slice::K, Slice::P, 1, Slice::kLaneStride>;
   constexpr int K = Cfg::K;
   constexpr int BV = Cfg::BV;
   constexpr int CPT = Cfg::CPT;
@@ -92,22 +89,29 @@ __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
     // shuffles take all 32 lanes, so a column past V steps on zeros and is neither read nor
     // stored.
     if (holds_tile) {
-#pragma unroll 1
+      bool ok[CPT];
+      ColRegs<Slice> S[CPT];
+#pragma unroll
       for (int j = 0; j < CPT; ++j) {
-        const int col = it.col0 + j;
-        const bool ok = col < p.V;
-        ColRegs<Column> S[1];
-        if (ok) {
-          src.template fold_column_in<Column>(it, S[0], slot, col, t0 == 0);
+        ok[j] = it.col0 + j < p.V;
+        if (ok[j]) {
+          src.template fold_column_in<Slice>(it, S[j], slot, it.col0 + j, t0 == 0);
         } else {
-          zero_column<Column>(S[0]);
+          zero_column<Slice>(S[j]);
         }
-        for (int tt = 0; tt < tc; ++tt) {
-          const float vv[1] = {ok ? sm.v[tt][it.group * CPT + j] : 0.0f};
-          delta_rule_step<Column>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], it.c);
+      }
+      for (int tt = 0; tt < tc; ++tt) {
+        float vv[CPT];
+#pragma unroll
+        for (int j = 0; j < CPT; ++j) {
+          vv[j] = ok[j] ? sm.v[tt][it.group * CPT + j] : 0.0f;
         }
-        if (ok) {
-          src.template fold_column_out<Column>(it, S[0], slot, col);
+        delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], it.c);
+      }
+#pragma unroll
+      for (int j = 0; j < CPT; ++j) {
+        if (ok[j]) {
+          src.template fold_column_out<Slice>(it, S[j], slot, it.col0 + j);
         }
       }
     }

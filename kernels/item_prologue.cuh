@@ -48,7 +48,7 @@ struct WeightReads {
 /// GlobalSource). Both hand the same values to the same arithmetic, so the bits are equal.
 /// is_streamed(Src::kSchedule): the state tile is copied to registers after the prologue (it is not
 /// live through it) and the kernel runs one token chunk (T <= kChunk).
-template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false>
+template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool kDeferred = false>
 struct ItemPrologue {
   using Weight = WeightT;
   static constexpr bool kFused = FUSED;
@@ -200,8 +200,8 @@ struct ItemPrologue {
     int sm_stride;        ///< floats from one token's row of sm_dst's array to the next
     bf16_t* win_base;     ///< the pair's conv window after token 0 (three rows of D per token)
     bf16_t* ring_pair;    ///< ring record of this pair at position 0 (L-strided), or null
-    int32_t ring_step;    ///< elements per ring position
-    int32_t ring_cursor;  ///< the slot's ring base c: step t goes to position (c + t) mod L
+    int64_t ring_step;    ///< elements per ring position
+    int32_t ring_cursor;  ///< kDeferred: the slot's ring base c (step t at (c + t) mod L)
     bool write_window;    ///< this CTA writes the pair's windows
   };
 
@@ -213,7 +213,7 @@ struct ItemPrologue {
     const int sm_stride = is_qk ? 2 * K : BV;
     bf16_t* win_base = p.conv_window + row * p.conv_window_row_stride + pair_channel;
     bf16_t* ring_pair = nullptr;
-    int32_t ring_step = 0;
+    int64_t ring_step = 0;
     if (ring && pair_channel >= 0) {
       if (is_k && qk_owner) {
         ring_pair = p.ring_rawk + slot * p.ring_rawk_slot_stride +
@@ -241,7 +241,7 @@ struct ItemPrologue {
     const int sm_stride = dst.sm_stride;
     bf16_t* const win_base = dst.win_base;
     bf16_t* const ring_pair = dst.ring_pair;
-    const int32_t ring_step = dst.ring_step;
+    const int64_t ring_step = dst.ring_step;
     const int32_t ring_cursor = dst.ring_cursor;
     const bool write_window = dst.write_window;
     // The streaming kernel loads the taps here: held from the item's start they are live
@@ -250,10 +250,12 @@ struct ItemPrologue {
     if constexpr (FUSED && is_streamed(Src::kSchedule)) {
       src.conv_taps(*this, taps0, taps1);
     }
-    // Token t's window offset from win_base advances by one step per token (no 64-bit multiply
-    // per token); its ring record is at position (c + t) mod L, a 32-bit offset.
+    // Token t's record offsets from win_base / ring_pair advance by one step per token (no
+    // 64-bit multiply per token); with a ring cursor (kDeferred) its ring record is at position
+    // (c + t) mod L instead, a 32-bit offset.
     constexpr bool kTokenLoop = FUSED && is_streamed(Src::kSchedule);
     int64_t win_off = static_cast<int64_t>(t0) * 3 * D;
+    int64_t ring_off = t0 * ring_step;
     // A token's q/k/v value of one channel: conv + SiLU of (window c0..c2, input x).
     const auto token_y = [&](const ConvTaps& taps, float c0, float c1, float c2, float x) {
       if constexpr (FUSED) {
@@ -276,7 +278,12 @@ struct ItemPrologue {
       }
       *reinterpret_cast<float2*>(sm_dst + tt * sm_stride) = make_float2(y0, y1);
       if (ring_pair != nullptr && t < p.L) {
-        st_bf16x2(ring_pair + ((ring_cursor + t) & (p.L - 1)) * ring_step, y0, y1);
+        if constexpr (kDeferred) {
+          st_bf16x2(ring_pair + ((ring_cursor + t) & (p.L - 1)) * static_cast<int32_t>(ring_step),
+                    y0, y1);
+        } else {
+          st_bf16x2(ring_pair + ring_off, y0, y1);
+        }
       }
     };
     if constexpr (kTokenLoop) {
@@ -302,11 +309,13 @@ struct ItemPrologue {
         const float sa1[kConvHistory] = {w1[1], w1[2], xa.y};
         token_stores(tt, ya0, ya1, sa0, sa1);
         win_off += 3 * D;
+        ring_off += ring_step;
         if (second) {
           const float sb0[kConvHistory] = {w0[2], xa.x, xb.x};
           const float sb1[kConvHistory] = {w1[2], xa.y, xb.y};
           token_stores(tt + 1, yb0, yb1, sb0, sb1);
           win_off += 3 * D;
+          ring_off += ring_step;
         }
       }
     } else {
@@ -349,6 +358,7 @@ struct ItemPrologue {
             token_stores(g + u, y0[u], y1[u], &s0[u + 1], &s1[u + 1]);
           }
           win_off += 3 * D;
+          ring_off += ring_step;
         }
 #pragma unroll
         for (int j = 0; j < kConvHistory; ++j) {
@@ -401,8 +411,9 @@ struct ItemPrologue {
           sm.decay[tt][gate_key] = decay[u];
           if (ring && gate_owner && t < p.L) {
             p.ring_g[slot * p.ring_g_slot_stride +
-                     (static_cast<int64_t>(hv) * p.L + ((cursor + t) & (p.L - 1))) * K + gate_key] =
-                g[u];
+                     (static_cast<int64_t>(hv) * p.L + (kDeferred ? (cursor + t) & (p.L - 1) : t)) *
+                         K +
+                     gate_key] = g[u];
           }
         }
       }
@@ -413,7 +424,7 @@ struct ItemPrologue {
       sm.beta[tid] = beta;
       if (ring && gate_owner && t < p.L) {
         p.ring_beta[slot * p.ring_beta_slot_stride + static_cast<int64_t>(hv) * p.L +
-                    ((cursor + t) & (p.L - 1))] = beta;
+                    (kDeferred ? (cursor + t) & (p.L - 1) : t)] = beta;
       }
     }
   }

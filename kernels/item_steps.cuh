@@ -13,9 +13,9 @@
 namespace kda::kernels {
 
 /// The recurrence phases of a work item (ItemPrologue's coordinates and shared memory).
-template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false>
-struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide> {
-  using Prologue = ItemPrologue<WeightT, K, BV, FUSED, kWide>;
+template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool kDeferred = false>
+struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
+  using Prologue = ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred>;
   using Prologue::c, Prologue::col0, Prologue::CPT, Prologue::group, Prologue::hv,
       Prologue::kSnapshotStores, Prologue::n, Prologue::P, Prologue::p;
   using Prologue::Prologue;

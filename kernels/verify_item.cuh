@@ -36,9 +36,9 @@ namespace kda::kernels {
 /// or StagedSource (verify_stream.cuh: the state tile from a shared-memory stage filled by a
 /// TMA bulk copy, the rest as GlobalSource). Both hand the same values to the same arithmetic,
 /// so the bits are equal. Sources take the item as its ItemPrologue.
-template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false>
-struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide> {
-  using Steps = ItemSteps<WeightT, K, BV, FUSED, kWide>;
+template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool kDeferred = false>
+struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred> {
+  using Steps = ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred>;
   using Steps::a_log, Steps::args, Steps::c, Steps::col0, Steps::convolve_chunk, Steps::CPT,
       Steps::exp_a_log, Steps::gates_chunk, Steps::h, Steps::hv, Steps::is_qk, Steps::kConvWarps,
       Steps::kSpareWarps, Steps::lane, Steps::load_chunk, Steps::p, Steps::pair_channel,
@@ -79,10 +79,11 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide> {
     const bool gate_owner = tile == 0;
     const bool write_window = !extend && FUSED && pair_channel >= 0 && (is_qk ? qk_owner : true);
 
-    // Ring mode: the slot's ring base, and the deferred commit's pending steps, folded onto the
-    // tile and written back before anything else reads the state (item_fold.cuh).
+    // kDeferred (a call with ring_pending, contract §7): the slot's ring base, and its pending
+    // steps folded onto the tile and written back before anything else reads the state
+    // (item_fold.cuh). The eager instantiation has none of this code.
     int cursor = 0;
-    if constexpr (Src::kSchedule != ItemSchedule::kStreamSnapshot) {
+    if constexpr (kDeferred && Src::kSchedule != ItemSchedule::kStreamSnapshot) {
       if (ring) {
         cursor = ring_cursor(p, slot);
         const int pending = pending_steps(p, slot);

@@ -247,10 +247,12 @@ struct StagedSource : WeightReads<Item> {
   }
 };
 
-template <typename WeightT, int K, int BV, bool FUSED, RecordMode kMode>
+/// kDeferred (ring mode only): a call with ring_pending (the deferred commit's fold first).
+template <typename WeightT, int K, int BV, bool FUSED, RecordMode kMode, bool kDeferred = false>
 __global__ void __launch_bounds__(256, 2)
     verify_stream_kernel(const __grid_constant__ TileArgs args) {
-  using Item = VerifyItem<WeightT, K, BV, FUSED>;
+  static_assert(!kDeferred || kMode == RecordMode::kRing, "the deferred commit is ring mode");
+  using Item = VerifyItem<WeightT, K, BV, FUSED, false, kDeferred>;
   using Src = StagedSource<typename Item::Prologue, kMode>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
   __shared__ uint64_t bar;

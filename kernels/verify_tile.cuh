@@ -170,10 +170,12 @@ struct GlobalSource : WeightReads<Item> {
 /// grid fits one CTA per SM, or kWideFusedMaxWaves of them for the fused BV = 128 tile, ahead
 /// of the streaming kernel): the ring-mode steps grouped and the other wide-register choices of
 /// VerifyItem::run, up to 255 registers (the BV = 32 tile: 128, TileConfig::kMinCtasPerSm).
-template <typename WeightT, int K, int BV, bool FUSED, int kCtasPerSm>
+/// kDeferred: a call with ring_pending (the deferred commit's fold first, item_fold.cuh); the
+/// eager instantiation carries none of that code.
+template <typename WeightT, int K, int BV, bool FUSED, int kCtasPerSm, bool kDeferred = false>
 __global__ void __launch_bounds__(256, TileConfig<K, BV, kCtasPerSm == 1>::kMinCtasPerSm)
     verify_tile_kernel(const __grid_constant__ TileArgs args) {
-  using Item = VerifyItem<WeightT, K, BV, FUSED, kCtasPerSm == 1>;
+  using Item = VerifyItem<WeightT, K, BV, FUSED, kCtasPerSm == 1, kDeferred>;
   using Stage = ItemStateStage<K, BV, kCtasPerSm>;
   static_assert(sizeof(TileSmem<typename Item::Cfg>) + sizeof(Stage) + 128 <= 48 * 1024,
                 "static shared memory (tile + state stage, with alignment) over 48 KiB");
@@ -219,8 +221,9 @@ void launch_verify_tile(const TileArgs& args, cudaStream_t stream);
 
 namespace kda::kernels {
 
-template <typename WeightT, int K, int BV, bool FUSED>
-void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
+/// One of the two instantiation sets: kDeferred for calls with ring_pending.
+template <typename WeightT, int K, int BV, bool FUSED, bool kDeferred>
+void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
   const VerifyParams& p = call.p;
   const dim3 block(TileConfig<K, BV>::kThreads);
   const int64_t tiles = ceil_div(p.V, BV);
@@ -242,8 +245,8 @@ void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
   const bool by_wave_fill = FUSED && BV < 128 && !gains;
   if (by_wave_fill ? one_cta_per_sm_by_wave_fill(ctas)
                    : one_cta_per_sm_tiles(ctas, gains, kMaxWaves)) {
-    launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1>, grid, block, 0, stream, pdl_enabled(),
-               args);
+    launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1, kDeferred>, grid, block, 0, stream,
+               pdl_enabled(), args);
     return;
   }
   if constexpr (BV == 128) {
@@ -253,7 +256,7 @@ void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
     // One instantiation per record mode (ItemSchedule::kStreamRing / kStreamSnapshot).
     const auto stream_kernel =
         p.mode == RecordMode::kRing
-            ? verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kRing>
+            ? verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kRing, kDeferred>
             : verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kSnapshot>;
     const void* kernel = reinterpret_cast<const void*>(stream_kernel);
     const int stream_grid =
@@ -265,8 +268,17 @@ void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
       return;
     }
   }
-  launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 2>, grid, block, 0, stream, pdl_enabled(),
-             args);
+  launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 2, kDeferred>, grid, block, 0, stream,
+             pdl_enabled(), args);
+}
+
+template <typename WeightT, int K, int BV, bool FUSED>
+void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
+  if (call.p.ring_pending != nullptr) {
+    launch_verify_tile_as<WeightT, K, BV, FUSED, true>(call, stream);
+  } else {
+    launch_verify_tile_as<WeightT, K, BV, FUSED, false>(call, stream);
+  }
 }
 
 // Instantiations live in kernels/inst/ (one weight type x K per file).

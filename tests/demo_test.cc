@@ -84,9 +84,12 @@ RunSpec tiny_spec(bool ring, uint64_t seed) {
 }  // namespace
 
 TEST_CASE("demo: a small run passes its own check in ring and snapshot mode", "[demo]") {
-  const std::vector<std::string> mode =
-      GENERATE(std::vector<std::string>{"--enable-linear-replayssm-spec"},
-               std::vector<std::string>{"--enable-linear-replayssm-spec=off"});
+  // Ring mode with the deferred commit too: its check folds the pending steps first and
+  // compares with an independent snapshot-mode run, bitwise.
+  const std::vector<std::string> mode = GENERATE(
+      std::vector<std::string>{"--enable-linear-replayssm-spec"},
+      std::vector<std::string>{"--enable-linear-replayssm-spec", "--kda-deferred-commit", "on"},
+      std::vector<std::string>{"--enable-linear-replayssm-spec=off"});
   CAPTURE(mode);
   const DemoResult r = run_demo(tiny_with(mode));
   INFO(r.out << r.err);

@@ -7,6 +7,7 @@
 
 #include "core/buffer.h"
 #include "core/platform.h"
+#include "dispatch/commit_policy.h"
 #include "dispatch/ring_layout.h"
 #include "dispatch/verify_dispatch.h"
 #include "kernels/kda_kernels.h"
@@ -567,4 +568,18 @@ TEST_CASE("dispatch: a BV = 128 default below 192 CTAs always runs one CTA per S
       }
     }
   }
+}
+
+TEST_CASE("dispatch: the deferred-commit rule follows its measured table", "[dispatch]") {
+  // H200 (dispatch/commit_policy.cc): no measured shape gains beyond noise, so auto stays eager;
+  // an unmeasured shape (HV = 7) stays eager too.
+  for (const int B : {1, 4, 16, 64, 256}) {
+    for (const int T : {4, 8}) {
+      CAPTURE(B, T);
+      CHECK_FALSE(deferred_commit_pays({32, 128, 128, B, T}));
+      CHECK_FALSE(deferred_commit_pays({12, 128, 128, B, T}));
+    }
+  }
+  CHECK_FALSE(deferred_commit_pays({7, 64, 64, 64, 4}));
+  CHECK_FALSE(deferred_commit_pays({32, 128, 128, 0, 4}));
 }

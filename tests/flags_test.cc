@@ -228,7 +228,8 @@ TEST_CASE("flags: help lists every flag with range and default", "[flags]") {
         "a power of two in [2, 256] (default 16)", "--max-running-requests N", "(default 64)",
         "--kda-fused-verify on|off", "(default on)", "--kda-fused-ring-max-batch N",
         "an integer in [0, 4096] (default 1)", "--kda-verify-block-v auto|N",
-        "(default auto: by batch size"}) {
+        "(default auto: per call, by grid and T", "--kda-deferred-commit auto|on|off",
+        "auto, on or off (default auto)"}) {
     CAPTURE(needle);
     CHECK_THAT(help, Catch::Contains(needle));
   }
