@@ -286,6 +286,28 @@ int round_bv(const BenchContext& ctx, Variant v, int T, int B) {
 
 namespace {
 
+/// Times one round (every layer's verify, then the commit) in a CUDA graph into `r`, checks the
+/// commit's error flag, finishes, prints and records the row.
+void time_round(BenchContext& ctx, const Problem& problem, Variant v, int bv,
+                const std::vector<VerifyParams>& params, const CommitParams& cp, const char* what,
+                Row& r) {
+  TimerConfig timer = ctx.timer;
+  timer.iters = ctx.args.round_iters;
+  r.timing = time_in_graph(
+      ctx.stream, 1,
+      [&](int) {
+        for (const VerifyParams& p : params) {
+          enqueue_verify(v, bv, p, ctx.stream);
+        }
+        kernels::invoke_commit(cp, ctx.stream);
+      },
+      timer);
+  check_error_flag(ctx, problem, what);
+  finish_floor_row(r, ctx.args.hbm_gbps);
+  print_row(r);
+  add_rows(ctx, {r});
+}
+
 /// The same round with the deferred commit (contract §7): each layer's verify first folds the
 /// previous replay's accepted steps (n per request, from device pending counts and ring
 /// cursors) and writes the state back; the commit records the counts and commits the conv
@@ -294,8 +316,6 @@ namespace {
 Row run_deferred_round(BenchContext& ctx, const Problem& problem, Variant v, int bv, int T, int B,
                        const Row& eager) {
   const BenchArgs& a = ctx.args;
-  TimerConfig timer = ctx.timer;
-  timer.iters = a.round_iters;
   const Device device = Device::cuda(a.device);
   Buffer cursor(device, static_cast<int64_t>(B) * 4);
   Buffer pending(device, static_cast<int64_t>(a.layers) * B * 4);
@@ -321,19 +341,7 @@ Row run_deferred_round(BenchContext& ctx, const Problem& problem, Variant v, int
   const int64_t state_pass = verify_bytes(a.shape, B, T, RecordMode::kRing).state * a.layers;
   r.model_bytes -= state_pass;
   r.moved_bytes -= state_pass;
-  r.timing = time_in_graph(
-      ctx.stream, 1,
-      [&](int) {
-        for (const VerifyParams& p : params) {
-          enqueue_verify(v, bv, p, ctx.stream);
-        }
-        kernels::invoke_commit(cp, ctx.stream);
-      },
-      timer);
-  check_error_flag(ctx, problem, "deferred round");
-  finish_floor_row(r, a.hbm_gbps);
-  print_row(r);
-  add_rows(ctx, {r});
+  time_round(ctx, problem, v, bv, params, cp, "deferred round", r);
   return r;
 }
 
@@ -342,8 +350,6 @@ Row run_deferred_round(BenchContext& ctx, const Problem& problem, Variant v, int
 void run_round_phase(BenchContext& ctx) {
   const BenchArgs& a = ctx.args;
   print_table_header(Phase::kRound);
-  TimerConfig timer = ctx.timer;
-  timer.iters = a.round_iters;
   for (int B : a.batch_sizes) {
     ProblemConfig cfg = problem_config(a, B);
     cfg.copies = a.layers;
@@ -367,19 +373,7 @@ void run_round_phase(BenchContext& ctx) {
         const int64_t commit = (mode == RecordMode::kRing ? cb.fold : cb.snapshot) + cb.conv;
         r.model_bytes = r.model_bytes * a.layers + commit;
         r.moved_bytes = r.moved_bytes * a.layers + commit;
-        r.timing = time_in_graph(
-            ctx.stream, 1,
-            [&](int) {
-              for (const VerifyParams& p : params) {
-                enqueue_verify(v, bv, p, ctx.stream);
-              }
-              kernels::invoke_commit(cp, ctx.stream);
-            },
-            timer);
-        check_error_flag(ctx, problem, "round");
-        finish_floor_row(r, a.hbm_gbps);
-        print_row(r);
-        add_rows(ctx, {r});
+        time_round(ctx, problem, v, bv, params, cp, "round", r);
         if (mode == RecordMode::kRing) {
           const Row deferred = run_deferred_round(ctx, problem, v, bv, T, B, r);
           fmt::print(
