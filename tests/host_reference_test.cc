@@ -598,6 +598,50 @@ TEST_CASE("host reference: invalid params throw kda::Error naming the field, wri
         }) ==
         "kda::host::verify_unfused: qkv_act is null, expected a pointer ([N, D] bf16 "
         "scratch of the unfused path)");
+  // The deferred commit's fields (contract §7).
+  int32_t cursor[8] = {}, pending[8] = {};
+  CHECK(fused_error([&](VerifyParams& q) { q.ring_pending = pending; }) ==
+        "kda::host::verify_fused: ring_cursor is null, expected a pointer ([S] ring base per "
+        "slot, with ring_pending)");
+  CHECK(fused_error([&](VerifyParams& q) {
+          q.ring_pending = pending;
+          q.ring_cursor = cursor;
+        }) ==
+        "kda::host::verify_fused: ssm_fold_out is null, expected a pointer ([S, HV, V, K] f32 "
+        "(the committed state), with ring_pending)");
+  CHECK(fused_error([&](VerifyParams& q) {
+          q.ring_cursor = cursor;
+          q.L = 4;
+        }) ==
+        "kda::host::verify_fused: a ring cursor needs L >= 2 * T_max (a round's records off the "
+        "pending ones), got L=4, T_max=4");
+  CHECK(fused_error([&](VerifyParams& q) {
+          q = p.params(RecordMode::kSnapshot);
+          q.ring_cursor = cursor;
+        }) ==
+        "kda::host::verify_fused: ring_cursor / ring_pending are ring-mode records (the call has "
+        "none)");
+  const Buffer accepted = make_buffer({1, 2}, Device::host());
+  const CommitParams good_commit = p.commit_params(accepted);
+  auto commit_error = [&](const std::function<void(CommitParams&)>& mutate) {
+    CommitParams q = good_commit;
+    mutate(q);
+    return error_message([&] { host::commit(q); });
+  };
+  CHECK(commit_error([&](CommitParams& q) { q.ring_cursor = cursor; }) ==
+        "kda::host::commit: an eager commit takes no ring_cursor / ring_pending (deferred state)");
+  CHECK(commit_error([](CommitParams& q) { q.kind = static_cast<CommitKind>(7); }) ==
+        "kda::host::commit: kind=7 unknown, expected kEager (0), kDeferred (1), kMaterialize (2) "
+        "or kDropPending (3)");
+  CHECK(commit_error([&](CommitParams& q) {
+          q.kind = CommitKind::kDeferred;
+          q.ring_cursor = cursor;
+        }) ==
+        "kda::host::commit: ring_pending is null, expected a pointer ([layers, S] pending counts)");
+  CHECK(commit_error([&](CommitParams& q) {
+          q.kind = CommitKind::kDeferred;
+          q.mode = RecordMode::kSnapshot;
+        }) == "kda::host::commit: kind=1 is ring mode only");
 
   SECTION("index checks") {
     p.set(Tensor::kSlots, std::vector<int32_t>{0, p.num_slots()});
