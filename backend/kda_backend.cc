@@ -414,7 +414,8 @@ DispatchDecision KdaAttentionBackend::verify(int layer, const VerifyInputs& in,
     kernels_->verify_unfused(params, stream);
   }
   record_decision(layer, decision);
-  verify_ran_[static_cast<size_t>(layer)] = !capturing(device_, stream);
+  // Only a deferred backend needs it (abort_round); the query is a driver call per verify.
+  verify_ran_[static_cast<size_t>(layer)] = deferred_ && !capturing(device_, stream);
   round_.on_layer_done(layer);
   return decision;
 }
