@@ -8,17 +8,17 @@
 namespace kda {
 
 BatchIndices::BatchIndices(const Device& device, int capacity)
-    : capacity_(capacity), device_(device, 2 * static_cast<int64_t>(capacity) * 4) {
+    : capacity_(capacity), device_(device, kRows * static_cast<int64_t>(capacity) * 4) {
   KDA_CHECK(capacity >= 1, "BatchIndices: capacity must be >= 1, got {}", capacity);
   if (!device.is_cuda()) {
-    std::fill_n(static_cast<int32_t*>(device_.data()), 2 * capacity, -1);
+    std::fill_n(static_cast<int32_t*>(device_.data()), kRows * capacity, -1);
     return;
   }
   KDA_CUDA_CHECK(cudaSetDevice(device.index));
   void* pinned = nullptr;
-  KDA_CUDA_CHECK(cudaMallocHost(&pinned, 2 * static_cast<size_t>(capacity) * 4));
+  KDA_CUDA_CHECK(cudaMallocHost(&pinned, kRows * static_cast<size_t>(capacity) * 4));
   staging_ = static_cast<int32_t*>(pinned);
-  std::fill_n(staging_, 2 * capacity, -1);
+  std::fill_n(staging_, kRows * capacity, -1);
   device_.upload(staging_, device_.bytes());
   const cudaError_t st = cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming);
   if (st != cudaSuccess) {
@@ -40,7 +40,8 @@ BatchIndices::~BatchIndices() {
   }
 }
 
-void BatchIndices::upload(const int32_t* slots, const int32_t* rows, int B, cudaStream_t stream) {
+void BatchIndices::upload(const int32_t* slots, const int32_t* rows, int B, cudaStream_t stream,
+                          const int32_t* track_slots, const int32_t* track_steps) {
   KDA_CHECK(B >= 0 && B <= capacity_, "BatchIndices::upload: B = {} outside [0, {}]", B, capacity_);
   int32_t* dst = staging_ != nullptr ? staging_ : static_cast<int32_t*>(device_.data());
   if (copy_pending_) {
@@ -48,9 +49,13 @@ void BatchIndices::upload(const int32_t* slots, const int32_t* rows, int B, cuda
     KDA_CUDA_CHECK(cudaEventSynchronize(copied_));
     copy_pending_ = false;
   }
-  std::fill_n(dst, 2 * capacity_, -1);
+  std::fill_n(dst, kRows * capacity_, -1);
   std::copy_n(slots, B, dst);
   std::copy_n(rows, B, dst + capacity_);
+  if (track_slots != nullptr && track_steps != nullptr) {
+    std::copy_n(track_slots, B, dst + 2 * capacity_);
+    std::copy_n(track_steps, B, dst + 3 * capacity_);
+  }
   if (staging_ == nullptr) {
     return;
   }

@@ -174,8 +174,26 @@ void KdaAttentionBackend::release_slot(int slot) {
                    "release_slot: slot {} belongs to request {} of the {}; commit() or "
                    "abort_round() first",
                    slot, it - batch_slots_.begin(), round_.describe());
+    const auto track = std::find(batch_tracks_.begin(), batch_tracks_.end(), slot);
+    KDA_CHECK_CODE(track == batch_tracks_.end(), ErrorCode::kLifecycle,
+                   "release_slot: slot {} is the track slot of request {} of the {}; finish the "
+                   "round or abort_round() first",
+                   slot, track - batch_tracks_.begin(), round_.describe());
   }
   pool_.release_slot(slot);
+}
+
+void KdaAttentionBackend::copy_slot(int src, int dst, cudaStream_t stream) {
+  KDA_CHECK_CODE(round_.kind() == RoundKind::kNone, ErrorCode::kLifecycle,
+                 "copy_slot: a round is in progress ({}); commit() or abort_round() first",
+                 round_.describe());
+  const int S = pool_.num_slots();
+  KDA_CHECK(src >= 0 && src < S && pool_.is_slot_allocated(src),
+            "copy_slot: src = {} is not an allocated slot in [0, {})", src, S);
+  KDA_CHECK(dst >= 0 && dst < S && pool_.is_slot_allocated(dst),
+            "copy_slot: dst = {} is not an allocated slot in [0, {})", dst, S);
+  KDA_CHECK(src != dst, "copy_slot: src and dst are both {} (distinct slots)", src);
+  pool_.copy_slot(src, dst, deferred_ ? SlotCopy::kStateAndPending : SlotCopy::kState, stream);
 }
 
 // ---- lifecycle ----
@@ -202,6 +220,7 @@ void KdaAttentionBackend::validate_batch(RoundKind kind, const BatchSpec& batch)
               "{}: BatchSpec.rows has {} entries, expected none (extend uses no scratch rows)",
               call, batch.rows.size());
   }
+
   for (int64_t n = 0; n < B; ++n) {
     const int32_t s = batch.slots[static_cast<size_t>(n)];
     KDA_CHECK(s >= -1 && s < S, "{}: slots[{}] = {} out of range [-1, {}) (-1 = padding row)", call,
@@ -229,43 +248,97 @@ void KdaAttentionBackend::validate_batch(RoundKind kind, const BatchSpec& batch)
   }
 }
 
+void KdaAttentionBackend::validate_tracks(const BatchSpec& batch, const ExtendTrack& track) const {
+  const size_t B = batch.slots.size();
+  if (track.slots.empty() && track.steps.empty()) {
+    return;
+  }
+  KDA_CHECK(track.slots.size() == B && track.steps.size() == B,
+            "prepare_extend: ExtendTrack.slots / steps have {} / {} entries for {} requests "
+            "(both B, or both empty = no tracks)",
+            track.slots.size(), track.steps.size(), B);
+  const int S = pool_.num_slots();
+  for (size_t n = 0; n < B; ++n) {
+    const int32_t k = track.steps[n], t = track.slots[n];
+    if (batch.slots[n] < 0 || k == -1) {
+      continue;
+    }
+    KDA_CHECK(k >= 0 && k < batch.T,
+              "prepare_extend: track.steps[{}] = {} out of range [-1, T = {}) (-1 = no track)", n,
+              k, batch.T);
+    KDA_CHECK(t >= 0 && t < S && pool_.is_slot_allocated(t),
+              "prepare_extend: track.slots[{}] = {} is not an allocated slot in [0, {})", n, t, S);
+    for (size_t m = 0; m < B; ++m) {
+      KDA_CHECK(batch.slots[m] != t,
+                "prepare_extend: track.slots[{}] = {} is also slots[{}] (a track slot is outside "
+                "the batch)",
+                n, t, m);
+      KDA_CHECK(m >= n || batch.slots[m] < 0 || track.steps[m] == -1 || track.slots[m] != t,
+                "prepare_extend: track.slots[{}] and track.slots[{}] are both {} (one track per "
+                "slot)",
+                m, n, t);
+    }
+  }
+}
+
 void KdaAttentionBackend::prepare_round(RoundKind kind, const BatchSpec& batch,
-                                        cudaStream_t stream) {
+                                        const ExtendTrack* track, cudaStream_t stream) {
   round_.check_can_prepare(kind == RoundKind::kVerify ? "prepare" : "prepare_extend");
   validate_batch(kind, batch);
+  if (track != nullptr) {
+    validate_tracks(batch, *track);
+  }
   const int B = static_cast<int>(batch.slots.size());
   // Scratch rows default to the batch position (a padding row's entry is never read).
   upload_rows_.clear();
   for (int n = 0; n < B; ++n) {
     upload_rows_.push_back(batch.rows.empty() ? n : batch.rows[static_cast<size_t>(n)]);
   }
-  indices_.upload(batch.slots.data(), upload_rows_.data(), B, stream);
+  const bool tracks = track != nullptr && !track->slots.empty();
+  indices_.upload(batch.slots.data(), upload_rows_.data(), B, stream,
+                  tracks ? track->slots.data() : nullptr, tracks ? track->steps.data() : nullptr);
   batch_slots_.assign(batch.slots.begin(), batch.slots.end());
+  batch_tracks_.clear();
+  for (size_t n = 0; tracks && n < batch.slots.size(); ++n) {
+    if (batch.slots[n] >= 0 && track->steps[n] >= 0) {
+      batch_tracks_.push_back(track->slots[n]);
+    }
+  }
   batch_B_ = B;
   batch_T_ = batch.T;
   round_.on_prepared(kind);
 }
 
 void KdaAttentionBackend::prepare(const BatchSpec& batch, cudaStream_t stream) {
-  prepare_round(RoundKind::kVerify, batch, stream);
+  prepare_round(RoundKind::kVerify, batch, nullptr, stream);
 }
 
 void KdaAttentionBackend::prepare_extend(const BatchSpec& batch, cudaStream_t stream) {
+  prepare_extend(batch, ExtendTrack{}, stream);
+}
+
+void KdaAttentionBackend::prepare_extend(const BatchSpec& batch, const ExtendTrack& track,
+                                         cudaStream_t stream) {
   if (deferred_) {
     // Extend continues from the committed state: fold what is pending first (validated first,
     // so that a bad batch changes nothing). A prepared round that no layer ran is replaced.
+    // The track slots' own pending steps go too (their state is overwritten).
     validate_batch(RoundKind::kExtend, batch);
+    validate_tracks(batch, track);
     round_.check_can_prepare("prepare_extend");
     round_.abort();
     std::vector<int32_t> live;
-    for (const int32_t s : batch.slots) {
-      if (s >= 0) {
-        live.push_back(s);
+    for (size_t n = 0; n < batch.slots.size(); ++n) {
+      if (batch.slots[n] >= 0) {
+        live.push_back(batch.slots[n]);
+        if (!track.steps.empty() && track.steps[n] >= 0) {
+          live.push_back(track.slots[n]);
+        }
       }
     }
     materialize(live, stream);
   }
-  prepare_round(RoundKind::kExtend, batch, stream);
+  prepare_round(RoundKind::kExtend, batch, &track, stream);
 }
 
 void KdaAttentionBackend::check_layer_ready(RoundKind kind, int layer) const {
@@ -440,16 +513,38 @@ void KdaAttentionBackend::extend(int layer, const VerifyInputs& in, const Tensor
   e.v.qkv_act = nullptr;
   e.ssm_state_out = static_cast<float*>(pool_.ssm_state(layer).data());
   e.conv_state_out = static_cast<bf16_t*>(pool_.conv_state(layer).data());
+  if (!batch_tracks_.empty()) {
+    e.track_slots = indices_.track_slots_data();
+    e.track_steps = indices_.track_steps_data();
+  }
   kernels_->extend(e, stream);
   round_.on_layer_done(layer);
 }
 
 void KdaAttentionBackend::commit(const TensorView& accepted_lengths, cudaStream_t stream) {
+  enqueue_commit(accepted_lengths, nullptr, stream);
+}
+
+void KdaAttentionBackend::commit(const TensorView& accepted_lengths, const CommitTrack& track,
+                                 cudaStream_t stream) {
+  enqueue_commit(accepted_lengths, &track, stream);
+}
+
+void KdaAttentionBackend::enqueue_commit(const TensorView& accepted_lengths,
+                                         const CommitTrack* track, cudaStream_t stream) {
   round_.check_can_commit();
   try {
-    expect_tensor(accepted_lengths, "accepted_lengths", DType::kI32, device_, {batch_B_});
-    expect_contiguous(accepted_lengths, "accepted_lengths");
-    expect_aligned(accepted_lengths, "accepted_lengths", dtype_size(DType::kI32));
+    const std::pair<const TensorView*, const char*> views[] = {
+        {&accepted_lengths, "accepted_lengths"},
+        {track != nullptr ? &track->slots : nullptr, "track.slots"},
+        {track != nullptr ? &track->steps : nullptr, "track.steps"}};
+    for (const auto& [view, name] : views) {
+      if (view != nullptr) {
+        expect_tensor(*view, name, DType::kI32, device_, {batch_B_});
+        expect_contiguous(*view, name);
+        expect_aligned(*view, name, dtype_size(DType::kI32));
+      }
+    }
   } catch (const Error& e) {
     KDA_THROW(e.code(), "commit: {}", e.message());
   }
@@ -457,6 +552,10 @@ void KdaAttentionBackend::commit(const TensorView& accepted_lengths, cudaStream_
   c.B = batch_B_;
   c.T = batch_T_;
   c.accepted = static_cast<const int32_t*>(accepted_lengths.data());
+  if (track != nullptr) {
+    c.track_slots = static_cast<const int32_t*>(track->slots.data());
+    c.track_steps = static_cast<const int32_t*>(track->steps.data());
+  }
   kernels_->commit(c, stream);
   round_.on_committed();
 }
@@ -605,9 +704,17 @@ void KdaAttentionBackend::check_device_errors(cudaStream_t stream) {
     const int32_t zero = 0;
     error_flag_.upload(&zero, sizeof(zero));
   }
-  KDA_THROW(ErrorCode::kInvalidArgument,
-            "commit: an accepted length outside [1, T] was passed; the affected requests were "
-            "skipped and keep their previous committed state");
+  const bool bad_length = (flag & kBadAcceptedLength) != 0;
+  const bool bad_track = (flag & kBadTrack) != 0;
+  KDA_THROW(ErrorCode::kInvalidArgument, "commit: {}{}{}",
+            bad_length ? "an accepted length outside [1, T] was passed; the affected requests "
+                         "were skipped and keep their previous committed state"
+                       : "",
+            bad_length && bad_track ? "; " : "",
+            bad_track ? "a track step at or beyond its accepted length, or a track slot out of "
+                        "range, in the batch or claimed twice, was passed; those tracks were not "
+                        "written"
+                      : "");
 }
 
 }  // namespace kda

@@ -73,6 +73,26 @@ struct BatchSpec {
   std::vector<int32_t> rows;
 };
 
+/// An extend round's prefix-cache tracks (contract §9), on the host, B entries each: request n
+/// with steps[n] = k in [0, T) also writes the state and conv state after its prompt token k
+/// to slot slots[n] (allocated, outside the batch, one track per slot), in the same pass;
+/// -1 = no track. A verify round's tracks go to commit() (CommitTrack).
+struct ExtendTrack {
+  std::vector<int32_t> slots;
+  std::vector<int32_t> steps;
+};
+
+/// A commit's prefix-cache tracks (contract §9): [B] int32 views on the backend's device,
+/// contiguous, read on the device. Request i with steps[i] = k >= 0 gets the state and conv
+/// state after its accepted step k (0-based: k = 0 is the state after the first accepted
+/// token) written to slot slots[i] of every layer; -1 = no track. k must be below the accepted
+/// length and slots[i] must be an allocated slot outside the batch, tracked by no other
+/// request; otherwise nothing is written for it and check_device_errors reports it.
+struct CommitTrack {
+  TensorView slots;
+  TensorView steps;
+};
+
 /// One layer's activations for verify/extend; N = B*T rows, token t of request n at n*T + t.
 struct VerifyInputs {
   TensorView mixed_qkv;  ///< [N, D] bf16, channels q|k|v, inner dim contiguous, row stride >= D
@@ -124,6 +144,15 @@ class KdaAttentionBackend {
   /// batch of a round in progress (commit or abort_round first).
   void release_slot(int slot);
 
+  /// Prefix caching (contract §9): dst's committed conv and SSM state of every layer become
+  /// src's, bitwise, so that dst run forward equals src run forward. With the deferred commit,
+  /// src's pending steps travel with their ring records, cursor and counts (no fold: dst's
+  /// next verify or materialize folds them as src's would; dst's own pending steps are
+  /// dropped); materialize(dst) before reading dst's ssm_state views. Enqueue-only on `stream`
+  /// (memory copies), capturable. kInvalidArgument: src or dst not an allocated slot, or the
+  /// same; kLifecycle: a round is prepared or in progress. Nothing changes on error.
+  void copy_slot(int src, int dst, cudaStream_t stream);
+
   // ---- lifecycle ----
   /// Starts a verify round for `batch` (B = batch.slots.size() <= R, 1 <= T <= T_max, slots
   /// in [-1, S) allocated and distinct, rows distinct in [0, R)) and uploads the indices on
@@ -132,6 +161,9 @@ class KdaAttentionBackend {
   /// Starts an extend (prefill) round: B <= R requests of batch.T >= 1 tokens each (T may
   /// exceed T_max: extend needs no scratch); rows must be empty.
   void prepare_extend(const BatchSpec& batch, cudaStream_t stream);
+  /// The same, with prefix-cache tracks (ExtendTrack, validated here: kInvalidArgument names
+  /// the entry). With the deferred commit the track slots' pending steps are dropped.
+  void prepare_extend(const BatchSpec& batch, const ExtendTrack& track, cudaStream_t stream);
 
   /// Verifies layer `layer` of the prepared batch: writes out [N, HV, V] bf16 (packed; padding
   /// rows zeroed), the conv windows and the snapshots or rings; never writes the committed
@@ -149,6 +181,13 @@ class KdaAttentionBackend {
   /// fold), and until then the pool's ssm_state of the slot is the state before them
   /// (materialize() folds them without a verify).
   void commit(const TensorView& accepted_lengths, cudaStream_t stream);
+  /// The same, and the prefix-cache tracks (CommitTrack): once the commit's work has run on
+  /// `stream`, every valid track slot holds its state in the pool's views (materialized, also
+  /// with the deferred commit: there the commit folds steps 0..k of the tracked requests
+  /// straight into their track slots, which costs one state read and write per tracked
+  /// request; the request's own slot stays deferred). Eager ring mode writes the track from
+  /// inside the fold, snapshot mode copies snapshot k. Graph-capturable.
+  void commit(const TensorView& accepted_lengths, const CommitTrack& track, cudaStream_t stream);
 
   /// Runs the prepared extend round on layer `layer`: out [N, HV, V] bf16 for N = B*T prompt
   /// tokens, and the state after the last token is committed in place. Each layer once;
@@ -188,11 +227,12 @@ class KdaAttentionBackend {
 
   /// Reads the commit error flag (synchronises `stream`; not for the hot path). Throws
   /// kInvalidArgument if a commit since the last check saw an accepted length outside
-  /// [1, T], and clears the flag.
+  /// [1, T] or an invalid track (CommitTrack), and clears the flag.
   void check_device_errors(cudaStream_t stream);
 
  private:
-  void prepare_round(RoundKind kind, const BatchSpec& batch, cudaStream_t stream);
+  void prepare_round(RoundKind kind, const BatchSpec& batch, const ExtendTrack* track,
+                     cudaStream_t stream);
   void validate_batch(RoundKind kind, const BatchSpec& batch) const;
   void check_layer_ready(RoundKind kind, int layer) const;
   void validate_activations(const char* call, int layer, const VerifyInputs& in,
@@ -201,6 +241,9 @@ class KdaAttentionBackend {
   DispatchProblem make_dispatch_problem(int layer, const VerifyInputs& in) const;
   void record_decision(int layer, const DispatchDecision& d);
   CommitParams make_commit_params(CommitKind kind) const;
+  void enqueue_commit(const TensorView& accepted_lengths, const CommitTrack* track,
+                      cudaStream_t stream);
+  void validate_tracks(const BatchSpec& batch, const ExtendTrack& track) const;
 
   ModelConfig model_;
   EngineFlags flags_;
@@ -217,8 +260,9 @@ class KdaAttentionBackend {
   // so it folds the layer's pending steps; abort_round drops those layers' counts only.
   std::vector<uint8_t> verify_ran_;
   int batch_B_ = 0, batch_T_ = 0;
-  std::vector<int32_t> batch_slots_;  // host copy of the prepared slots (capacity R)
-  std::vector<int32_t> upload_rows_;  // prepare's scratch for the resolved rows (capacity R)
+  std::vector<int32_t> batch_slots_;   // host copy of the prepared slots (capacity R)
+  std::vector<int32_t> batch_tracks_;  // an extend round's track slots (release_slot checks)
+  std::vector<int32_t> upload_rows_;   // prepare's scratch for the resolved rows (capacity R)
 
   int64_t fused_calls_ = 0, unfused_calls_ = 0;
   std::vector<std::optional<DispatchDecision>> last_decision_;

@@ -8,6 +8,7 @@
 #include "kernels/kda_kernels.h"
 
 #include "core/cuda_check.h"
+#include "kernels/commit_track.h"
 #include "kernels/fast_divisor.h"
 #include "kernels/launch_pdl.cuh"
 #include "kernels/launch_utils.h"
@@ -17,6 +18,15 @@
 namespace kda::kernels {
 
 namespace {
+
+/// What a fold item replays and where its state goes (compile-time: the plain commit has no
+/// track code).
+enum class FoldRole {
+  kCommit,         ///< eager: accepted steps from ring position 0, state back to the slot
+  kCommitTracked,  ///< the same, and the state after the track step to the track slot
+  kMaterialize,    ///< the slot's pending steps from position c - n, state back to the slot
+  kTrackOnly,      ///< deferred commit's track: steps 0..k from position c, to the track slot
+};
 
 /// Where a fold item's state tile comes from: global memory (fold_kernel, FoldGlobalSource) or
 /// the streaming kernel's stage (fold_stream_kernel, FoldStagedSource: one chunk, T <= kChunk).
@@ -30,7 +40,7 @@ __device__ __forceinline__ int accepted_or_flag(const CommitParams& p, int n, bo
   const int acc = p.accepted[n];
   if (acc < 1 || acc > p.T) {
     if (reporter && p.error_flag != nullptr) {
-      atomicExch(p.error_flag, 1);
+      atomicOr(p.error_flag, kBadAcceptedLength);
     }
     return 0;
   }
@@ -109,10 +119,10 @@ struct FoldRing {
     v_pitch = p.V;
     mask = p.L - 1;
   }
-  /// Ring position of step t (kPending: from `first`, wrapping; eager: t itself).
-  template <bool kPending>
+  /// Ring position of step t (kWraps: from `first`, wrapping; eager: t itself).
+  template <bool kWraps>
   __device__ __forceinline__ int64_t pos(int t) const {
-    return kPending ? (first + t) & mask : t;
+    return kWraps ? (first + t) & mask : t;
   }
 };
 
@@ -130,13 +140,18 @@ struct FoldCoords {
   int tile, n, layer, hv, h;
 };
 
-/// One fold work item: (V tile, request n, layer, v-head). run() replays the accepted ring
-/// steps onto the state tile and stores it back. The source `Src` hands over the ring records
+/// Whether a fold role reads its records from a cursor (wrapping ring positions).
+KDA_HD constexpr bool role_wraps(FoldRole r) {
+  return r == FoldRole::kMaterialize || r == FoldRole::kTrackOnly;
+}
+
+/// One fold work item: (V tile, request n, layer, v-head). run() replays the item's ring
+/// steps (FoldRole) onto the state tile and stores it. The source `Src` hands over the ring records
 /// and the state tile: FoldGlobalSource (global memory, one CTA per item, the state loaded
 /// before the ring records) or FoldStagedSource (persistent streaming CTAs: the state and
 /// rawk / g / rawv from a shared-memory stage filled during the previous item, the state copied
 /// to registers after the prologue). Both give the same values to the same arithmetic.
-template <int K, bool kPending = false>
+template <int K, FoldRole kRole = FoldRole::kCommit>
 struct FoldItem {
   using Cfg = TileConfig<K, kFoldBlockV>;
   using Slice = typename Cfg::Slice;
@@ -170,23 +185,41 @@ struct FoldItem {
     if (slot < 0) {
       return false;
     }
-    // Eager: the accepted steps, from ring position c = 0. kPending (materialize): the slot's
-    // pending steps of this layer, from position c - n.
+    // Eager: the accepted steps, from ring position c = 0. kMaterialize: the slot's pending
+    // steps of this layer, from position c - n. kTrackOnly: the track's steps 0..k from c
+    // (the deferred commit has not moved the cursor yet). The track's validity is reported by
+    // commit_track_kernel.
     int steps = 0;
-    if constexpr (kPending) {
+    int track_k = kNoTrack;
+    if constexpr (kRole == FoldRole::kMaterialize) {
       steps = p.ring_pending[layer * p.ring_pending_layer_stride + slot];
+    } else if constexpr (kRole == FoldRole::kTrackOnly) {
+      steps = track_step_of(p, n) + 1;  // kNoTrack / kInvalidTrack: <= 0
     } else {
       steps = accepted_or_flag(p, n, tile == 0 && hv == 0 && layer == 0 && tid == 0);
+      if constexpr (kRole == FoldRole::kCommitTracked) {
+        track_k = steps > 0 ? track_step_of(p, n) : kNoTrack;
+      }
     }
-    if (kPending ? steps <= 0 : steps == 0) {
+    if (steps <= 0) {
       return false;
     }
     FoldRing ring(p, layer, slot, h, hv);
-    if constexpr (kPending) {
+    if constexpr (kRole == FoldRole::kMaterialize) {
       ring.first = p.ring_cursor[slot] - steps;
+    } else if constexpr (kRole == FoldRole::kTrackOnly) {
+      ring.first = p.ring_cursor[slot];
     }
-    float* s_base = p.ssm_state + layer * p.ssm_layer_stride + slot * p.ssm_slot_stride +
-                    static_cast<int64_t>(hv) * p.V * K;
+    const int64_t head = layer * p.ssm_layer_stride + static_cast<int64_t>(hv) * p.V * K;
+    float* s_base = p.ssm_state + head + slot * p.ssm_slot_stride;
+    // kTrackOnly stores its result (the state after step k) to the track slot; the tracked
+    // eager fold stores the state after step track_k there as it passes it.
+    float* track_base = nullptr;
+    if constexpr (kRole == FoldRole::kTrackOnly || kRole == FoldRole::kCommitTracked) {
+      if (kRole == FoldRole::kTrackOnly || track_k >= 0) {
+        track_base = p.ssm_state + head + p.track_slots[n] * p.ssm_slot_stride;
+      }
+    }
 
     ColRegs<Slice> S[CPT];
     bool col_ok[CPT];
@@ -251,6 +284,11 @@ struct FoldItem {
           vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
         }
         delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
+        if constexpr (kRole == FoldRole::kCommitTracked) {
+          if (t0 + tt == track_k) {
+            store_columns(track_base, S, col_ok, col0);
+          }
+        }
       }
       if constexpr (Src::kSchedule != FoldSchedule::kStream) {
         __syncthreads();  // the next chunk (or item) overwrites shared memory
@@ -261,36 +299,42 @@ struct FoldItem {
       // item's steps (the last reader of that buffer). Fast warps start the next item's
       // prologue while slow ones finish their steps.
     }
+    store_columns(kRole == FoldRole::kTrackOnly ? track_base : s_base, S, col_ok, col0);
+    return true;
+  }
+
+  /// The thread's state columns to the head's [V][K] tile at `base`.
+  __device__ __forceinline__ void store_columns(float* base, const ColRegs<Slice> (&S)[CPT],
+                                                const bool (&col_ok)[CPT], int col0) const {
 #pragma unroll
     for (int j = 0; j < CPT; ++j) {
       if (col_ok[j]) {
-        store_column<Slice>(s_base + static_cast<int64_t>(col0 + j) * K, S[j], c);
+        store_column<Slice>(base + static_cast<int64_t>(col0 + j) * K, S[j], c);
       }
     }
-    return true;
   }
 };
 
 /// Ring records and the state tile straight from global memory (`col` counts from the
 /// tile's first column).
-/// kPending: step t at ring position (first + t) mod L (FoldRing::pos).
-template <typename Slice, bool kPending = false>
+/// kWraps: step t at ring position (first + t) mod L (FoldRing::pos).
+template <typename Slice, bool kWraps = false>
 struct FoldGlobalSource {
   static constexpr FoldSchedule kSchedule = FoldSchedule::kPerItem;
   int c;  // lane within the column's P lanes
   int v0;
   __device__ __forceinline__ void wait_records() const {}
   __device__ __forceinline__ float rawk(const FoldRing& r, int t, int, int k) const {
-    return ld_bf16(r.rawk + r.pos<kPending>(t) * Slice::K + k);
+    return ld_bf16(r.rawk + r.pos<kWraps>(t) * Slice::K + k);
   }
   __device__ __forceinline__ float g(const FoldRing& r, int t, int, int k) const {
-    return r.g[r.pos<kPending>(t) * Slice::K + k];
+    return r.g[r.pos<kWraps>(t) * Slice::K + k];
   }
   __device__ __forceinline__ float rawv(const FoldRing& r, int t, int, int v0_, int j) const {
-    return ld_bf16(r.rawv + r.pos<kPending>(t) * r.v_pitch + v0_ + j);
+    return ld_bf16(r.rawv + r.pos<kWraps>(t) * r.v_pitch + v0_ + j);
   }
   __device__ __forceinline__ float beta(const FoldRing& r, int t, int) const {
-    return r.beta[r.pos<kPending>(t)];
+    return r.beta[r.pos<kWraps>(t)];
   }
   __device__ __forceinline__ void load_state(ColRegs<Slice> (&S)[Slice::CPT],
                                              const bool (&ok)[Slice::CPT], const float* head,
@@ -301,11 +345,11 @@ struct FoldGlobalSource {
 
 /// grid (ceil(V/128), B, layers*HV): one CTA per item. With `with_conv` the CTAs of request n
 /// in a layer also share its conv commit (one launch for the whole commit).
-template <int K, bool kPending = false>
+template <int K, FoldRole kRole = FoldRole::kCommit>
 __global__ void __launch_bounds__(256, 2)
     fold_kernel(const __grid_constant__ CommitParams p, const __grid_constant__ FoldDivisors div,
                 bool with_conv) {
-  using Item = FoldItem<K, kPending>;
+  using Item = FoldItem<K, kRole>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
   pdl_wait();
   pdl_launch_dependents();
@@ -318,8 +362,8 @@ __global__ void __launch_bounds__(256, 2)
   }
   Item item(p, {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(layer),
                 static_cast<int>(hv), static_cast<int>(div.group.div(hv))});
-  (void)item.run(sm,
-                 FoldGlobalSource<typename Item::Slice, kPending>{item.c, item.tile * kFoldBlockV});
+  (void)item.run(sm, FoldGlobalSource<typename Item::Slice, role_wraps(kRole)>{
+                         item.c, item.tile * kFoldBlockV});
 }
 
 /// The fold's stage: the state tile (kFoldBlockV x K f32), then the item's ring records for
@@ -474,11 +518,13 @@ struct FoldStagedSource {
 /// every CTA copies its part of the conv commit after its fold items (conv_shares per (layer,
 /// request), handed out round-robin; after the items, since before them it proved slower at
 /// large B).
-template <int K>
+template <int K, FoldRole kRole = FoldRole::kCommit>
 __global__ void __launch_bounds__(256, 2)
     fold_stream_kernel(const __grid_constant__ CommitParams p,
                        const __grid_constant__ FoldDivisors div, int conv_shares) {
-  using Item = FoldItem<K>;
+  static_assert(kRole == FoldRole::kCommit || kRole == FoldRole::kCommitTracked,
+                "the streaming fold folds accepted steps from ring position 0");
+  using Item = FoldItem<K, kRole>;
   using Items = FoldStreamItems<K>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm[2];  // alternate per live item
   __shared__ uint64_t bar;
@@ -527,6 +573,51 @@ __global__ void __launch_bounds__(kCopyThreads)
   copy_share(dst, src, per_step / 4, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
   if (with_conv) {
     commit_conv_share<8>(p, layer, n, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+  }
+}
+
+/// grid (chunks, B, layers): request n's valid track k (commit_track.h) in `layer`:
+/// conv_state[track] <- conv_window[row][k]; snapshot mode also state[track] <- snapshots[row][k];
+/// with pending counts (deferred commit) ring_pending[layer][track] <- 0. Reports invalid
+/// tracks (kBadTrack). Ring mode's track state comes from the fold (FoldRole).
+__global__ void __launch_bounds__(kCopyThreads)
+    commit_track_kernel(const __grid_constant__ CommitParams p, bool vec8) {
+  const int n = blockIdx.y;
+  const int layer = blockIdx.z;
+  const int part = blockIdx.x;
+  const int parts = gridDim.x;
+  pdl_wait();
+  pdl_launch_dependents();
+  const int k = track_step_of(p, n);
+  if (k == kInvalidTrack && part == 0 && layer == 0 && threadIdx.x == 0 && p.error_flag) {
+    atomicOr(p.error_flag, kBadTrack);
+  }
+  if (k < 0) {
+    return;
+  }
+  const int track = p.track_slots[n];
+  const int64_t row = p.rows[n];
+  const int64_t per_step = 3 * static_cast<int64_t>(qkv_dim(p));
+  const bf16_t* window = p.conv_window + layer * p.conv_window_layer_stride +
+                         row * p.conv_window_row_stride + k * per_step;
+  bf16_t* conv =
+      p.conv_state + layer * p.conv_state_layer_stride + track * p.conv_state_slot_stride;
+  if (vec8) {
+    copy_share(reinterpret_cast<uint4*>(conv), reinterpret_cast<const uint4*>(window), per_step / 8,
+               part, parts);
+  } else {
+    copy_share(conv, window, per_step, part, parts);
+  }
+  if (p.mode == RecordMode::kSnapshot) {
+    const int64_t state = static_cast<int64_t>(p.HV) * p.V * p.K;
+    copy_share(reinterpret_cast<float4*>(p.ssm_state + layer * p.ssm_layer_stride +
+                                         track * p.ssm_slot_stride),
+               reinterpret_cast<const float4*>(p.snapshots + layer * p.snapshot_layer_stride +
+                                               row * p.snapshot_row_stride + k * state),
+               state / 4, part, parts);
+  }
+  if (p.ring_pending != nullptr && part == 0 && threadIdx.x == 0) {
+    p.ring_pending[layer * p.ring_pending_layer_stride + track] = 0;
   }
 }
 
@@ -612,12 +703,12 @@ bool conv_commit_vec8(const CommitParams& p) {
          is_aligned(p.conv_state, 16);
 }
 
-template <int K>
-void launch_fold(const CommitParams& p, cudaStream_t stream, bool with_conv) {
+template <int K, FoldRole kRole>
+void launch_fold_as(const CommitParams& p, cudaStream_t stream, bool with_conv) {
   const int64_t tiles = ceil_div(p.V, kFoldBlockV);
   const bool streamable = fold_stream_layout_ok(p);
   const size_t stage_bytes = FoldStage<K>::kBytes;
-  const int grid = state_stream_grid(reinterpret_cast<const void*>(fold_stream_kernel<K>),
+  const int grid = state_stream_grid(reinterpret_cast<const void*>(fold_stream_kernel<K, kRole>),
                                      kCopyThreads, stage_bytes, tiles * p.B * p.num_layers * p.HV,
                                      streamable, StreamFrom::kBeyondOneWave);
   const FoldDivisors div{
@@ -630,14 +721,23 @@ void launch_fold(const CommitParams& p, cudaStream_t stream, bool with_conv) {
     const int64_t fill = ceil_div(grid, static_cast<int64_t>(p.num_layers) * p.B);
     const int64_t most = ceil_div(vecs, kCopyThreads);
     const int conv_shares = with_conv ? static_cast<int>(fill < most ? fill : most) : 0;
-    launch_pdl(fold_stream_kernel<K>, dim3(static_cast<unsigned>(grid)), dim3(kCopyThreads),
+    launch_pdl(fold_stream_kernel<K, kRole>, dim3(static_cast<unsigned>(grid)), dim3(kCopyThreads),
                stage_bytes, stream, pdl_enabled(), p, div, conv_shares);
     return;
   }
   const dim3 grid3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.B),
                    static_cast<unsigned>(p.num_layers * p.HV));
-  launch_pdl(fold_kernel<K>, grid3, dim3(kCopyThreads), 0, stream, pdl_enabled(), p, div,
+  launch_pdl(fold_kernel<K, kRole>, grid3, dim3(kCopyThreads), 0, stream, pdl_enabled(), p, div,
              with_conv);
+}
+
+template <int K>
+void launch_fold(const CommitParams& p, cudaStream_t stream, bool with_conv) {
+  if (p.track_slots != nullptr) {
+    launch_fold_as<K, FoldRole::kCommitTracked>(p, stream, with_conv);
+  } else {
+    launch_fold_as<K, FoldRole::kCommit>(p, stream, with_conv);
+  }
 }
 template void launch_fold<64>(const CommitParams&, cudaStream_t, bool);
 template void launch_fold<128>(const CommitParams&, cudaStream_t, bool);
@@ -652,12 +752,36 @@ void launch_materialize(const CommitParams& p, cudaStream_t stream) {
       FastDivisor(static_cast<uint32_t>(p.HV)), FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
   const dim3 grid3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.B),
                    static_cast<unsigned>(p.num_layers * p.HV));
-  launch_pdl(fold_kernel<K, true>, grid3, dim3(kCopyThreads), 0, stream, pdl_enabled(), p, div,
-             false);
+  launch_pdl(fold_kernel<K, FoldRole::kMaterialize>, grid3, dim3(kCopyThreads), 0, stream,
+             pdl_enabled(), p, div, false);
   launch_drop_pending(p, stream);
 }
 template void launch_materialize<64>(const CommitParams&, cudaStream_t);
 template void launch_materialize<128>(const CommitParams&, cudaStream_t);
+
+template <int K>
+void launch_fold_tracks_deferred(const CommitParams& p, cudaStream_t stream) {
+  // One CTA per item; the items of untracked requests return at once (tracks are few).
+  const int64_t tiles = ceil_div(p.V, kFoldBlockV);
+  const FoldDivisors div{
+      FastDivisor(static_cast<uint32_t>(tiles)), FastDivisor(static_cast<uint32_t>(p.B)),
+      FastDivisor(static_cast<uint32_t>(p.HV)), FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
+  const dim3 grid3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.B),
+                   static_cast<unsigned>(p.num_layers * p.HV));
+  launch_pdl(fold_kernel<K, FoldRole::kTrackOnly>, grid3, dim3(kCopyThreads), 0, stream,
+             pdl_enabled(), p, div, false);
+}
+template void launch_fold_tracks_deferred<64>(const CommitParams&, cudaStream_t);
+template void launch_fold_tracks_deferred<128>(const CommitParams&, cudaStream_t);
+
+void launch_commit_track(const CommitParams& p, cudaStream_t stream) {
+  const int64_t vecs = p.mode == RecordMode::kSnapshot ? static_cast<int64_t>(p.HV) * p.V * p.K / 4
+                                                       : 3 * static_cast<int64_t>(qkv_dim(p)) / 8;
+  const dim3 grid(copy_chunks(vecs, static_cast<int64_t>(p.B) * p.num_layers),
+                  static_cast<unsigned>(p.B), static_cast<unsigned>(p.num_layers));
+  launch_pdl(commit_track_kernel, grid, dim3(kCopyThreads), 0, stream, pdl_enabled(), p,
+             conv_commit_vec8(p));
+}
 
 void launch_drop_pending(const CommitParams& p, cudaStream_t stream) {
   launch(drop_pending_kernel, dim3(static_cast<unsigned>(ceil_div(p.B, kCopyThreads))), p, stream);

@@ -13,10 +13,14 @@
 //   kernel copies the conv windows too (a separate conv launch costs a launch per round).
 // Deferred commit (contract §7, CommitKind): kDeferred runs commit_conv_kernel alone, which
 //   also records each request's pending count and advances its slot's ring cursor;
-//   kMaterialize folds every slot's pending steps (fold_kernel<K, true>: records at ring
+//   kMaterialize folds every slot's pending steps (FoldRole::kMaterialize: records at ring
 //   positions (c - n + j) mod L) and then zeroes the counts (drop_pending_kernel), which
 //   kDropPending runs alone.
-// slot < 0: skipped. n outside [1, T]: skipped, *error_flag = 1.
+// Tracks (prefix caching, contract §9, commit_track.h): the eager fold stores the state after
+//   the track step into the track slot as it passes it (FoldRole::kCommitTracked); a deferred
+//   commit folds steps 0..k into the track slot (kTrackOnly); commit_track_kernel copies the
+//   track's conv window (and snapshot mode's track state) and zeroes its pending counts.
+// slot < 0: skipped. n outside [1, T]: skipped, kBadAcceptedLength into *error_flag.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -38,6 +42,17 @@ template <int K>
 void launch_materialize(const CommitParams& p, cudaStream_t stream);
 extern template void launch_materialize<64>(const CommitParams&, cudaStream_t);
 extern template void launch_materialize<128>(const CommitParams&, cudaStream_t);
+
+/// kDeferred with tracks: each valid track's steps 0..k folded from the slot's state into the
+/// track slot (fold_kernel, FoldRole::kTrackOnly). Before the cursor moves.
+template <int K>
+void launch_fold_tracks_deferred(const CommitParams& p, cudaStream_t stream);
+extern template void launch_fold_tracks_deferred<64>(const CommitParams&, cudaStream_t);
+extern template void launch_fold_tracks_deferred<128>(const CommitParams&, cudaStream_t);
+
+/// Tracks (commit_track_kernel): the track's conv window, snapshot mode's track state, the
+/// track slot's pending counts zeroed; reports invalid tracks.
+void launch_commit_track(const CommitParams& p, cudaStream_t stream);
 
 void launch_commit_snapshot(const CommitParams& p, cudaStream_t stream, bool with_conv);
 void launch_commit_conv(const CommitParams& p, cudaStream_t stream);

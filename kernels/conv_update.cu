@@ -83,6 +83,18 @@ __global__ void __launch_bounds__(kConvThreads)
   }
   const bf16_t* old = p.conv_state + slot * p.conv_state_slot_stride;
   bf16_t* dst = e.conv_state_out + slot * p.conv_state_slot_stride;
+  // The prefix-cache track (contract §9): the window after prompt token k, to the track slot.
+  const int track_k = e.track_steps != nullptr ? e.track_steps[n] : -1;
+  if (track_k >= 0) {
+    bf16_t* track = e.conv_state_out + e.track_slots[n] * p.conv_state_slot_stride;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      const int tau = track_k - 2 + j;
+      track[j * D + ch] =
+          tau >= 0 ? p.mixed_qkv[(static_cast<int64_t>(n) * p.T + tau) * p.mixed_qkv_stride + ch]
+                   : old[(3 + tau) * D + ch];
+    }
+  }
   bf16_t next[3];
 #pragma unroll
   for (int j = 0; j < 3; ++j) {

@@ -6,7 +6,8 @@
 //   conv_state, never writes it.
 // conv_state_roll_kernel (extend, after the recurrence): conv_state_out[slot][j][ch] = last
 //   W-1 raw inputs of concat(conv_state[slot], x[0:T]); each thread owns one (slot, ch), so
-//   the in-place update reads everything before it writes.
+//   the in-place update reads everything before it writes. A track (ExtendParams) also gets
+//   the window after its prompt token k in conv_state_out[track slot].
 // slot < 0: nothing read or written.
 #pragma once
 

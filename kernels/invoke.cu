@@ -184,7 +184,9 @@ void invoke_extend(const ExtendParams& e, cudaStream_t stream) {
   check_cuda_layout(e.v, "invoke_extend", params::kConv | params::kRecurrence | params::kOut);
   KDA_CHECK(is_aligned(e.ssm_state_out, 16),
             "invoke_extend: ssm_state_out must be 16-byte aligned");
-  const TileArgs args{e.v, e.ssm_state_out, 1, {}};  // divisors: set by launch_verify_tile
+  TileArgs args{e.v, e.ssm_state_out, 1, {}};  // divisors: set by launch_verify_tile
+  args.track_slots = e.track_slots;
+  args.track_steps = e.track_steps;
   constexpr int kExtendBlockV = 32;
   dispatch_weight(e.v.conv_weight_type, [&](auto w) {
     using W = decltype(w);
@@ -239,7 +241,12 @@ void invoke_commit(const CommitParams& p, cudaStream_t stream) {
     case CommitKind::kEager:
       break;
     case CommitKind::kDeferred:  // no state pass: the conv commit records the pending counts
-      check_commit_launch(p, "invoke_commit", params::kConvCommit);
+      check_commit_launch(p, "invoke_commit",
+                          params::kConvCommit | (p.track_slots != nullptr ? params::kFold : 0u));
+      if (p.track_slots != nullptr) {  // the tracks read the cursor before the commit moves it
+        KDA_DISPATCH_K(p.K, K, { launch_fold_tracks_deferred<K>(p, stream); })
+        launch_commit_track(p, stream);
+      }
       launch_commit_conv(p, stream);
       return;
     case CommitKind::kMaterialize:
@@ -264,6 +271,9 @@ void invoke_commit(const CommitParams& p, cudaStream_t stream) {
   }
   if (!one_launch) {
     launch_commit_conv(p, stream);
+  }
+  if (p.track_slots != nullptr) {
+    launch_commit_track(p, stream);
   }
 }
 

@@ -23,6 +23,10 @@ struct TileArgs {
   float* ssm_out;    ///< extend only: [S, HV, V, K] final state
   int32_t extend;    ///< 1: extend (no records, final state to ssm_out); 0: verify
   ItemDivisors div;  ///< callers leave it default: launch_verify_tile sets it
+  /// Extend only: ExtendParams' prefix-cache tracks (null: none): request n with
+  /// track_steps[n] = k >= 0 stores its state after token k to ssm_out[track_slots[n]].
+  const int32_t* track_slots = nullptr;
+  const int32_t* track_steps = nullptr;
 };
 
 /// Where a work item sits: request n, v-head hv (of k-head h), V tile.

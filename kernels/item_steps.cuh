@@ -204,10 +204,12 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
   /// Step 4 in the per-item kernels: one step after the other (latency-bound at small B, where
   /// the split form's extra shared loads proved slower). The wide form runs the
   /// ring-mode steps in groups of kStepGroup with their outputs stored after the group.
+  /// track_t >= 0 (extend's track): the state after step track_t is stored to track_dst.
   template <typename Src>
   __device__ __forceinline__ void steps_per_item(const TileSmem<Cfg>& sm, ColRegs<Slice> (&S)[CPT],
                                                  const bool (&col_ok)[CPT], bool holds_tile, int T,
-                                                 int64_t row, bool snap, int t0, int tc) const {
+                                                 int64_t row, bool snap, int t0, int tc,
+                                                 int track_t, float* track_dst) const {
     constexpr int kStepGroup = kWide ? 4 : 1;
     const uint32_t out_item = (static_cast<uint32_t>(n) * T * p.HV + hv) * p.V + col0;
     const uint32_t out_token = static_cast<uint32_t>(p.HV) * p.V;
@@ -222,8 +224,9 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
       // Whole groups with their outputs stored after the group: no store (behind its
       // branch) then separates step tt's output dot from step tt + 1's decay and key dot,
       // which do not depend on it, and the scheduler overlaps them.
-      // Snapshot mode stores the state after every step, so it keeps the plain loop.
-      if (!snap) {
+      // Snapshot mode stores the state after every step, and a track one, so they keep the
+      // plain loop.
+      if (!snap && track_t < 0) {
         for (; tt + kStepGroup <= tc; tt += kStepGroup) {
           float o[kStepGroup][CPT];
 #pragma unroll
@@ -242,6 +245,14 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
       step(tt, o);
       store_outputs<Src>(t0 + tt, o, col_ok, T, out_item, out_token);
       store_snapshot<Src>(t0 + tt, S, col_ok, row, snap);
+      if (t0 + tt == track_t) {
+#pragma unroll
+        for (int j = 0; j < CPT; ++j) {
+          if (col_ok[j]) {
+            store_column<Slice>(track_dst + static_cast<int64_t>(col0 + j) * K, S[j], c);
+          }
+        }
+      }
     }
   }
 };

@@ -122,6 +122,13 @@ struct ExtendParams {
   VerifyParams v;
   float* ssm_state_out = nullptr;    ///< [S, HV, V, K], same strides as v.ssm_state
   bf16_t* conv_state_out = nullptr;  ///< [S, W-1, D], same strides as v.conv_state
+  /// Prefix-cache track (contract §9; both null: none). Request n with track_steps[n] = k >= 0
+  /// also writes the SSM state and conv state after its prompt token k (0 <= k < T) to slot
+  /// track_slots[n] of ssm_state_out / conv_state_out, in the same pass; -1 = no track. The
+  /// caller guarantees (the backend validates on the host) that track slots are allocated,
+  /// distinct and outside the batch.
+  const int32_t* track_slots = nullptr;  ///< [B]
+  const int32_t* track_steps = nullptr;  ///< [B]
 };
 
 /// What a commit does with the SSM state (contract §1, §7).
@@ -142,11 +149,28 @@ enum class CommitKind : uint8_t {
   kDropPending,
 };
 
+/// Bits of CommitParams::error_flag (or-ed in; the backend reads and clears them).
+enum CommitError : int32_t {
+  kBadAcceptedLength = 1,  ///< an accepted length outside [1, T]: the request was skipped
+  kBadTrack = 2,           ///< a track step >= the accepted length, or a bad track slot
+};
+
 /// Commit of all layers after sampling: make the state after the n-th accepted token the
 /// committed state (n = accepted[i] in 1..T, read on the device). Layer strides are the
 /// pool's per-layer pitches. Requests with slots[i] < 0 are skipped; an accepted length
-/// outside [1, T] skips the request (its pending count becomes 0) and sets *error_flag (if
-/// given) to 1.
+/// outside [1, T] skips the request (its pending count becomes 0) and or-s kBadAcceptedLength
+/// into *error_flag (if given).
+///
+/// Tracks (prefix caching, contract §9; kEager and kDeferred only; both pointers null: none):
+/// request i with track_steps[i] = k >= 0 also writes the state and conv state after its
+/// accepted step k to slot track_slots[i], every layer: snapshot mode copies snapshot k and
+/// window k; ring mode eager writes it from inside the fold at step k; ring mode deferred folds
+/// steps 0..k of the ring (from the slot's cursor) straight into the track slot and zeroes its
+/// pending counts, so the track slot is complete (materialized) once the commit has run, while
+/// the request's own slot stays deferred. A track is valid when k < accepted[i] and
+/// track_slots[i] is in [0, S), not a slot of the batch and no other valid request's track slot;
+/// an invalid one writes nothing and or-s kBadTrack into *error_flag. The caller guarantees that
+/// track slots are allocated (the device cannot tell).
 struct CommitParams {
   CommitKind kind = CommitKind::kEager;
   int32_t num_layers = 0;
@@ -183,7 +207,10 @@ struct CommitParams {
   int32_t* ring_pending = nullptr;
   int64_t ring_pending_layer_stride = 0;
 
-  int32_t* error_flag = nullptr;  ///< optional [1]; set to 1 on a bad accepted length
+  const int32_t* track_slots = nullptr;  ///< [B] track slot per request (see above)
+  const int32_t* track_steps = nullptr;  ///< [B] accepted step to track, -1 = none
+
+  int32_t* error_flag = nullptr;  ///< optional [1]; CommitError bits
 };
 
 KDA_HD int32_t qkv_dim(const CommitParams& p) { return 2 * p.H * p.K + p.HV * p.V; }

@@ -155,6 +155,8 @@ void check_extend(const ExtendParams& e, const char* op) {
   check_verify(e.v, op, kConv | kRecurrence | kOut | kWritesSlots);
   check_present(e.ssm_state_out, op, "ssm_state_out", "[S, HV, V, K] f32, may alias ssm_state");
   check_present(e.conv_state_out, op, "conv_state_out", "[S, W-1, D] bf16, may alias conv_state");
+  KDA_CHECK((e.track_slots == nullptr) == (e.track_steps == nullptr),
+            "{}: track_slots and track_steps go together ([B] each, or both null = no track)", op);
 }
 
 void check_commit(const CommitParams& p, const char* op, uint32_t needs) {
@@ -185,6 +187,11 @@ void check_commit(const CommitParams& p, const char* op, uint32_t needs) {
     check_layer_pitch(p.num_layers, p.ring_pending_layer_stride, p.num_slots, 1, op,
                       "ring_pending_layer_stride");
   }
+  KDA_CHECK((p.track_slots == nullptr) == (p.track_steps == nullptr),
+            "{}: track_slots and track_steps go together ([B] each, or both null = no track)", op);
+  KDA_CHECK(p.track_slots == nullptr || reads_accepted,
+            "{}: kind={} takes no tracks (tracks belong to an eager or deferred commit)", op,
+            static_cast<int>(p.kind));
   const int64_t D = qkv_dim(p);
   const int64_t state_elems = static_cast<int64_t>(p.HV) * p.V * p.K;
   const bool fold = (needs & kFold) != 0;

@@ -66,6 +66,28 @@ void zero_slot_in_all_layers(const TensorView& all, int slot, cudaStream_t strea
   }
 }
 
+// Copies slot `src` of a [layers, S, ...] packed view onto slot `dst` in every layer (one 2-D
+// copy on CUDA, enqueued on `stream`).
+void copy_slot_in_all_layers(const TensorView& all, int src, int dst, cudaStream_t stream) {
+  const int64_t esize = dtype_size(all.dtype());
+  const int64_t layer_pitch = all.stride(0) * esize;
+  const int64_t slot_bytes = all.stride(1) * esize;
+  char* base = static_cast<char*>(all.data());
+  char* to = base + dst * slot_bytes;
+  const char* from = base + src * slot_bytes;
+  if (all.device().is_cuda()) {
+    KDA_CUDA_CHECK(
+        cudaMemcpy2DAsync(to, static_cast<size_t>(layer_pitch), from,
+                          static_cast<size_t>(layer_pitch), static_cast<size_t>(slot_bytes),
+                          static_cast<size_t>(all.size(0)), cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  for (int64_t layer = 0; layer < all.size(0); ++layer) {
+    std::memcpy(to + layer * layer_pitch, from + layer * layer_pitch,
+                static_cast<size_t>(slot_bytes));
+  }
+}
+
 }  // namespace
 
 KdaStatePool::KdaStatePool(const PoolConfig& config)
@@ -127,6 +149,38 @@ int KdaStatePool::allocate_slot(cudaStream_t stream) {
 }
 
 void KdaStatePool::release_slot(int slot) { slots_.release(slot); }
+
+void KdaStatePool::copy_slot(int src, int dst, SlotCopy what, cudaStream_t stream) {
+  for (const auto& [name, slot] : {std::pair<const char*, int>{"src", src}, {"dst", dst}}) {
+    KDA_CHECK(slot >= 0 && slot < config_.num_slots && slots_.is_allocated(slot),
+              "KdaStatePool::copy_slot: {} = {} is not an allocated slot in [0, {})", name, slot,
+              config_.num_slots);
+  }
+  KDA_CHECK(src != dst, "KdaStatePool::copy_slot: src and dst are both {} (distinct slots)", src);
+  KDA_CHECK(what == SlotCopy::kState || config_.ring_mode,
+            "KdaStatePool::copy_slot: SlotCopy::kStateAndPending needs ring mode (the pool is in "
+            "snapshot mode)");
+  const ScopedCudaDevice on_device(config_.device);
+  copy_slot_in_all_layers(conv_state_, src, dst, stream);
+  copy_slot_in_all_layers(ssm_state_, src, dst, stream);
+  if (!config_.ring_mode) {
+    return;
+  }
+  if (what == SlotCopy::kState) {
+    zero_slot_in_all_layers(ring_pending_, dst, stream);  // dst's own pending steps go
+    return;
+  }
+  for (const TensorView* all : {&ring_rawv_, &ring_rawk_, &ring_g_, &ring_beta_, &ring_pending_}) {
+    copy_slot_in_all_layers(*all, src, dst, stream);
+  }
+  int32_t* cursor = static_cast<int32_t*>(ring_cursor_.data());
+  if (config_.device.is_cuda()) {
+    KDA_CUDA_CHECK(cudaMemcpyAsync(cursor + dst, cursor + src, sizeof(int32_t),
+                                   cudaMemcpyDeviceToDevice, stream));
+  } else {
+    cursor[dst] = cursor[src];
+  }
+}
 
 void KdaStatePool::zero_slot(int slot, cudaStream_t stream) {
   const ScopedCudaDevice on_device(config_.device);

@@ -47,6 +47,15 @@
 
 namespace kda {
 
+/// What KdaStatePool::copy_slot copies besides conv_state and ssm_state.
+enum class SlotCopy {
+  /// Only the state; in ring mode dst's pending counts are zeroed (for a src with none pending).
+  kState,
+  /// Ring mode: also the ring records (all L positions), the cursor and the pending counts, so
+  /// dst's next verify (or materialize) folds src's pending steps exactly as src's would.
+  kStateAndPending,
+};
+
 class KdaStatePool {
  public:
   /// Validates `config` (kInvalidArgument, see validate_pool_config), checks the memory budget
@@ -81,6 +90,11 @@ class KdaStatePool {
   /// or one that is not allocated (double release); nothing changes on a throw. The caller
   /// must not release a slot that enqueued work still uses.
   void release_slot(int slot);
+  /// dst's conv_state and ssm_state of every layer become src's, bitwise (plus `what`).
+  /// Enqueued on `stream` (cudaMemcpy2DAsync per tensor: capturable, no host sync); host: done
+  /// before returning. Throws kInvalidArgument (nothing enqueued) for a slot outside [0, S) or
+  /// not allocated, src == dst, or kStateAndPending in snapshot mode.
+  void copy_slot(int src, int dst, SlotCopy what, cudaStream_t stream = nullptr);
   bool is_slot_allocated(int slot) const { return slots_.is_allocated(slot); }
   int num_free_slots() const { return slots_.num_free(); }
   int num_allocated_slots() const { return slots_.num_allocated(); }

@@ -2,6 +2,7 @@
 // conv state) and the full commit.
 #include <algorithm>
 
+#include "kernels/commit_track.h"
 #include "kernels/host/host_common.h"
 #include "kernels/host/kda_host.h"
 
@@ -14,9 +15,20 @@ int32_t accepted_or_flag(const CommitParams& p, int i) {
     return n;
   }
   if (p.error_flag != nullptr) {
-    *p.error_flag = 1;
+    *p.error_flag |= kBadAcceptedLength;
   }
   return 0;
+}
+
+int32_t track_step_or_flag(const CommitParams& p, int i) {
+  const int32_t k = track_step_of(p, i);
+  if (k == kInvalidTrack) {
+    if (p.error_flag != nullptr) {
+      *p.error_flag |= kBadTrack;
+    }
+    return kNoTrack;
+  }
+  return k;
 }
 
 }  // namespace detail
@@ -24,13 +36,20 @@ int32_t accepted_or_flag(const CommitParams& p, int i) {
 void commit_snapshot(const CommitParams& p) {
   detail::validate_commit(p, "kda::host::commit_snapshot", params::kSnapshot);
   const int64_t state_elems = static_cast<int64_t>(p.HV) * p.V * p.K;
-  detail::for_each_committed(p, [&](int i, int32_t slot, int32_t n) {
+  const auto copy = [&](int i, int32_t slot, int32_t step) {
     for (int layer = 0; layer < p.num_layers; ++layer) {
       const float* src = p.snapshots + layer * p.snapshot_layer_stride +
-                         p.rows[i] * p.snapshot_row_stride + (n - 1) * state_elems;
+                         p.rows[i] * p.snapshot_row_stride + step * state_elems;
       float* dst = p.ssm_state + layer * p.ssm_layer_stride + slot * p.ssm_slot_stride;
       std::copy_n(src, state_elems, dst);
     }
+  };
+  detail::for_each_committed(p, [&](int i, int32_t slot, int32_t n) {
+    const int32_t k = detail::track_step_or_flag(p, i);
+    if (k >= 0) {
+      copy(i, p.track_slots[i], k);
+    }
+    copy(i, slot, n - 1);
   });
 }
 
@@ -38,15 +57,23 @@ void commit_conv(const CommitParams& p) {
   detail::validate_commit(p, "kda::host::commit_conv", params::kConvCommit);
   const int64_t D = qkv_dim(p);
   const int64_t window_elems = kConvHistory * D;
-  detail::for_each_committed(p, [&](int i, int32_t slot, int32_t n) {
+  const auto copy = [&](int i, int32_t slot, int32_t step) {
     for (int layer = 0; layer < p.num_layers; ++layer) {
       const bf16_t* src = p.conv_window + layer * p.conv_window_layer_stride +
                           p.rows[i] * p.conv_window_row_stride +
-                          detail::window_step_offset(n - 1, D);
+                          detail::window_step_offset(step, D);
       bf16_t* dst =
           p.conv_state + layer * p.conv_state_layer_stride + slot * p.conv_state_slot_stride;
       std::copy_n(src, window_elems, dst);
     }
+  };
+  detail::for_each_committed(p, [&](int i, int32_t slot, int32_t n) {
+    // The track's window (its validity is reported by the state part of the commit).
+    const int32_t k = track_step_of(p, i);
+    if (k >= 0) {
+      copy(i, p.track_slots[i], k);
+    }
+    copy(i, slot, n - 1);
   });
 }
 
@@ -94,6 +121,10 @@ void commit(const CommitParams& p) {
       return;
     case CommitKind::kDeferred:
       detail::validate_commit(p, "kda::host::commit", params::kConvCommit);
+      if (p.track_slots != nullptr) {
+        detail::validate_commit(p, "kda::host::commit", params::kFold);
+        fold_track_deferred(p);  // reads the cursor before commit_pending advances it
+      }
       commit_conv(p);  // flags a bad accepted length
       commit_pending(p);
       return;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/commit_track.h"
 #include "kernels/host/host_common.h"
 #include "kernels/host/kda_host.h"
 
@@ -47,15 +48,25 @@ int32_t cursor_of(const CommitParams& p, int32_t slot) {
   return p.ring_cursor != nullptr ? p.ring_cursor[slot] : 0;
 }
 
-// Folds ring positions (first + j) mod L, j < n, of every head of (layer, slot) into the state.
+// Folds ring positions (first + j) mod L, j < n, of every head of (layer, slot) into the state;
+// with track_k >= 0 the state after step track_k also goes to slot track_slot (the fold runs
+// on: splitting a sequential fold there leaves its bits alone).
 void fold_slot(const CommitParams& p, int layer, int32_t slot, int first, int n,
-               std::vector<float>& S) {
+               std::vector<float>& S, int32_t track_k = kNoTrack, int32_t track_slot = -1) {
   const detail::RingView rings = layer_rings(p, layer);
   float* state = p.ssm_state + layer * p.ssm_layer_stride;
+  const int h_of = p.HV / p.H;
   for (int hv = 0; hv < p.HV; ++hv) {
     float* head = state + detail::state_offset(p.ssm_slot_stride, slot, hv, p.V, p.K);
     std::copy(head, head + S.size(), S.begin());
-    detail::fold_steps(rings, slot, hv / (p.HV / p.H), hv, p.K, p.V, first, n, S.data());
+    int done = 0;
+    if (track_k >= 0) {
+      detail::fold_steps(rings, slot, hv / h_of, hv, p.K, p.V, first, track_k + 1, S.data());
+      std::copy(S.begin(), S.end(),
+                state + detail::state_offset(p.ssm_slot_stride, track_slot, hv, p.V, p.K));
+      done = track_k + 1;
+    }
+    detail::fold_steps(rings, slot, hv / h_of, hv, p.K, p.V, first + done, n - done, S.data());
     std::copy(S.begin(), S.end(), head);
   }
 }
@@ -81,11 +92,36 @@ void fold(const CommitParams& p) {
     }
     return;
   }
-  detail::for_each_committed(p, [&](int, int32_t slot, int32_t n) {
+  detail::for_each_committed(p, [&](int i, int32_t slot, int32_t n) {
+    const int32_t k = p.kind == CommitKind::kEager ? detail::track_step_or_flag(p, i) : kNoTrack;
     for (int layer = 0; layer < p.num_layers; ++layer) {
-      fold_slot(p, layer, slot, cursor_of(p, slot), n, S);
+      fold_slot(p, layer, slot, cursor_of(p, slot), n, S, k, k >= 0 ? p.track_slots[i] : -1);
     }
   });
+}
+
+void fold_track_deferred(const CommitParams& p) {
+  std::vector<float> S(static_cast<size_t>(p.V) * p.K);
+  for (int i = 0; i < p.B; ++i) {
+    const int32_t k = detail::track_step_or_flag(p, i);
+    if (k < 0) {
+      continue;
+    }
+    const int32_t slot = p.slots[i], track = p.track_slots[i];
+    for (int layer = 0; layer < p.num_layers; ++layer) {
+      const detail::RingView rings = layer_rings(p, layer);
+      float* state = p.ssm_state + layer * p.ssm_layer_stride;
+      for (int hv = 0; hv < p.HV; ++hv) {
+        const float* head = state + detail::state_offset(p.ssm_slot_stride, slot, hv, p.V, p.K);
+        std::copy(head, head + S.size(), S.begin());
+        detail::fold_steps(rings, slot, hv / (p.HV / p.H), hv, p.K, p.V, cursor_of(p, slot), k + 1,
+                           S.data());
+        std::copy(S.begin(), S.end(),
+                  state + detail::state_offset(p.ssm_slot_stride, track, hv, p.V, p.K));
+      }
+      p.ring_pending[layer * p.ring_pending_layer_stride + track] = 0;
+    }
+  }
 }
 
 }  // namespace kda::host

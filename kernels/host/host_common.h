@@ -26,6 +26,10 @@ void validate_commit(const CommitParams& p, const char* op, uint32_t needs);
 /// Accepted length of request i if in [1, T]; else 0 after setting *p.error_flag (if any).
 int32_t accepted_or_flag(const CommitParams& p, int i);
 
+/// Request i's valid track step (commit_track.h), or -1 (none or invalid; an invalid one or-s
+/// kBadTrack into *p.error_flag).
+int32_t track_step_or_flag(const CommitParams& p, int i);
+
 /// Calls f(i, slot, n) for every request i that commits: a real slot (>= 0) and an accepted
 /// length n in [1, T]; a bad length skips the request and sets *p.error_flag (as the GPU).
 template <typename F>

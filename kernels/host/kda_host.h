@@ -59,13 +59,21 @@ void extend(const ExtendParams& p);
 // An accepted length n outside [1, T] skips the request and sets *p.error_flag = 1 (if set).
 
 /// Ring mode: replays ring steps 0..n-1 (rawk -> L2 norm, exp(g) decay, delta rule with rawv
-/// and beta) onto ssm_state[layer][slots[i]]. Requires L >= T.
+/// and beta) onto ssm_state[layer][slots[i]]; an eager commit's valid track (commit_track.h)
+/// gets the state after step k. Requires L >= T.
 void fold(const CommitParams& p);
 
-/// Snapshot mode: ssm_state[layer][slots[i]] = snapshots[layer][rows[i]][n-1].
+/// Deferred commit's tracks (kDeferred with tracks): for each valid track (commit_track.h),
+/// ssm_state[layer][track slot] = the fold of ring positions (c + j) mod L, j <= k, onto
+/// ssm_state[layer][slot], and ring_pending[layer][track slot] = 0. Run before the cursor moves.
+void fold_track_deferred(const CommitParams& p);
+
+/// Snapshot mode: ssm_state[layer][slots[i]] = snapshots[layer][rows[i]][n-1] (and the track
+/// slot's = snapshot k).
 void commit_snapshot(const CommitParams& p);
 
-/// conv_state[layer][slots[i]] = conv_window[layer][rows[i]][n-1].
+/// conv_state[layer][slots[i]] = conv_window[layer][rows[i]][n-1] (and the track slot's =
+/// window k).
 void commit_conv(const CommitParams& p);
 
 /// fold (ring mode) or commit_snapshot (snapshot mode), then commit_conv.

@@ -55,8 +55,31 @@ void validate_verify(const VerifyParams& p, const char* op, uint32_t needs) {
 
 void validate_extend(const ExtendParams& e, const char* op) {
   params::check_extend(e, op);
-  check_indices(op, e.v.B, e.v.slots, e.v.num_slots, nullptr, e.v.num_rows,
+  const VerifyParams& p = e.v;
+  check_indices(op, p.B, p.slots, p.num_slots, nullptr, p.num_rows,
                 /*distinct_slots=*/true, /*distinct_rows=*/false);
+  if (e.track_steps == nullptr) {
+    return;
+  }
+  // Tracks: a step of the prompt, a slot of its own (outside the batch, one per track).
+  for (int n = 0; n < p.B; ++n) {
+    const int32_t k = e.track_steps[n], t = e.track_slots[n];
+    if (p.slots[n] < 0 || k < 0) {
+      continue;
+    }
+    KDA_CHECK(k < p.T, "{}: track_steps[{}]={} out of range [-1, T={})", op, n, k, p.T);
+    KDA_CHECK(t >= 0 && t < p.num_slots, "{}: track_slots[{}]={} out of range [0, num_slots={})",
+              op, n, t, p.num_slots);
+    for (int m = 0; m < p.B; ++m) {
+      KDA_CHECK(p.slots[m] != t,
+                "{}: track_slots[{}]={} is also slots[{}] (a track slot is "
+                "outside the batch)",
+                op, n, t, m);
+      KDA_CHECK(m >= n || p.slots[m] < 0 || e.track_steps[m] < 0 || e.track_slots[m] != t,
+                "{}: track_slots[{}] and track_slots[{}] are both {} (one track per slot)", op, m,
+                n, t);
+    }
+  }
 }
 
 void validate_commit(const CommitParams& p, const char* op, uint32_t needs) {
