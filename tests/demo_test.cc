@@ -1,6 +1,7 @@
 // demo_test.cc: kda_demo (tools/demo) on the host: small configurations pass the demo's own
 // correctness check in ring and snapshot mode, the check fails on states that differ, the
-// input generator is a pinned, batch-independent function of its key, and the command line
+// input generator is a pinned, batch-independent function of its key, --prefix-cache's check
+// passes in every mode and catches a planted wrong track or copy, and the command line
 // rejects bad flags with exit code 2 and a precise message. [gpu] cases (demo_gpu_test): the
 // device generator writes the host generator's bits, and CUDA-graph rounds the eager bits.
 #include <algorithm>
@@ -22,6 +23,8 @@
 #include "tools/demo/demo_driver.h"
 #include "tools/demo/demo_generate.h"
 #include "tools/demo/demo_inputs.h"
+#include "tools/demo/demo_prefix.h"
+#include "tools/demo/demo_prefix_check.h"
 #include "tools/demo/demo_random.h"
 
 using namespace kda;
@@ -195,8 +198,13 @@ struct HostLayer {
   ActivationParams params;
 };
 
+// Which rows of which requests a fill writes (ActivationParams' layout fields).
+struct RowLayout {
+  int32_t request0 = 0, request_stride = 1, first_row = 0, shared_rows = 0, group_size = 1;
+};
+
 HostLayer host_layer(const ModelConfig& m, uint64_t seed, Phase phase, int32_t round, int layer,
-                     int B, int T) {
+                     int B, int T, const RowLayout& rows = {}) {
   HostLayer h;
   h.round = round;
   const int64_t row_elems[] = {m.qkv_dim(), int64_t{m.HV} * m.K, int64_t{m.HV}};
@@ -211,6 +219,11 @@ HostLayer host_layer(const ModelConfig& m, uint64_t seed, Phase phase, int32_t r
   h.params.layer = layer;
   h.params.B = B;
   h.params.T = T;
+  h.params.request0 = rows.request0;
+  h.params.request_stride = rows.request_stride;
+  h.params.first_row = rows.first_row;
+  h.params.shared_rows = rows.shared_rows;
+  h.params.group_size = rows.group_size;
   fill_activations_host(h.params);
   h.params.round = nullptr;  // h may move; the fill has read it
   return h;
@@ -299,6 +312,155 @@ TEST_CASE("demo: activations of a request do not depend on the batch", "[demo]")
   CHECK(block_bits(host_layer(m, 3, Phase::kVerify, 2, 0, 1, 3), 0, 0) != ref);
 }
 
+TEST_CASE("demo: shared prompt prefixes, strided batches and chunks of a request's rows",
+          "[demo]") {
+  // --prefix-cache's inputs: groups of 2 share sequence rows 0..3 (the leader's); a batch of
+  // every other request and a chunk of later rows reproduce the same rows of the whole fill.
+  const ModelConfig m = tiny_model(2, 64);
+  const int T = 6;
+  RowLayout shared;
+  shared.shared_rows = 4;
+  shared.group_size = 2;
+  const HostLayer all = host_layer(m, 3, Phase::kPrompt, 0, 1, /*B=*/3, T, shared);
+  const HostLayer plain = host_layer(m, 3, Phase::kPrompt, 0, 1, /*B=*/3, T);
+  for (int t = 0; t < kActivationTensors; ++t) {
+    CAPTURE(t);
+    const size_t row = static_cast<size_t>(all.params.row_elems[t]);
+    const std::vector<uint16_t> r0 = block_bits(all, t, 0), r1 = block_bits(all, t, 1);
+    const std::vector<uint16_t> r2 = block_bits(all, t, 2);
+    CHECK(r0 == block_bits(plain, t, 0));  // a leader's rows are its own
+    CHECK(r2 == block_bits(plain, t, 2));
+    const std::vector<uint16_t> p1 = block_bits(plain, t, 1);
+    CHECK(std::equal(r1.begin(), r1.begin() + 4 * row, r0.begin()));          // the shared prefix
+    CHECK(std::equal(r1.begin() + 4 * row, r1.end(), p1.begin() + 4 * row));  // its own suffix
+    CHECK(!std::equal(r1.begin() + 4 * row, r1.end(), r0.begin() + 4 * row));
+    CHECK(!std::equal(r2.begin(), r2.begin() + 4 * row, r0.begin()));  // another group
+
+    RowLayout strided = shared;
+    strided.request_stride = 2;  // requests 0 and 2
+    const HostLayer evens = host_layer(m, 3, Phase::kPrompt, 0, 1, /*B=*/2, T, strided);
+    CHECK(block_bits(evens, t, 1) == r2);
+    RowLayout chunk = shared;
+    chunk.request0 = 1;
+    chunk.first_row = 3;  // rows 3..5 of request 1: one shared row, then its own
+    const HostLayer tail = host_layer(m, 3, Phase::kPrompt, 0, 1, /*B=*/1, 3, chunk);
+    CHECK(block_bits(tail, t, 0) == std::vector<uint16_t>(r1.begin() + 3 * row, r1.end()));
+  }
+}
+
+TEST_CASE("demo: decode track steps follow SGLang's mamba_steps_to_track", "[demo]") {
+  // Committed length seq_pre -> seq_pre + n: track the step that reaches the last multiple of I.
+  CHECK(decode_track_step(/*seq_pre=*/8, /*accepted=*/3, /*interval=*/4) == -1);  // 8 -> 11
+  CHECK(decode_track_step(9, 3, 4) == 2);   // 9 -> 12: step 2 commits 12
+  CHECK(decode_track_step(11, 1, 4) == 0);  // 11 -> 12
+  CHECK(decode_track_step(11, 4, 4) == 0);  // 11 -> 15: 12 is reached at step 0
+  CHECK(decode_track_step(7, 8, 4) == 4);   // 7 -> 15 crosses 8 and 12: the last, 12
+  CHECK(decode_track_step(12, 4, 4) == 3);  // 12 -> 16
+  CHECK(decode_track_step(5, 1, 1) == 0);   // every token
+  // The driver allocates one slot per track: the count follows the same formula.
+  PrefixSpec s;
+  s.enabled = true;
+  s.track_interval = 4;
+  AcceptSpec all;
+  all.kind = AcceptKind::kAll;
+  CHECK(count_decode_tracks(s, all, 1, /*requests=*/2, /*rounds=*/3, /*prompt_len=*/6, 4) == 6);
+  s.track_interval = 5;  // 6 -> 10 -> 14 -> 18: crosses 10 and 15
+  CHECK(count_decode_tracks(s, all, 1, 2, 3, 6, 4) == 4);
+}
+
+namespace {
+
+// The tiny spec with a prefix cache: 3 requests in groups of 2 (2 groups, 1 follower), 3 of 5
+// prompt tokens shared, decode tracks every 3 tokens.
+RunSpec tiny_prefix_spec(bool ring, bool deferred, PrefixFault fault) {
+  RunSpec s = tiny_spec(ring, /*seed=*/5);
+  s.requests = 3;
+  s.flags.max_running_requests = 3;
+  s.flags.deferred_commit = deferred ? 1 : 0;
+  s.rounds = 4;
+  s.prefix.enabled = true;
+  s.prefix.shared_len = 3;
+  s.prefix.group_size = 2;
+  s.prefix.track_interval = 3;
+  s.prefix.fault = fault;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("demo: --prefix-cache passes its checks in snapshot, ring and deferred ring mode",
+          "[demo]") {
+  const std::vector<std::string> mode = GENERATE(
+      std::vector<std::string>{"--enable-linear-replayssm-spec=off"},
+      std::vector<std::string>{"--enable-linear-replayssm-spec"},
+      std::vector<std::string>{"--enable-linear-replayssm-spec", "--kda-deferred-commit", "on"});
+  CAPTURE(mode);
+  std::vector<std::string> args = tiny_with({"--prefix-cache", "--track-interval", "4"});
+  args.insert(args.end(), mode.begin(), mode.end());
+  const DemoResult r = run_demo(args);
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == kExitPass);
+  CHECK(contains(r.out, "RESULT: PASS (2 of 2 checks)"));
+  CHECK(contains(r.out,
+                 "prefix    --prefix-cache: 2 groups of up to 2 requests share their "
+                 "first 4 of 8 prompt tokens"));
+  CHECK(contains(r.out, "pool: 17 slots = 3 (--max-running-requests) + 2 cache + 12 track slots"));
+  CHECK(contains(r.out,
+                 "host prefix cache: tracked, copied and final states vs independent "
+                 "extend-only recomputation: PASS"));
+  CHECK(contains(r.out,
+                 "compared: all 2 layers: 2 prefix tracks, 1 copies, 12 decode tracks, "
+                 "3 final states; rule: bitwise"));
+  CHECK(contains(r.out,
+                 "12 decode tracks (CommitTrack, track slots) (24 layer states): ssm "
+                 "bitwise equal; conv bitwise equal"));
+  CHECK(!contains(r.out, "NOT bitwise"));
+}
+
+TEST_CASE("demo: the prefix check catches a planted wrong track or copy", "[demo]") {
+  // A wrong state propagates: followers copy a wrong cache slot and decode on from a wrong
+  // copy, so every state downstream of the fault differs, and only those.
+  struct Planted {
+    PrefixFault fault;
+    const char* kind;                     // the detail line of the planted error
+    std::vector<const char*> unaffected;  // detail lines that must stay bitwise equal
+  };
+  const Planted c = GENERATE(values<Planted>({
+      {PrefixFault::kPrefixTrackStep, "prefix tracks", {}},
+      {PrefixFault::kCopySource, "copies", {"prefix tracks"}},
+      {PrefixFault::kDecodeTrackStep, "decode tracks", {"prefix tracks", "copies", "final"}},
+  }));
+  const int mode = GENERATE(0, 1, 2);  // snapshot, ring, ring with the deferred commit
+  const bool ring = mode >= 1, deferred = mode == 2;
+  CAPTURE(static_cast<int>(c.fault), ring, deferred);
+
+  DemoRun clean(tiny_prefix_spec(ring, deferred, PrefixFault::kNone));
+  clean.run();
+  const CheckOutcome ok = check_prefix_cache(clean);
+  CHECK(ok.passed());
+
+  DemoRun planted(tiny_prefix_spec(ring, deferred, c.fault));
+  planted.run();
+  const CheckOutcome bad = check_prefix_cache(planted);
+  CHECK(!bad.passed());
+  CHECK(!bad.ssm.bitwise());
+  REQUIRE(bad.details.size() == 4);
+  for (const std::string& d : bad.details) {
+    CAPTURE(d);
+    const bool unaffected = std::any_of(c.unaffected.begin(), c.unaffected.end(),
+                                        [&](const char* k) { return contains(d, k); });
+    CHECK(contains(d, "NOT bitwise equal") == !unaffected);
+    if (contains(d, c.kind)) {
+      CHECK(contains(d, "NOT bitwise equal"));
+    }
+  }
+  // A wrong decode track leaves every committed state right: comparing final states (the
+  // mode check) cannot see it.
+  if (c.fault == PrefixFault::kDecodeTrackStep) {
+    CHECK(compare_runs(planted, clean, CompareRule::kBitwise).passed());
+  }
+}
+
 TEST_CASE("demo: the device generator writes the host formula's bits", "[demo][gpu]") {
   REQUIRE(detect_platform(0).has_device);  // a [gpu] test without a device fails
   struct GenCase {
@@ -307,10 +469,12 @@ TEST_CASE("demo: the device generator writes the host formula's bits", "[demo][g
   // D = 2*64 + HV*V: 256 (even) and 143 (odd rows, odd b blocks).
   const GenCase c = GENERATE(values<GenCase>({{2, 64, 3, 5}, {3, 5, 4, 3}, {2, 64, 1, 16}}));
   const Phase phase = GENERATE(Phase::kPrompt, Phase::kVerify);
-  CAPTURE(c.HV, c.V, c.B, c.T, static_cast<int>(phase));
+  // Plain, and --prefix-cache's layout: strided requests, a chunk of rows, a shared prefix.
+  const RowLayout rows = GENERATE(values<RowLayout>({{}, {1, 2, 2, 3, 2}}));
+  CAPTURE(c.HV, c.V, c.B, c.T, static_cast<int>(phase), rows.request0, rows.first_row);
   const ModelConfig m = tiny_model(c.HV, c.V);
   const int32_t round = 11;
-  const HostLayer host = host_layer(m, /*seed=*/5, phase, round, /*layer=*/2, c.B, c.T);
+  const HostLayer host = host_layer(m, /*seed=*/5, phase, round, /*layer=*/2, c.B, c.T, rows);
 
   const Device gpu = Device::cuda(0);
   Buffer round_buf(gpu, sizeof(int32_t));
@@ -398,6 +562,13 @@ TEST_CASE("demo: bad command lines exit 2 with a precise message", "[demo]") {
        "--requests 8 exceeds --max-running-requests 4"},
       {{"--device", "host", "--check", "host"}, "--check host: the host check compares a CUDA run"},
       {{"--device", "host", "--cuda-graph"}, "--cuda-graph: needs a CUDA device"},
+      {{"--prefix-len", "4"}, "--prefix-len: needs --prefix-cache"},
+      {{"--track-interval", "4"}, "--track-interval: needs --prefix-cache"},
+      {{"--prefix-cache", "--track-interval", "0"},
+       "--track-interval: invalid value '0' (expected an integer in [1, 1000000])"},
+      {{"--prefix-cache", "--prompt-len", "0"}, "--prefix-cache: needs --prompt-len >= 1"},
+      {{"--prefix-cache", "--prompt-len", "4", "--prefix-len", "5"},
+       "--prefix-len 5 exceeds --prompt-len 4"},
   }));
   CAPTURE(c.args);
   const DemoResult r = run_demo(c.args);
@@ -429,6 +600,10 @@ TEST_CASE("demo: --help lists every demo flag and every engine flag", "[demo]") 
                            "--check",
                            "--check-host-layers",
                            "--check-host-requests",
+                           "--prefix-cache",
+                           "--prefix-len",
+                           "--prefix-group",
+                           "--track-interval",
                            "--quiet",
                            "--log-level",
                            "--speculative-num-draft-tokens",

@@ -14,6 +14,7 @@
 #include "tools/demo/demo_check.h"
 #include "tools/demo/demo_driver.h"
 #include "tools/demo/demo_model.h"
+#include "tools/demo/demo_prefix_check.h"
 #include "tools/demo/demo_report.h"
 
 namespace kda::demo {
@@ -130,6 +131,7 @@ int run(const DemoArgs& args, std::ostream& out, std::ostream& err) {
   spec.rounds = args.rounds.value_or(dd.rounds);
   spec.seed = args.seed;
   spec.accept = args.accept;
+  spec.prefix = resolve_prefix(args, spec.prompt_len);
   if (args.cuda_graph.value_or(false) && !device.is_cuda()) {
     throw UsageError(
         "--cuda-graph: needs a CUDA device; this run is on the host (use --device cuda)");
@@ -210,6 +212,15 @@ int run(const DemoArgs& args, std::ostream& out, std::ostream& err) {
           host.model.num_layers, spec.model.num_layers, host.requests, spec.requests));
     }
     checks.push_back(run_check(primary, host, CompareRule::kRelL2, err, quiet));
+  }
+  if (spec.prefix.enabled && check != CheckChoice::kOff) {
+    if (!quiet) {
+      err << fmt::format(
+                 "[check (prefix cache)] recomputing {} requests' histories by extend on {}",
+                 spec.requests, device_name(spec.device))
+          << std::endl;
+    }
+    checks.push_back(check_prefix_cache(primary));
   }
 
   ctx.total_seconds = total.seconds();

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -153,6 +154,34 @@ const DemoFlag kDemoFlags[] = {
        if (v.empty() || ec != std::errc() || ptr != end) {
          reject(f, v, "an unsigned 64-bit integer");
        }
+     }},
+    {"--prefix-cache", nullptr,
+     "prefix caching (contract §9): requests come in groups of G = --prefix-group (request m "
+     "in group m / G) sharing their first --prefix-len prompt tokens. The group leaders prefill "
+     "their whole prompt and track the state after the shared prefix into a cache slot "
+     "(ExtendTrack); the others start from copy_slot of it and extend only their own suffix. "
+     "Every round's commit tracks (CommitTrack) the step at which a request's committed length "
+     "reaches a multiple of --track-interval, each into a fresh slot. The check then "
+     "recomputes every tracked, copied and final state from scratch (extend only) and compares "
+     "them bitwise. Needs --prompt-len >= 1",
+     [](DemoArgs& a, const std::string& f, const std::string& v) {
+       a.prefix_cache = on_off(f, v);
+     }},
+    {"--prefix-len", "N",
+     "--prefix-cache: shared prompt tokens per group, 1..65536, at most --prompt-len (default "
+     "half the prompt, at least 1)",
+     [](DemoArgs& a, const std::string& f, const std::string& v) {
+       a.prefix_len = int_in(f, v, 1, 65536);
+     }},
+    {"--prefix-group", "N", "--prefix-cache: requests per group, 1..4096 (default 2)",
+     [](DemoArgs& a, const std::string& f, const std::string& v) {
+       a.prefix_group = int_in(f, v, 1, 4096);
+     }},
+    {"--track-interval", "N",
+     "--prefix-cache: decode rounds track the state at committed lengths that are multiples of "
+     "N, 1..1000000 (default 16)",
+     [](DemoArgs& a, const std::string& f, const std::string& v) {
+       a.track_interval = int_in(f, v, 1, 1000000);
      }},
     {"--device", "host|cuda|cuda:N|auto",
      "where the backend runs; auto (default): CUDA when "
@@ -344,6 +373,32 @@ DemoArgs parse_demo_args(int argc, char** argv) {
   return a;
 }
 
+PrefixSpec resolve_prefix(const DemoArgs& args, int prompt_len) {
+  PrefixSpec s;
+  if (!args.prefix_cache) {
+    const char* stray = args.prefix_len       ? "--prefix-len"
+                        : args.prefix_group   ? "--prefix-group"
+                        : args.track_interval ? "--track-interval"
+                                              : nullptr;
+    if (stray != nullptr) {
+      throw UsageError(fmt::format("{}: needs --prefix-cache", stray));
+    }
+    return s;
+  }
+  if (prompt_len < 1) {
+    throw UsageError("--prefix-cache: needs --prompt-len >= 1 (the groups share a prompt prefix)");
+  }
+  s.enabled = true;
+  s.shared_len = args.prefix_len.value_or(std::max(1, prompt_len / 2));
+  if (s.shared_len > prompt_len) {
+    throw UsageError(
+        fmt::format("--prefix-len {} exceeds --prompt-len {}", s.shared_len, prompt_len));
+  }
+  s.group_size = args.prefix_group.value_or(s.group_size);
+  s.track_interval = args.track_interval.value_or(s.track_interval);
+  return s;
+}
+
 ModelConfig resolve_model(const DemoArgs& args, int default_layers) {
   const ModelPreset* preset = find_preset(args.preset);
   if (preset == nullptr) {
@@ -383,7 +438,8 @@ std::string demo_help(const std::string& program) {
       "\n"
       "End-to-end speculative decoding through the KDA verify backend, the way an engine drives\n"
       "it: seeded random weights, a batch of requests each with a state slot, prompt prefill\n"
-      "through extend, then rounds of verify (every layer) -> simulated acceptance -> commit.\n"
+      "through extend, then rounds of verify (every layer) -> simulated acceptance -> commit\n"
+      "(--prefix-cache: shared prompt prefixes through copy_slot, and tracked states).\n"
       "Prints progress per round on stderr and a summary (accepted tokens, latency, dispatch\n"
       "decisions, pool memory) followed by a correctness check of every committed state against\n"
       "an independent run. Exit code: 0 check passed, 1 check failed or runtime error, 2 bad\n"

@@ -14,6 +14,7 @@
 #include "backend/flags.h"
 #include "backend/model_config.h"
 #include "tools/demo/demo_accept.h"
+#include "tools/demo/demo_prefix.h"
 
 namespace kda::demo {
 
@@ -58,6 +59,11 @@ struct DemoArgs {
   uint64_t seed = 1;
   AcceptSpec accept;
 
+  // ---- prefix caching (demo_prefix.h) ----
+  bool prefix_cache = false;
+  std::optional<int> prefix_len;  ///< unset: half the prompt (at least 1)
+  std::optional<int> prefix_group, track_interval;
+
   // ---- engine flags (backend/flags.h) ----
   EngineFlags flags;
   bool max_running_requests_given = false;  ///< else it follows --requests
@@ -80,6 +86,10 @@ DemoArgs parse_demo_args(int argc, char** argv);
 
 /// The full --help text (demo flags, then the engine flags' help from backend/flags.h).
 std::string demo_help(const std::string& program);
+
+/// The prefix-cache spec of `args` for a prompt of `prompt_len` tokens. Throws UsageError when
+/// a prefix flag comes without --prefix-cache, or --prefix-len exceeds the prompt.
+PrefixSpec resolve_prefix(const DemoArgs& args, int prompt_len);
 
 /// The model of `args`: the preset, the overrides, `default_layers` when --layers is unset.
 /// Validates it (ModelConfig::validate); throws UsageError naming the flag on a bad shape.

@@ -71,6 +71,16 @@ const char* mode_name(const EngineFlags& f) {
 
 }  // namespace
 
+void compare_state(StateDiff& d, const std::vector<float>& a, const std::vector<float>& ref,
+                   int layer, int request) {
+  fold(d, pair_stats(a, ref, layer, request), layer, request);
+}
+
+void compare_state(StateDiff& d, const std::vector<bf16_t>& a, const std::vector<bf16_t>& ref,
+                   int layer, int request) {
+  fold(d, pair_stats(a, ref, layer, request), layer, request);
+}
+
 bool StateDiff::passes(CompareRule rule) const {
   if (states == 0 || non_finite != 0) {
     return false;

@@ -46,8 +46,9 @@ struct CheckOutcome {
   CompareRule rule = CompareRule::kBitwise;
   StateDiff ssm, conv;
   std::vector<DecisionCount> reference_decisions;  ///< how the reference run dispatched
-  double run_seconds = 0.0;      ///< the reference run (set-up included), host wall time
-  double compare_seconds = 0.0;  ///< reading both runs' states to the host and comparing them
+  std::vector<std::string> details;  ///< per-kind lines (the prefix check: per event kind)
+  double run_seconds = 0.0;          ///< the reference run (set-up included), host wall time
+  double compare_seconds = 0.0;      ///< reading both runs' states to the host and comparing them
   bool passed() const { return ssm.passes(rule) && conv.passes(rule); }
 };
 
@@ -63,6 +64,13 @@ RunSpec host_reference_spec(const RunSpec& primary, int layers, int requests);
 /// Compares the committed states of `reference`'s layers x requests (all of them) with the
 /// same (layer, request) of `primary` (which must cover at least as many).
 CheckOutcome compare_runs(const DemoRun& primary, const DemoRun& reference, CompareRule rule);
+
+/// Folds the comparison of one (layer, request) state `a` with its reference `ref` (same size)
+/// into `d`; folded in (layer, request) order, the worst state is the first of the largest.
+void compare_state(StateDiff& d, const std::vector<float>& a, const std::vector<float>& ref,
+                   int layer, int request);
+void compare_state(StateDiff& d, const std::vector<bf16_t>& a, const std::vector<bf16_t>& ref,
+                   int layer, int request);
 
 /// "bitwise" or "relative L2 <= 0.0001".
 std::string rule_text(CompareRule rule);

@@ -2,7 +2,10 @@
 // slots, prompt prefill through extend, then rounds of inputs + verify (every layer) ->
 // accepted lengths uploaded to the device -> commit, the way an engine drives the backend:
 // eagerly, or (CUDA, RunSpec::cuda_graph) inputs + verify as one CUDA graph replay per round.
-// Inputs are generated in place on the run's device (demo_inputs.h).
+// Inputs are generated in place on the run's device (demo_inputs.h). With RunSpec::prefix
+// (demo_prefix.h) the prefill shares prompt prefixes through copy_slot and ExtendTrack, and the
+// commits track states (CommitTrack; track steps computed on the host from the host-known
+// accepted lengths and uploaded with them, so verify and commit stay free of host syncs).
 //
 // A run is a pure function of its RunSpec: the check runs (demo_check.h) are RunSpecs that
 // differ in record mode, device, layer or request count and reproduce the primary run's
@@ -26,6 +29,7 @@
 #include "tools/demo/demo_device.h"
 #include "tools/demo/demo_inputs.h"
 #include "tools/demo/demo_model.h"
+#include "tools/demo/demo_prefix.h"
 
 namespace kda::demo {
 
@@ -43,6 +47,8 @@ struct RunSpec {
   /// CUDA only: capture the first round's inputs + verify of every layer into a CUDA graph and
   /// replay it every round (the batch is the same every round); upload + commit stay eager.
   bool cuda_graph = false;
+  /// Prefix caching (demo_prefix.h): needs prompt_len >= shared_len >= 1.
+  PrefixSpec prefix;
 };
 
 /// One inputs -> verify -> commit round. Times: CUDA events on the stream, or steady_clock on
@@ -102,15 +108,27 @@ class DemoRun {
   const KdaAttentionBackend& backend() const { return *backend_; }
   const RunStats& stats() const { return stats_; }
   int slot_of(int request) const { return slots_.at(static_cast<size_t>(request)); }
+  /// Prefix caching: every state the cache produced, in the order it did (demo_prefix.h).
+  const std::vector<PrefixEvent>& prefix_events() const { return prefix_events_; }
 
   /// The committed state of `request` in `layer`, read from the pool's per-layer views after
   /// the stream has drained: [HV, V, K] f32 and [W-1, D] bf16, packed.
   std::vector<float> ssm_state(int layer, int request) const;
   std::vector<bf16_t> conv_state(int layer, int request) const;
+  /// The same for any allocated pool slot (a cache or track slot).
+  std::vector<float> slot_ssm_state(int layer, int slot) const;
+  std::vector<bf16_t> slot_conv_state(int layer, int slot) const;
 
  private:
   void count_decisions();
   void capture_round(const BatchSpec& batch);
+  /// Extends prompt rows first_row .. first_row+T-1 of requests request0 + i*stride
+  /// (i < count), with `track`; returns the device time of every layer's extend.
+  double extend_prompt(int request0, int stride, int count, int first_row, int T,
+                       const ExtendTrack& track);
+  void prefill_shared();  // prefill() with RunSpec::prefix
+  /// Stages round `round`'s decode tracks (request n accepts len[n]) and records their events.
+  void stage_decode_tracks(int round);
 
   RunSpec spec_;
   DemoStream stream_;
@@ -120,8 +138,17 @@ class DemoRun {
   std::vector<LayerActivations> verify_inputs_;  // per layer, B*T rows
   StagedInts accepted_;                          // [B] accepted lengths of the round
   StagedInts round_index_;  // [1] the round the generator keys on (0 in prefill)
-  StreamClock clock_;       // marks: see run_round
-  CudaGraph graph_;         // cuda_graph: inputs + verify of every layer, captured once
+  // Prefix caching: per group its cache slot; the decode track slots, one per track, used in
+  // order; per request its committed length (prompt + accepted tokens); the round's tracks.
+  std::vector<int32_t> cache_slots_;
+  std::vector<int32_t> track_pool_;
+  size_t next_track_ = 0;
+  std::vector<int64_t> committed_;
+  StagedInts track_slots_, track_steps_;  // [B] CommitTrack of the round
+  bool fault_planted_ = false;            // PrefixSpec::fault (tests) has been applied once
+  std::vector<PrefixEvent> prefix_events_;
+  StreamClock clock_;  // marks: see run_round
+  CudaGraph graph_;    // cuda_graph: inputs + verify of every layer, captured once
   std::vector<DispatchDecision> graph_decisions_;  // the captured verify calls' decisions
   std::vector<DispatchDecision> round_decisions_;  // counted after the round, off the clock
   RunStats stats_;

@@ -1,6 +1,6 @@
 // demo_generate.cu: the demo's device-side activation generator (demo_generate.h).
 // Grid (chunks, B, 3 tensors), block kThreads: CTA (x, n, t) writes a grid-stride share of
-// request n's block of tensor t; every thread derives the block's stream key itself (one key
+// request n's block of tensor t; every thread derives the block's stream keys itself (one key
 // per thread, no shared memory). Writes the three tensors only; reads *round once per thread.
 #include <cuda_runtime.h>
 
@@ -24,10 +24,10 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t n = static_cast<int32_t>(blockIdx.y);
   const int64_t count = int64_t{p.T} * p.row_elems[t];
   bf16_t* dst = p.dst[t] + n * count;
-  const uint64_t key = activation_key(p, t, *p.round, n);
+  const BlockStreams s = block_streams(p, t, *p.round, n);
   for (int64_t e = blockIdx.x * int64_t{kThreads} + threadIdx.x; e < count;
        e += int64_t{gridDim.x} * kThreads) {
-    dst[e] = activation_value(t, key, e);
+    dst[e] = block_value(t, s, e);
   }
 }
 
@@ -37,6 +37,10 @@ void fill_activations_cuda(const ActivationParams& p, cudaStream_t stream) {
   KDA_CHECK(p.B >= 1 && p.B <= 65535 && p.T >= 1,
             "fill_activations_cuda: B = {} (expected 1..65535), T = {} (expected >= 1)", p.B, p.T);
   KDA_CHECK(p.round != nullptr, "fill_activations_cuda: no round pointer");
+  KDA_CHECK(p.group_size >= 1 && p.first_row >= 0 && p.shared_rows >= 0,
+            "fill_activations_cuda: group_size {} (expected >= 1), first_row {}, shared_rows {} "
+            "(expected >= 0)",
+            p.group_size, p.first_row, p.shared_rows);
   int64_t largest = 0;
   for (int t = 0; t < kActivationTensors; ++t) {
     KDA_CHECK(p.dst[t] != nullptr && p.row_elems[t] >= 1,

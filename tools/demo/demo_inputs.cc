@@ -14,9 +14,9 @@ void fill_activations_host(const ActivationParams& p) {
     const int32_t n = static_cast<int32_t>(i % p.B);
     const int64_t count = int64_t{p.T} * p.row_elems[t];
     bf16_t* dst = p.dst[t] + n * count;
-    const uint64_t key = activation_key(p, t, round, n);
+    const BlockStreams s = block_streams(p, t, round, n);
     for (int64_t e = 0; e < count; ++e) {
-      dst[e] = activation_value(t, key, e);
+      dst[e] = block_value(t, s, e);
     }
   };
   parallel_for(pieces, fill_piece);
@@ -38,6 +38,11 @@ ActivationParams LayerActivations::params(const ActivationKey& key, int layer, i
   KDA_CHECK(B >= 1 && T >= 1 && int64_t{B} * T <= max_rows_,
             "LayerActivations: {} requests x {} tokens for buffers of {} rows", B, T, max_rows_);
   KDA_CHECK(key.round != nullptr, "LayerActivations: no round pointer");
+  KDA_CHECK(key.request0 >= 0 && key.request_stride >= 1 && key.first_row >= 0 &&
+                key.shared_rows >= 0 && key.group_size >= 1,
+            "LayerActivations: request0 {}, request_stride {}, first_row {}, shared_rows {}, "
+            "group_size {}",
+            key.request0, key.request_stride, key.first_row, key.shared_rows, key.group_size);
   ActivationParams p;
   p.dst[static_cast<int>(ActivationTensor::kMixedQkv)] = static_cast<bf16_t*>(qkv_.data());
   p.dst[static_cast<int>(ActivationTensor::kGateA)] = static_cast<bf16_t*>(a_.data());
@@ -51,6 +56,11 @@ ActivationParams LayerActivations::params(const ActivationKey& key, int layer, i
   p.layer = layer;
   p.B = B;
   p.T = T;
+  p.request0 = key.request0;
+  p.request_stride = key.request_stride;
+  p.first_row = key.first_row;
+  p.shared_rows = key.shared_rows;
+  p.group_size = key.group_size;
   return p;
 }
 

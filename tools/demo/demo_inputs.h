@@ -20,6 +20,11 @@ struct ActivationKey {
   uint64_t seed = 1;
   Phase phase = Phase::kVerify;
   const int32_t* round = nullptr;  ///< [1] on the run's device (StagedInts::device_data)
+  // Which rows of which requests (ActivationParams, demo_generate.h): batch position n is
+  // request request0 + n * request_stride, its rows start at sequence row first_row, and
+  // sequence rows below shared_rows are the group leader's (group_size requests per group).
+  int32_t request0 = 0, request_stride = 1, first_row = 0;
+  int32_t shared_rows = 0, group_size = 1;
 };
 
 /// Writes every element of `p` (host memory) now, spreading (tensor, request) blocks over up to

@@ -68,6 +68,43 @@ void print_diff(std::ostream& os, const char* what, const StateDiff& d, CompareR
   more(os, text);
 }
 
+// What the prefix cache did (demo_prefix.h): groups, copies, tracks and the slots they took.
+void print_prefix(std::ostream& os, const DemoRun& primary) {
+  const RunSpec& spec = primary.spec();
+  const PrefixSpec& ps = spec.prefix;
+  int64_t counts[3] = {0, 0, 0};
+  int64_t first_decode = -1, last_decode = -1;
+  for (const PrefixEvent& e : primary.prefix_events()) {
+    ++counts[static_cast<int>(e.kind)];
+    if (e.kind == PrefixEventKind::kDecodeTrack) {
+      first_decode = first_decode < 0 ? e.tokens : std::min(first_decode, e.tokens);
+      last_decode = std::max(last_decode, e.tokens);
+    }
+  }
+  const int groups = prefix_groups(ps, spec.requests);
+  section(
+      os, "prefix",
+      fmt::format("--prefix-cache: {} group{} of up to {} requests share their first {} of {} "
+                  "prompt tokens",
+                  groups, groups == 1 ? "" : "s", ps.group_size, ps.shared_len, spec.prompt_len));
+  more(os, fmt::format("prefill: {} leader{} extended the whole prompt and tracked the state "
+                       "after the {} shared tokens into a cache slot (ExtendTrack); {} "
+                       "follower{} started from copy_slot of it and extended {} suffix tokens",
+                       counts[0], counts[0] == 1 ? "" : "s", ps.shared_len, counts[1],
+                       counts[1] == 1 ? "" : "s", spec.prompt_len - ps.shared_len));
+  more(os, counts[2] == 0
+               ? fmt::format("decode: no committed length crossed a multiple of "
+                             "--track-interval {}",
+                             ps.track_interval)
+               : fmt::format("decode: {} tracks (CommitTrack) where a committed length reached a "
+                             "multiple of --track-interval {} (at {}..{} tokens), one fresh slot "
+                             "each",
+                             counts[2], ps.track_interval, first_decode, last_decode));
+  more(os, fmt::format("pool: {} slots = {} (--max-running-requests) + {} cache + {} track slots",
+                       primary.backend().memory_report().slots, spec.flags.max_running_requests,
+                       groups, counts[2]));
+}
+
 }  // namespace
 
 std::string describe_engine_flags(const EngineFlags& f) {
@@ -120,6 +157,9 @@ void print_summary(std::ostream& os, const SummaryContext& ctx, const DemoRun& p
                       spec.accept.describe(), spec.seed));
   for (const std::string& n : ctx.notes) {
     more(os, "note: " + n);
+  }
+  if (spec.prefix.enabled) {
+    print_prefix(os, primary);
   }
 
   // ---- tokens ----
@@ -237,6 +277,9 @@ void print_summary(std::ostream& os, const SummaryContext& ctx, const DemoRun& p
     }
     print_diff(os, "ssm_state", c.ssm, c.rule);
     print_diff(os, "conv_state", c.conv, c.rule);
+    for (const std::string& d : c.details) {
+      more(os, d);
+    }
   }
   double rounds_device_ms = 0.0, rounds_wall_ms = 0.0;
   for (const RoundRecord& r : st.rounds) {
