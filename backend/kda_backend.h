@@ -7,6 +7,10 @@
 //   ... sample, compute accepted lengths on the device ...
 //   backend.commit(accepted_lengths, stream);               // all layers at once
 // Prefill: prepare_extend({prompt_len, slots}, stream) then extend(l, ...) for every layer.
+// Prefix caching (contract §9): copy_slot(src, dst) starts a request from a cached state;
+// commit(accepted, CommitTrack{slots, steps}) and prepare_extend(batch, ExtendTrack{...})
+// also save the state after a chosen accepted step / prompt token into a track slot, in the
+// same pass (SGLang's mamba_track_indices / mamba_steps_to_track).
 //
 // Ownership: the backend owns the state pool (KdaStatePool: conv/SSM state, rings, scratch),
 // the device index buffers and the kernel set. Weights (set_layer_weights), inputs, outputs

@@ -16,7 +16,7 @@ namespace kda::kernels {
 template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool kDeferred = false>
 struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
   using Prologue = ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred>;
-  using Prologue::c, Prologue::col0, Prologue::CPT, Prologue::group, Prologue::hv,
+  using Prologue::args, Prologue::c, Prologue::col0, Prologue::CPT, Prologue::group, Prologue::hv,
       Prologue::kSnapshotStores, Prologue::n, Prologue::P, Prologue::p;
   using Prologue::Prologue;
   using typename Prologue::Cfg, typename Prologue::Slice;
@@ -204,12 +204,14 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
   /// Step 4 in the per-item kernels: one step after the other (latency-bound at small B, where
   /// the split form's extra shared loads proved slower). The wide form runs the
   /// ring-mode steps in groups of kStepGroup with their outputs stored after the group.
-  /// track_t >= 0 (extend's track): the state after step track_t is stored to track_dst.
+  /// Extend's prefix-cache track (TileArgs::track_steps, contract §9): the state after the
+  /// request's track step goes to the track slot as the loop passes it. Everything it needs is
+  /// read where it is used (the launch argument, one index per step, only in extends with
+  /// tracks): held in registers through the loop, it made the 128-register kernels spill.
   template <typename Src>
   __device__ __forceinline__ void steps_per_item(const TileSmem<Cfg>& sm, ColRegs<Slice> (&S)[CPT],
                                                  const bool (&col_ok)[CPT], bool holds_tile, int T,
-                                                 int64_t row, bool snap, int t0, int tc,
-                                                 int track_t, float* track_dst) const {
+                                                 int64_t row, bool snap, int t0, int tc) const {
     constexpr int kStepGroup = kWide ? 4 : 1;
     const uint32_t out_item = (static_cast<uint32_t>(n) * T * p.HV + hv) * p.V + col0;
     const uint32_t out_token = static_cast<uint32_t>(p.HV) * p.V;
@@ -224,9 +226,9 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
       // Whole groups with their outputs stored after the group: no store (behind its
       // branch) then separates step tt's output dot from step tt + 1's decay and key dot,
       // which do not depend on it, and the scheduler overlaps them.
-      // Snapshot mode stores the state after every step, and a track one, so they keep the
-      // plain loop.
-      if (!snap && track_t < 0) {
+      // Snapshot mode stores the state after every step, and a tracked extend one, so they
+      // keep the plain loop.
+      if (!snap && !tracks_extend()) {
         for (; tt + kStepGroup <= tc; tt += kStepGroup) {
           float o[kStepGroup][CPT];
 #pragma unroll
@@ -245,15 +247,22 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
       step(tt, o);
       store_outputs<Src>(t0 + tt, o, col_ok, T, out_item, out_token);
       store_snapshot<Src>(t0 + tt, S, col_ok, row, snap);
-      if (t0 + tt == track_t) {
+      if (tracks_extend() && t0 + tt == args.track_steps[n]) {
+        float* dst = args.ssm_out + args.track_slots[n] * p.ssm_slot_stride +
+                     static_cast<int64_t>(hv) * p.V * K;
 #pragma unroll
         for (int j = 0; j < CPT; ++j) {
           if (col_ok[j]) {
-            store_column<Slice>(track_dst + static_cast<int64_t>(col0 + j) * K, S[j], c);
+            store_column<Slice>(dst + static_cast<int64_t>(col0 + j) * K, S[j], c);
           }
         }
       }
     }
+  }
+
+  /// An extend call with prefix-cache tracks (launch-argument reads only).
+  __device__ __forceinline__ bool tracks_extend() const {
+    return args.extend != 0 && args.track_steps != nullptr;
   }
 };
 

@@ -187,20 +187,6 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred> {
     }
 
     const PairStores pair = pair_stores(sm, slot, row, ring, cursor, qk_owner, write_window);
-    // Extend's prefix-cache track (contract §9): the state after prompt token track_t also goes
-    // to the track slot's tile (steps_per_item stores it as it passes).
-    int track_t = -1;
-    float* track_dst = nullptr;
-    if constexpr (!is_streamed(Src::kSchedule)) {
-      if (extend && args.track_steps != nullptr) {
-        track_t = args.track_steps[this->n];
-        if (track_t >= 0) {
-          track_dst = args.ssm_out + args.track_slots[this->n] * p.ssm_slot_stride +
-                      static_cast<int64_t>(hv) * p.V * K;
-        }
-      }
-    }
-
     // The streaming kernel serves T <= kChunk only (launcher-checked): one chunk, so the
     // state is never live through a prologue (no spills).
     const int t_limit = is_streamed(Src::kSchedule) ? 1 : T;
@@ -278,8 +264,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred> {
           this->template steps_snapshot_stream<Src>(sm, S, col_ok, T, row, snap, t0, tc);
         }
       } else {
-        this->template steps_per_item<Src>(sm, S, col_ok, holds_tile, T, row, snap, t0, tc, track_t,
-                                           track_dst);
+        this->template steps_per_item<Src>(sm, S, col_ok, holds_tile, T, row, snap, t0, tc);
       }
       // The next chunk overwrites shared memory. The streaming kernel runs one chunk per item,
       // and its next live item passes a barrier before it writes shared memory (after its

@@ -194,7 +194,8 @@ TEST_CASE("backend prefix: a copied slot run forward equals its source run forwa
       same_inputs(x, kT, /*from=*/2, /*to=*/0);
       h.backend->verify(layer, x.in, x.out_view, nullptr);
       const int64_t rows = kT;
-      CHECK(same_bits(x.out_view.narrow(0, 0, rows), bytes_of(x.out_view.narrow(0, 2 * rows, rows))));
+      CHECK(
+          same_bits(x.out_view.narrow(0, 0, rows), bytes_of(x.out_view.narrow(0, 2 * rows, rows))));
     }
     commit(h, {2 + round, 1, 2 + round});
     CHECK(slot_state(h, 3) == slot_state(h, 0));
@@ -337,8 +338,8 @@ TEST_CASE("backend prefix: invalid commit tracks raise the device error flag, wr
   verify_all(plain, {kT, {0, 1}, {}}, 61);
   commit_tracked(h, {2, 3}, c.slots, c.steps);
   commit(plain, {2, 3});
-  const std::string msg = error_of([&] { h.backend->check_device_errors(nullptr); },
-                                   ErrorCode::kInvalidArgument);
+  const std::string msg =
+      error_of([&] { h.backend->check_device_errors(nullptr); }, ErrorCode::kInvalidArgument);
   CHECK(msg.find("a track step at or beyond its accepted length") != std::string::npos);
   CHECK(msg.find("accepted length outside") == std::string::npos);
   CHECK(slot_state(h, 3) == garbage);  // nothing written
@@ -356,15 +357,15 @@ TEST_CASE("backend prefix: commit track views are validated", "[backend][prefix]
   const TensorView a = acc.view(DType::kI32, {2});
   CHECK(error_of(
             [&] {
-              h.backend->commit(a, CommitTrack{ts.view(DType::kI32, {3}), tk.view(DType::kI32, {2})},
-                                nullptr);
+              h.backend->commit(
+                  a, CommitTrack{ts.view(DType::kI32, {3}), tk.view(DType::kI32, {2})}, nullptr);
             },
             ErrorCode::kInvalidArgument)
             .find("commit: track.slots") == 0);
   CHECK(error_of(
             [&] {
-              h.backend->commit(a, CommitTrack{ts.view(DType::kI32, {2}), tk.view(DType::kF32, {2})},
-                                nullptr);
+              h.backend->commit(
+                  a, CommitTrack{ts.view(DType::kI32, {2}), tk.view(DType::kF32, {2})}, nullptr);
             },
             ErrorCode::kInvalidArgument)
             .find("commit: track.steps") == 0);

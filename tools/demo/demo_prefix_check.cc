@@ -38,9 +38,10 @@ std::string tally_line(const KindTally& t) {
   }
   const auto part = [](const char* name, const StateDiff& d) {
     return d.bitwise() ? fmt::format("{} bitwise equal", name)
-                       : fmt::format("{} NOT bitwise equal ({} values differ, max abs err {:.3g}, "
-                                     "worst layer {}, request {})",
-                                     name, d.differing, d.max_abs, d.worst_layer, d.worst_request);
+                       : fmt::format(
+                             "{} NOT bitwise equal ({} values differ, max abs err {:.3g}, "
+                             "worst layer {}, request {})",
+                             name, d.differing, d.max_abs, d.worst_layer, d.worst_request);
   };
   return fmt::format("{:>5} {} ({} layer states): {}; {}", t.events, t.what, t.ssm.states,
                      part("ssm", t.ssm), part("conv", t.conv));
@@ -92,10 +93,10 @@ CheckOutcome check_prefix_cache(const DemoRun& primary) {
           to_host_vector<float>(ref.pool().ssm_state(l).select(0, ref_slot));
       const std::vector<bf16_t> ref_conv =
           to_host_vector<bf16_t>(ref.pool().conv_state(l).select(0, ref_slot));
-      const std::vector<float> ssm = held != nullptr ? held->ssm[static_cast<size_t>(l)]
-                                                     : primary.slot_ssm_state(l, slot);
-      const std::vector<bf16_t> conv = held != nullptr ? held->conv[static_cast<size_t>(l)]
-                                                       : primary.slot_conv_state(l, slot);
+      const std::vector<float> ssm =
+          held != nullptr ? held->ssm[static_cast<size_t>(l)] : primary.slot_ssm_state(l, slot);
+      const std::vector<bf16_t> conv =
+          held != nullptr ? held->conv[static_cast<size_t>(l)] : primary.slot_conv_state(l, slot);
       for (StateDiff* d : {&tally.ssm, &out.ssm}) {
         compare_state(*d, ssm, ref_ssm, l, request);
       }
@@ -171,12 +172,13 @@ CheckOutcome check_prefix_cache(const DemoRun& primary) {
             "request's history)",
             compared_events, primary.prefix_events().size());
 
-  out.name = fmt::format("{} prefix cache: tracked, copied and final states vs independent "
-                         "extend-only recomputation",
-                         device_name(p.device));
-  out.coverage = fmt::format(
-      "all {} layers: {} prefix tracks, {} copies, {} decode tracks, {} final states",
-      L, tallies[0].events, tallies[1].events, tallies[2].events, finals.events);
+  out.name = fmt::format(
+      "{} prefix cache: tracked, copied and final states vs independent "
+      "extend-only recomputation",
+      device_name(p.device));
+  out.coverage =
+      fmt::format("all {} layers: {} prefix tracks, {} copies, {} decode tracks, {} final states",
+                  L, tallies[0].events, tallies[1].events, tallies[2].events, finals.events);
   for (const KindTally& t : tallies) {
     out.details.push_back(tally_line(t));
   }
