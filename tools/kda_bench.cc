@@ -5,7 +5,9 @@
 //           auto tile per B, --block-v, or every BV with --sweep-bv), each checked bitwise
 //           fused vs unfused before timing;
 //   commit  fold / snapshot commit / conv commit of --layers layers, one launch each, and the
-//           whole commit per mode (one launch: the state kernel carries the conv copy);
+//           whole commit per mode (one launch: the state kernel carries the conv copy); with
+//           --commit-tracks also the commits with a prefix-cache track per request and the
+//           deferred commit with and without;
 //   round   every layer's verify + the commit, one graph per round.
 // Methodology (contract §6): --calls calls in one CUDA graph, --warmup replays, then --reps
 // repetitions of --iters timed replays; median / min / max of us per call. Byte model and
@@ -51,9 +53,12 @@ void print_header(const BenchArgs& args) {
   fmt::print("shape: {}{}\n", args.shape.describe(),
              args.preset != Preset::kNone ? fmt::format(" (preset {})", preset_name(args.preset))
                                           : std::string());
-  fmt::print("T: {}  B: {}  L={}  T_max={}  slots = rows = arange(B), S = R = B\n",
+  fmt::print("T: {}  B: {}  L={}  T_max={}  slots = rows = arange(B), S = R = B{}\n",
              fmt::join(args.draft_tokens, ","), fmt::join(args.batch_sizes, ","),
-             args.effective_ring_len(), args.max_T());
+             args.effective_ring_len(), args.max_T(),
+             args.commit_tracks
+                 ? "; commit tracks: S = 2B, request i tracks accepted step n-1 into slot B + i"
+                 : "");
   fmt::print(
       "timing: {} calls per CUDA graph, {} warm-up replays, {} reps x {} timed replays; "
       "us/call = median over reps; PDL {}; state streaming {}; tile occupancy {}{}\n",
@@ -68,6 +73,11 @@ void print_header(const BenchArgs& args) {
       args.l2_cold ? "; L2-cold: rotating layer copies (one call per copy)" : "");
   for (const std::string& line : describe_byte_model(args.shape, args.hbm_gbps)) {
     fmt::print("{}\n", line);
+  }
+  if (args.commit_tracks) {
+    for (const std::string& line : describe_track_model(args.shape)) {
+      fmt::print("{}\n", line);
+    }
   }
 }
 

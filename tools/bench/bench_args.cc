@@ -136,6 +136,10 @@ Sweep:
                          round: every layer's verify + the commit in one graph
   --layers N             layers of the commit / round pools (default 20, Kimi-Linear)
   --accepted N           commit: accepted length of every request (default T: all accepted)
+  --commit-tracks        commit: also time the commits with prefix-cache tracks (every
+                         request tracks its last accepted step, n-1, into a slot of its own
+                         past the batch: the state pools get 2*B slots): commit+ring+track,
+                         commit+track (snapshot), commit+deferred, commit+deferred+track
 
 Timing (contract §6 methodology):
   --calls N              calls captured in one CUDA graph (default 10)
@@ -300,6 +304,9 @@ void validate(const BenchArgs& a) {
   if (a.variants.empty()) {
     throw ArgError("--variants: nothing to time");
   }
+  if (a.commit_tracks && !a.phase_commit) {
+    throw ArgError("--commit-tracks: times commit rows, needs the commit phase (--phases commit)");
+  }
 }
 
 struct FlagSpec {
@@ -308,25 +315,19 @@ struct FlagSpec {
 };
 // Every flag bench_usage() documents (the handlers below must cover the same set).
 constexpr FlagSpec kFlags[] = {
-    {"--preset", true},         {"--heads", true},
-    {"--hv-heads", true},       {"--head-k-dim", true},
-    {"--head-v-dim", true},     {"--lower-bound", true},
-    {"--conv-weight", true},    {"--conv-bias", false},
-    {"--batch-sizes", true},    {"--draft-tokens", true},
-    {"--variants", true},       {"--block-v", true},
-    {"--sweep-bv", false},      {"--phases", true},
-    {"--layers", true},         {"--accepted", true},
-    {"--calls", true},          {"--warmup", true},
-    {"--iters", true},          {"--reps", true},
-    {"--round-iters", true},    {"--commit-iters", true},
-    {"--l2-cold", false},       {"--max-copies", true},
-    {"--hbm-gbps", true},       {"--copy-mib", true},
-    {"--ring-len", true},       {"--seed", true},
-    {"--skip-guard", false},    {"--brief", false},
-    {"--dry-run", false},       {"--no-pdl", false},
-    {"--device", true},         {"--state-stream", true},
-    {"--tile-occupancy", true}, {"--out", true},
-    {"--help", false},          {"-h", false},
+    {"--preset", true},       {"--heads", true},          {"--hv-heads", true},
+    {"--head-k-dim", true},   {"--head-v-dim", true},     {"--lower-bound", true},
+    {"--conv-weight", true},  {"--conv-bias", false},     {"--batch-sizes", true},
+    {"--draft-tokens", true}, {"--variants", true},       {"--block-v", true},
+    {"--sweep-bv", false},    {"--phases", true},         {"--layers", true},
+    {"--accepted", true},     {"--commit-tracks", false}, {"--calls", true},
+    {"--warmup", true},       {"--iters", true},          {"--reps", true},
+    {"--round-iters", true},  {"--commit-iters", true},   {"--l2-cold", false},
+    {"--max-copies", true},   {"--hbm-gbps", true},       {"--copy-mib", true},
+    {"--ring-len", true},     {"--seed", true},           {"--skip-guard", false},
+    {"--brief", false},       {"--dry-run", false},       {"--no-pdl", false},
+    {"--device", true},       {"--state-stream", true},   {"--tile-occupancy", true},
+    {"--out", true},          {"--help", false},          {"-h", false},
 };
 
 }  // namespace
@@ -462,6 +463,7 @@ std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
        }},
       {"--layers", [&](auto& n, auto& v) { a.layers = parse_int(n, v, 1, 4096); }},
       {"--accepted", [&](auto& n, auto& v) { a.accepted = parse_int(n, v, 1, 64); }},
+      {"--commit-tracks", [&](auto&, auto&) { a.commit_tracks = true; }},
       {"--calls", [&](auto& n, auto& v) { a.calls = parse_int(n, v, 1, 1000); }},
       {"--warmup", [&](auto& n, auto& v) { a.warmup = parse_int(n, v, 0, 100000); }},
       {"--iters", [&](auto& n, auto& v) { a.iters = parse_int(n, v, 1, 1000000); }},

@@ -61,6 +61,9 @@ struct BenchArgs {
   bool phase_round = false;
   int layers = 20;   ///< Kimi-Linear KDA layer count
   int accepted = 0;  ///< commit: accepted length per request; 0 = T (all accepted)
+  /// commit: also time the commits with prefix-cache tracks (every request tracks its last
+  /// accepted step into its own slot past the batch) and the deferred commit with and without.
+  bool commit_tracks = false;
 
   int calls = 10;         ///< calls captured per graph
   int warmup = 5;         ///< untimed graph replays
@@ -96,6 +99,11 @@ struct BenchArgs {
   /// The fused BV choice as text, for the plan: "8,16,32,64,128", "64" or "auto".
   std::string fused_block_v_text() const;
 };
+
+/// The accepted step each request tracks under --commit-tracks, of `accepted` (n) steps: the
+/// last, n - 1, where the deferred track fold reads the most ring steps (n); the eager and
+/// snapshot tracks move the same bytes at every step.
+inline int commit_track_step(int accepted) { return accepted - 1; }
 
 /// Thrown on a bad command line; what() names the flag, the value and what is allowed.
 class ArgError : public std::runtime_error {

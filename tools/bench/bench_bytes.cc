@@ -48,6 +48,16 @@ CommitBytes commit_bytes(const Shape& s, int layers, int B, int accepted) {
   return c;
 }
 
+TrackBytes track_bytes(const Shape& s, int layers, int tracks, int step) {
+  const int64_t per = int64_t{layers} * tracks;
+  const int64_t conv = kConvHistory * s.D() * 2 * 2;
+  TrackBytes t;
+  t.ring = per * (state_bytes(s) + conv);
+  t.snapshot = per * (2 * state_bytes(s) + conv);
+  t.deferred = per * (2 * state_bytes(s) + (int64_t{step} + 1) * ring_step_bytes(s) + conv);
+  return t;
+}
+
 std::vector<std::string> describe_byte_model(const Shape& s, double hbm_gbps) {
   const VerifyBytes one = verify_bytes(s, 1, 1, RecordMode::kRing);
   const VerifyBytes snap = verify_bytes(s, 1, 1, RecordMode::kSnapshot);
@@ -84,6 +94,23 @@ std::vector<std::string> describe_byte_model(const Shape& s, double hbm_gbps) {
   l.push_back(
       "commit, all layers (n = accepted): fold = layers*B*(2*HV*V*K*4 + n*ring step); snapshot = "
       "layers*B*2*HV*V*K*4; conv = layers*B*3*D*2*2; % = of the measured D2D copy rate.");
+  return l;
+}
+
+std::vector<std::string> describe_track_model(const Shape& s) {
+  const TrackBytes one = track_bytes(s, 1, 1, 0);
+  std::vector<std::string> l;
+  l.push_back(
+      "commit tracks (--commit-tracks), added per tracked request and layer (k = track step):");
+  const auto line = [&](const char* what, const char* formula, const std::string& value) {
+    l.push_back(fmt::format("  {:<22} {:<48} = {}", what, formula, value));
+  };
+  line("commit+ring+track", "state write + conv window copy 3*D*2*2", fmt::format("{}", one.ring));
+  line("commit+track", "snapshot k read + state write + conv window copy",
+       fmt::format("{}", one.snapshot));
+  line("commit+deferred+track", "state read + write + (k+1) ring steps + conv copy",
+       fmt::format("{} + k * {}", one.deferred, ring_step_bytes(s)));
+  l.push_back("  commit+deferred (no track) = the conv commit's bytes (pending counts uncounted).");
   return l;
 }
 

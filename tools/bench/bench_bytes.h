@@ -44,6 +44,19 @@ struct CommitBytes {
 /// `accepted`: steps folded / the snapshot index copied (1..T).
 CommitBytes commit_bytes(const Shape& s, int layers, int B, int accepted);
 
+/// What prefix-cache tracks (contract §9) add to a commit of all layers (bytes): `tracks`
+/// tracked requests, each tracking accepted step `step` (0-based). Every kind copies the
+/// track's conv window (window k read + conv state write, 3*D*2*2) besides its state:
+struct TrackBytes {
+  int64_t ring = 0;      ///< eager ring: the fold stores the state it passes (one state write)
+  int64_t snapshot = 0;  ///< snapshot k read + state write
+  /// kDeferred: the track fold reads the slot's state and steps 0..step of the ring, and writes
+  /// the track slot's state (the untracked deferred commit moves no state).
+  int64_t deferred = 0;
+};
+
+TrackBytes track_bytes(const Shape& s, int layers, int tracks, int step);
+
 /// Microseconds needed to move `bytes` at `gbps` GB/s (1 GB = 1e9 B).
 inline double floor_us(int64_t bytes, double gbps) {
   return static_cast<double>(bytes) / (gbps * 1e3);
@@ -55,5 +68,7 @@ inline double achieved_gbps(int64_t bytes, double us) {
 
 /// The byte model as text lines (formulas and this shape's coefficients), printed once.
 std::vector<std::string> describe_byte_model(const Shape& s, double hbm_gbps);
+/// track_bytes() as text lines (printed with --commit-tracks only).
+std::vector<std::string> describe_track_model(const Shape& s);
 
 }  // namespace kda::bench

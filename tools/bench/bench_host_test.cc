@@ -1,6 +1,9 @@
 // bench_host_test.cc: kda_bench's host-only parts: flags, byte model, targets, dispatch advice.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -129,6 +132,19 @@ TEST_CASE("kda_bench args: bad values name the flag", "[tools][bench]") {
   require_arg_error({"--phases", "verify,all,x"}, "--phases: bad value 'x'");
   require_arg_error({"--sweep-bv=1"}, "takes no value");
   require_arg_error({"extra"}, "unexpected argument");
+  require_arg_error({"--commit-tracks"}, "needs the commit phase");
+  require_arg_error({"--phases", "commit", "--commit-tracks=1"}, "takes no value");
+}
+
+TEST_CASE("kda_bench args: --commit-tracks", "[tools][bench]") {
+  CHECK_FALSE(parse({}).commit_tracks);
+  CHECK_FALSE(parse({"--phases", "commit"}).commit_tracks);
+  CHECK(parse({"--phases", "commit", "--commit-tracks"}).commit_tracks);
+  CHECK(parse({"--commit-tracks", "--phases", "all"}).commit_tracks);  // any order
+  CHECK(bench_usage().find("--commit-tracks") != std::string::npos);
+  // The last accepted step: k < n always (a valid track), k = 0 at n = 1.
+  CHECK(commit_track_step(1) == 0);
+  CHECK(commit_track_step(4) == 3);
 }
 
 TEST_CASE("kda_bench bytes: floors match contract §6", "[tools][bench]") {
@@ -153,6 +169,59 @@ TEST_CASE("kda_bench bytes: floors match contract §6", "[tools][bench]") {
   const CommitBytes c = commit_bytes(kimi, 20, 16, 3);
   CHECK(c.fold == 20LL * 16 * (2LL * 32 * 128 * 128 * 4 + 3 * ring_step_bytes(kimi)));
   CHECK(c.conv == 20LL * 16 * 3 * kimi.D() * 4);
+}
+
+TEST_CASE("kda_bench bytes: commit tracks", "[tools][bench]") {
+  const Shape kimi = preset_shape(Preset::kKimiLinear);
+  const int64_t state = 32LL * 128 * 128 * 4;
+  const int64_t conv = 3 * kimi.D() * 2 * 2;  // window k read + conv state write
+  const TrackBytes t = track_bytes(kimi, 20, 16, 3);
+  CHECK(t.ring == 20LL * 16 * (state + conv));
+  CHECK(t.snapshot == 20LL * 16 * (2 * state + conv));
+  CHECK(t.deferred == 20LL * 16 * (2 * state + 4 * ring_step_bytes(kimi) + conv));
+  // Linear in tracks and layers; only the deferred track depends on the step.
+  CHECK(track_bytes(kimi, 1, 0, 3).deferred == 0);
+  CHECK(track_bytes(kimi, 2, 3, 0).ring == 6 * track_bytes(kimi, 1, 1, 0).ring);
+  CHECK(track_bytes(kimi, 1, 1, 0).snapshot == track_bytes(kimi, 1, 1, 7).snapshot);
+  CHECK(track_bytes(kimi, 1, 1, 1).deferred - track_bytes(kimi, 1, 1, 0).deferred ==
+        ring_step_bytes(kimi));
+  // A tracked eager ring commit of every request: the untracked commit + half a fold's state.
+  const CommitBytes c = commit_bytes(kimi, 20, 16, 4);
+  CHECK(c.fold + c.conv + t.ring == c.fold + 2 * c.conv + 20LL * 16 * state);
+  CHECK(describe_track_model(kimi).size() == 5);
+}
+
+TEST_CASE("kda_bench report: tracked commit rows in the CSV", "[tools][bench]") {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/kda_bench_tracks.csv";
+  std::vector<Row> rows;
+  for (const char* what : {"commit+ring", "commit+ring+track", "commit+track", "commit+deferred",
+                           "commit+deferred+track"}) {
+    Row r;
+    r.phase = Phase::kCommit;
+    r.what = what;
+    r.T = 4;
+    r.B = 16;
+    r.layers = 20;
+    r.timing.median_us = 10.0;
+    rows.push_back(r);
+  }
+  const BenchArgs args = parse({"--phases", "commit", "--commit-tracks"});
+  write_rows(path, RunInfo{}, rows, recommend(rows, args));
+  std::ifstream in(path);
+  std::string line;
+  REQUIRE(std::getline(in, line));
+  const auto fields = [](const std::string& l) { return std::count(l.begin(), l.end(), ',') + 1; };
+  const auto header_fields = fields(line);
+  size_t i = 0;
+  while (std::getline(in, line)) {
+    REQUIRE(i < rows.size());
+    CAPTURE(line);
+    CHECK(fields(line) == header_fields);
+    CHECK(line.rfind("commit,4,16," + rows[i].what + ",", 0) == 0);
+    ++i;
+  }
+  CHECK(i == rows.size());
 }
 
 TEST_CASE("kda_bench report: targets and dispatch advice", "[tools][bench]") {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -196,9 +197,46 @@ void fill_records(const BenchContext& ctx, const Problem& problem, int T) {
 void check_error_flag(const BenchContext& ctx, const Problem& problem, const char* what) {
   const int32_t flag = problem.read_and_clear_error_flag(ctx.stream);
   KDA_CHECK_CODE(flag == 0, ErrorCode::kInternal,
-                 "{}: the commit kernels reported a bad accepted length (error flag {})", what,
-                 flag);
+                 "{}: the commit kernels reported an error (flag {}: {} = bad accepted length, {} "
+                 "= bad track): the bench set up bad accepted lengths or tracks",
+                 what, flag, static_cast<int>(kBadAcceptedLength), static_cast<int>(kBadTrack));
 }
+
+/// A deferred commit's bookkeeping (contract §7) over every slot of a Problem: ring_cursor [S]
+/// and ring_pending [layers, S] (layer pitch S), zeroed by reset().
+class DeferredState {
+ public:
+  DeferredState(const BenchContext& ctx, const Problem& problem)
+      : slots_(problem.num_slots()),
+        cursor_(Device::cuda(ctx.args.device), slots_ * 4),
+        pending_(Device::cuda(ctx.args.device), int64_t{ctx.args.layers} * slots_ * 4) {
+    reset(ctx.stream);
+  }
+  /// Cursors and counts to 0: no slot has anything pending (enqueued on `stream`).
+  void reset(cudaStream_t stream) const {
+    KDA_CUDA_CHECK(
+        cudaMemsetAsync(cursor_.data(), 0, static_cast<size_t>(cursor_.bytes()), stream));
+    KDA_CUDA_CHECK(
+        cudaMemsetAsync(pending_.data(), 0, static_cast<size_t>(pending_.bytes()), stream));
+  }
+  int32_t* cursor() const { return static_cast<int32_t*>(cursor_.data()); }
+  /// Layer `layer`'s counts [S].
+  int32_t* pending(int layer) const {
+    return static_cast<int32_t*>(pending_.data()) + int64_t{layer} * slots_;
+  }
+  /// `p` (a ring-mode commit of every layer) as the kDeferred commit over these counts.
+  CommitParams deferred(CommitParams p) const {
+    p.kind = CommitKind::kDeferred;
+    p.ring_cursor = cursor();
+    p.ring_pending = pending(0);
+    p.ring_pending_layer_stride = slots_;
+    return p;
+  }
+
+ private:
+  int64_t slots_;
+  Buffer cursor_, pending_;
+};
 
 }  // namespace
 
@@ -208,12 +246,18 @@ void run_commit_phase(BenchContext& ctx) {
   TimerConfig timer = ctx.timer;
   timer.iters = a.commit_iters;
   for (int B : a.batch_sizes) {
-    ProblemConfig cfg = problem_config(a, B);
-    cfg.copies = a.layers;
+    const ProblemConfig cfg = commit_problem_config(a, B);
     check_fits(cfg, "commit");
     const Problem problem(cfg, ctx.stream);
+    const bool tracks = cfg.track_slots > 0;
+    const bool deferred_rows = tracks && cfg.ring;
+    std::optional<DeferredState> deferred;
+    if (deferred_rows) {
+      deferred.emplace(ctx, problem);
+    }
     for (int T : a.draft_tokens) {
-      fmt::print(stderr, "kda_bench: [commit] T={} B={} layers={}\n", T, B, a.layers);
+      fmt::print(stderr, "kda_bench: [commit] T={} B={} layers={}{}\n", T, B, a.layers,
+                 tracks ? fmt::format(" ({} tracks)", B) : std::string());
       fill_records(ctx, problem, T);
       const int n = a.accepted > 0 ? a.accepted : T;
       problem.set_accepted(n, ctx.stream);
@@ -223,27 +267,60 @@ void run_commit_phase(BenchContext& ctx) {
         RecordMode mode;
         int64_t bytes;
         void (*invoke)(const CommitParams&, cudaStream_t);
+        CommitParams params;
+        bool deferred = false;  ///< the cursors and counts start at zero
       };
+      const auto plain = [&](RecordMode mode) { return problem.commit_params(T, mode, a.layers); };
       std::vector<Op> ops;
       if (cfg.ring) {
-        ops.push_back({"fold", RecordMode::kRing, cb.fold, kernels::invoke_fold});
+        ops.push_back(
+            {"fold", RecordMode::kRing, cb.fold, kernels::invoke_fold, plain(RecordMode::kRing)});
       }
       if (cfg.snapshot) {
         ops.push_back({"commit_snapshot", RecordMode::kSnapshot, cb.snapshot,
-                       kernels::invoke_commit_snapshot});
+                       kernels::invoke_commit_snapshot, plain(RecordMode::kSnapshot)});
       }
-      ops.push_back({"commit_conv", cfg.ring ? RecordMode::kRing : RecordMode::kSnapshot, cb.conv,
-                     kernels::invoke_commit_conv});
+      const RecordMode conv_mode = cfg.ring ? RecordMode::kRing : RecordMode::kSnapshot;
+      ops.push_back(
+          {"commit_conv", conv_mode, cb.conv, kernels::invoke_commit_conv, plain(conv_mode)});
       if (cfg.ring) {
-        ops.push_back(
-            {"commit+ring", RecordMode::kRing, cb.fold + cb.conv, kernels::invoke_commit});
+        ops.push_back({"commit+ring", RecordMode::kRing, cb.fold + cb.conv, kernels::invoke_commit,
+                       plain(RecordMode::kRing)});
       }
       if (cfg.snapshot) {
-        ops.push_back(
-            {"commit", RecordMode::kSnapshot, cb.snapshot + cb.conv, kernels::invoke_commit});
+        ops.push_back({"commit", RecordMode::kSnapshot, cb.snapshot + cb.conv,
+                       kernels::invoke_commit, plain(RecordMode::kSnapshot)});
+      }
+      if (tracks) {
+        // Request i tracks accepted step k = n - 1 into slot B + i: valid (k < n, outside the
+        // batch, distinct), so any kBadTrack is the bench's own error.
+        const int k = commit_track_step(n);
+        problem.set_tracks(k, ctx.stream);
+        const TrackBytes tb = track_bytes(a.shape, a.layers, B, k);
+        const auto tracked = [&](RecordMode mode) {
+          return problem.tracked_commit_params(T, mode, a.layers);
+        };
+        if (cfg.ring) {
+          ops.push_back({"commit+ring+track", RecordMode::kRing, cb.fold + cb.conv + tb.ring,
+                         kernels::invoke_commit, tracked(RecordMode::kRing)});
+        }
+        if (cfg.snapshot) {
+          ops.push_back({"commit+track", RecordMode::kSnapshot, cb.snapshot + cb.conv + tb.snapshot,
+                         kernels::invoke_commit, tracked(RecordMode::kSnapshot)});
+        }
+        if (deferred_rows) {
+          ops.push_back({"commit+deferred", RecordMode::kRing, cb.conv, kernels::invoke_commit,
+                         deferred->deferred(plain(RecordMode::kRing)), true});
+          ops.push_back({"commit+deferred+track", RecordMode::kRing, cb.conv + tb.deferred,
+                         kernels::invoke_commit, deferred->deferred(tracked(RecordMode::kRing)),
+                         true});
+        }
       }
       for (const Op& op : ops) {
-        const CommitParams p = problem.commit_params(T, op.mode, a.layers);
+        if (op.deferred) {
+          // A clean start per row; the replays then move the cursors (mod L), at no cost.
+          deferred->reset(ctx.stream);
+        }
         Row r;
         r.phase = Phase::kCommit;
         r.what = op.name;
@@ -252,7 +329,7 @@ void run_commit_phase(BenchContext& ctx) {
         r.B = B;
         r.layers = a.layers;
         r.timing = time_in_graph(
-            ctx.stream, a.calls, [&](int) { op.invoke(p, ctx.stream); }, timer);
+            ctx.stream, a.calls, [&](int) { op.invoke(op.params, ctx.stream); }, timer);
         check_error_flag(ctx, problem, op.name);
         r.model_bytes = r.moved_bytes = op.bytes;
         r.floor_us = floor_us(op.bytes, ctx.copy_gbps);
@@ -316,26 +393,16 @@ void time_round(BenchContext& ctx, const Problem& problem, Variant v, int bv,
 Row run_deferred_round(BenchContext& ctx, const Problem& problem, Variant v, int bv, int T, int B,
                        const Row& eager) {
   const BenchArgs& a = ctx.args;
-  const Device device = Device::cuda(a.device);
-  Buffer cursor(device, static_cast<int64_t>(B) * 4);
-  Buffer pending(device, static_cast<int64_t>(a.layers) * B * 4);
-  KDA_CUDA_CHECK(
-      cudaMemsetAsync(cursor.data(), 0, static_cast<size_t>(cursor.bytes()), ctx.stream));
-  KDA_CUDA_CHECK(
-      cudaMemsetAsync(pending.data(), 0, static_cast<size_t>(pending.bytes()), ctx.stream));
+  const DeferredState state(ctx, problem);
   std::vector<VerifyParams> params;
   for (int l = 0; l < a.layers; ++l) {
     VerifyParams p = problem.verify_params(l, T, RecordMode::kRing);
-    p.ring_cursor = static_cast<const int32_t*>(cursor.data());
-    p.ring_pending = static_cast<const int32_t*>(pending.data()) + static_cast<int64_t>(l) * B;
+    p.ring_cursor = state.cursor();
+    p.ring_pending = state.pending(l);
     p.ssm_fold_out = const_cast<float*>(p.ssm_state);
     params.push_back(p);
   }
-  CommitParams cp = problem.commit_params(T, RecordMode::kRing, a.layers);
-  cp.kind = CommitKind::kDeferred;
-  cp.ring_cursor = static_cast<int32_t*>(cursor.data());
-  cp.ring_pending = static_cast<int32_t*>(pending.data());
-  cp.ring_pending_layer_stride = B;
+  const CommitParams cp = state.deferred(problem.commit_params(T, RecordMode::kRing, a.layers));
   Row r = eager;
   r.what = eager.what + "+deferred";
   const int64_t state_pass = verify_bytes(a.shape, B, T, RecordMode::kRing).state * a.layers;

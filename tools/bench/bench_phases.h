@@ -30,7 +30,9 @@ struct BenchContext {
 
 /// One layer's verify, every variant (and BV), after the bitwise guard; throws GuardFailure.
 void run_verify_phase(BenchContext& ctx);
-/// fold / snapshot commit / conv commit (and the two full commits) over --layers layers.
+/// fold / snapshot commit / conv commit (and the two full commits) over --layers layers; with
+/// --commit-tracks also the full commits with a track per request (into slots past the batch)
+/// and the deferred commit without and with tracks.
 void run_commit_phase(BenchContext& ctx);
 /// Every layer's verify + the commit in one graph per variant.
 void run_round_phase(BenchContext& ctx);

@@ -36,6 +36,13 @@ ProblemConfig problem_config(const BenchArgs& args, int B) {
   return c;
 }
 
+ProblemConfig commit_problem_config(const BenchArgs& args, int B) {
+  ProblemConfig c = problem_config(args, B);
+  c.copies = args.layers;
+  c.track_slots = args.commit_tracks ? B : 0;
+  return c;
+}
+
 int l2_cold_copies(const BenchArgs& args, int B, int64_t l2_bytes) {
   const int T_min = *std::min_element(args.draft_tokens.begin(), args.draft_tokens.end());
   const RecordMode lightest =
@@ -87,15 +94,21 @@ void print_plan(const BenchArgs& a, int64_t l2_bytes) {
     }
     fmt::print("{} ({} layers):\n", round ? "round" : "commit", a.layers);
     for (int B : a.batch_sizes) {
-      ProblemConfig cfg = problem_config(a, B);
+      ProblemConfig cfg = round ? problem_config(a, B) : commit_problem_config(a, B);
       cfg.copies = a.layers;
       double s = 0.0;
       for (int T : a.draft_tokens) {
-        const CommitBytes cb = commit_bytes(a.shape, a.layers, B, a.accepted > 0 ? a.accepted : T);
+        const int n = a.accepted > 0 ? a.accepted : T;
+        const CommitBytes cb = commit_bytes(a.shape, a.layers, B, n);
         if (!round) {
           int64_t bytes = cb.conv;  // commit_conv, then fold / snapshot alone and with conv
           bytes += cfg.ring ? 2 * cb.fold + cb.conv : 0;
           bytes += cfg.snapshot ? 2 * cb.snapshot + cb.conv : 0;
+          if (a.commit_tracks) {  // the tracked commits, and the deferred pair
+            const TrackBytes tb = track_bytes(a.shape, a.layers, B, commit_track_step(n));
+            bytes += cfg.ring ? cb.fold + cb.conv + tb.ring + 2 * cb.conv + tb.deferred : 0;
+            bytes += cfg.snapshot ? cb.snapshot + cb.conv + tb.snapshot : 0;
+          }
           s += timing_seconds(a, a.calls, a.commit_iters, floor_us(bytes, a.hbm_gbps));
           continue;
         }

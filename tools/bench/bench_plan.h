@@ -14,6 +14,9 @@ constexpr int64_t kAssumedL2Bytes = int64_t{50} << 20;
 
 /// The Problem of batch size `B`: one copy, T_max = max T, the modes the variants need.
 ProblemConfig problem_config(const BenchArgs& args, int B);
+/// The commit phase's Problem: --layers copies, and with --commit-tracks one track slot per
+/// request (S = 2B).
+ProblemConfig commit_problem_config(const BenchArgs& args, int B);
 
 /// --l2-cold: layer copies so that the bytes touched between two uses of one copy exceed
 /// 2x `l2_bytes` (at least 2, at most --max-copies).

@@ -1,6 +1,8 @@
 #include "tools/bench/bench_problem.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
@@ -29,6 +31,11 @@ Pool spec(std::string name, DType dtype, std::vector<int64_t> shape, int copies)
 
 int64_t alloc_bytes(const Pool& p) { return p.pitch * dtype_size(p.dtype) * p.copies; }
 
+/// track_slots [B] | track_steps [B] int32, with track slots only.
+int64_t track_index_bytes(const ProblemConfig& c) {
+  return c.track_slots > 0 ? 2 * int64_t{c.B} * 4 : 0;
+}
+
 // Input tensor ids for the seeds (a copy's tensor seed = f(seed, id, copy)).
 enum TensorId : uint64_t { kQkv = 1, kA, kB, kALog, kDtBias, kConvW, kConvB, kConvState, kSsm };
 
@@ -54,8 +61,8 @@ std::vector<const Pool*> OutputSet::written(RecordMode mode) const {
 
 Problem::Pools Problem::plan(const ProblemConfig& c) {
   const Shape& s = c.shape;
-  const int64_t B = c.B, N = int64_t{c.B} * c.T_max, D = s.D(), HV = s.HV, H = s.H, K = s.K,
-                V = s.V, L = c.L, Ta = c.T_max;
+  const int64_t B = c.B, S = int64_t{c.B} + c.track_slots, N = int64_t{c.B} * c.T_max, D = s.D(),
+                HV = s.HV, H = s.H, K = s.K, V = s.V, L = c.L, Ta = c.T_max;
   const DType wt = s.conv_weight_type == ConvWeightType::kF32 ? DType::kF32 : DType::kBF16;
   const int n = c.copies;
   Pools p;
@@ -66,8 +73,8 @@ Problem::Pools Problem::plan(const ProblemConfig& c) {
   p.dt_bias = spec("dt_bias", DType::kF32, {HV * K}, n);
   p.conv_weight = spec("conv_weight", wt, {D, kConvWidth}, n);
   p.conv_bias = spec("conv_bias", wt, {D}, s.conv_bias ? n : 0);
-  p.conv_state = spec("conv_state", DType::kBF16, {B, kConvHistory, D}, n);
-  p.ssm_state = spec("ssm_state", DType::kF32, {B, HV, V, K}, n);
+  p.conv_state = spec("conv_state", DType::kBF16, {S, kConvHistory, D}, n);
+  p.ssm_state = spec("ssm_state", DType::kF32, {S, HV, V, K}, n);
   p.qkv_act = spec("qkv_act", DType::kBF16, {N, D}, 1);
   for (int set = 0; set < 2; ++set) {
     const int m = set == 0 ? n : (c.guard_set ? 1 : 0);
@@ -75,17 +82,17 @@ Problem::Pools Problem::plan(const ProblemConfig& c) {
     o.out = spec("out", DType::kBF16, {N, HV, V}, m);
     o.conv_window = spec("conv_window", DType::kBF16, {B, Ta, kConvHistory, D}, m);
     o.snapshots = spec("snapshots", DType::kF32, {B, Ta, HV, V, K}, c.snapshot ? m : 0);
-    o.rawv = spec("ring_rawv", DType::kBF16, {B, HV, L, V}, c.ring ? m : 0);
-    o.rawk = spec("ring_rawk", DType::kBF16, {B, H, L, K}, c.ring ? m : 0);
-    o.g = spec("ring_g", DType::kF32, {B, HV, L, K}, c.ring ? m : 0);
-    o.beta = spec("ring_beta", DType::kF32, {B, HV, L}, c.ring ? m : 0);
+    o.rawv = spec("ring_rawv", DType::kBF16, {S, HV, L, V}, c.ring ? m : 0);
+    o.rawk = spec("ring_rawk", DType::kBF16, {S, H, L, K}, c.ring ? m : 0);
+    o.g = spec("ring_g", DType::kF32, {S, HV, L, K}, c.ring ? m : 0);
+    o.beta = spec("ring_beta", DType::kF32, {S, HV, L}, c.ring ? m : 0);
   }
   return p;
 }
 
 int64_t Problem::device_bytes(const ProblemConfig& config) {
   Pools p = plan(config);
-  int64_t total = (3 * int64_t{config.B} + 1) * 4;
+  int64_t total = (3 * int64_t{config.B} + 1) * 4 + track_index_bytes(config);
   p.each([&](const Pool& pool) { total += alloc_bytes(pool); });
   return total;
 }
@@ -95,6 +102,7 @@ Problem::Problem(const ProblemConfig& config, cudaStream_t stream)
   const Shape& s = config.shape;
   KDA_CHECK(config.B >= 1 && config.T_max >= 1 && config.copies >= 1,
             "Problem: B={} T_max={} copies={} must be >= 1", config.B, config.T_max, config.copies);
+  KDA_CHECK(config.track_slots >= 0, "Problem: track_slots={} must be >= 0", config.track_slots);
   const Device dev = Device::cuda(config.device);
   pools_.each([&](Pool& p) {
     if (p.copies > 0 && p.numel > 0) {
@@ -143,6 +151,18 @@ Problem::Problem(const ProblemConfig& config, cudaStream_t stream)
   fill_arange_i32(idx + config.B, config.B, stream);  // rows = arange(B)
   fill_i32(idx + 2 * config.B, config.B, 1, stream);  // accepted (set per commit)
   fill_i32(idx + 3 * config.B, 1, 0, stream);         // error flag
+  std::vector<int32_t> track_slots;  // pageable: copied before the synchronise below
+  if (config.track_slots > 0) {
+    tracks_ = Buffer(dev, track_index_bytes(config));
+    int32_t* t = static_cast<int32_t*>(tracks_.data());
+    track_slots.resize(static_cast<size_t>(config.B));
+    for (int n = 0; n < config.B; ++n) {
+      track_slots[static_cast<size_t>(n)] = config.B + n;  // slots past the batch, distinct
+    }
+    KDA_CUDA_CHECK(cudaMemcpyAsync(t, track_slots.data(), track_slots.size() * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream));
+    fill_i32(t + config.B, config.B, -1, stream);  // track_steps: none until set_tracks()
+  }
   KDA_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
@@ -169,7 +189,7 @@ VerifyParams Problem::verify_params(int copy, int T, RecordMode mode, int set) c
   p.V = s.V;
   p.T_max = c.T_max;
   p.L = c.L;
-  p.num_slots = c.B;
+  p.num_slots = num_slots();
   p.num_rows = c.B;
   p.gate = s.gate;
   p.lower_bound = s.lower_bound;
@@ -233,7 +253,7 @@ CommitParams Problem::commit_params(int T, RecordMode mode, int layers) const {
   p.K = s.K;
   p.V = s.V;
   p.L = c.L;
-  p.num_slots = c.B;
+  p.num_slots = num_slots();
   p.num_rows = c.B;
   p.mode = mode;
   p.slots = idx;
@@ -268,6 +288,25 @@ CommitParams Problem::commit_params(int T, RecordMode mode, int layers) const {
   }
   p.error_flag = const_cast<int32_t*>(idx + 3 * c.B);
   return p;
+}
+
+CommitParams Problem::tracked_commit_params(int T, RecordMode mode, int layers) const {
+  KDA_CHECK(config_.track_slots > 0, "Problem: tracked commit without track slots");
+  CommitParams p = commit_params(T, mode, layers);
+  const int32_t* t = static_cast<const int32_t*>(tracks_.data());
+  p.track_slots = t;
+  p.track_steps = t + config_.B;
+  return p;
+}
+
+void Problem::set_tracks(int k, cudaStream_t stream) const {
+  KDA_CHECK(config_.track_slots > 0, "Problem: set_tracks without track slots");
+  int32_t* steps = static_cast<int32_t*>(tracks_.data()) + config_.B;
+  const int tracked = std::min(config_.B, config_.track_slots);
+  fill_i32(steps, tracked, k, stream);
+  if (tracked < config_.B) {
+    fill_i32(steps + tracked, config_.B - tracked, -1, stream);
+  }
 }
 
 void Problem::set_accepted(int n, cudaStream_t stream) const {

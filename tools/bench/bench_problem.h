@@ -4,13 +4,15 @@
 // Every per-layer tensor is a Pool of `copies` independent instances ([copies, ...], the
 // copy pitch rounded to 256 bytes), so the same object serves one warm layer (copies = 1),
 // the L2-cold rotation (copies = n) and the all-layer commit / round (copies = layers).
-// Shapes (contract §2) with S = R = B, slots = rows = arange(B):
+// Shapes (contract §2) with R = B, S = B + track_slots, slots = rows = arange(B): slots
+// B .. S-1 belong to no request (prefix-cache track targets), so every batch has its slots first:
 //   inputs     mixed_qkv [B*T_max, D] bf16, a [B*T_max, HV*K] bf16, b [B*T_max, HV] bf16,
 //              A_log [HV] f32, dt_bias [HV*K] f32, conv_weight [D, W] f32|bf16,
-//              conv_bias [D] (optional), conv_state [B, W-1, D] bf16, ssm_state [B, HV, V, K] f32
+//              conv_bias [D] (optional), conv_state [S, W-1, D] bf16, ssm_state [S, HV, V, K] f32
 //   outputs    out [B*T_max, HV, V] bf16, conv_window [B, T_max, W-1, D] bf16,
-//              snapshots [B, T_max, HV, V, K] f32, rings rawv [B, HV, L, V] bf16,
-//              rawk [B, H, L, K] bf16, g [B, HV, L, K] f32, beta [B, HV, L] f32
+//              snapshots [B, T_max, HV, V, K] f32, rings rawv [S, HV, L, V] bf16,
+//              rawk [S, H, L, K] bf16, g [S, HV, L, K] f32, beta [S, HV, L] f32
+//   tracks     (track_slots > 0) track_slots [B] = B + n, track_steps [B] from set_tracks()
 //   scratch    qkv_act [B*T_max, D] bf16, one for all copies (as the state pool has it)
 // Output set 0 has `copies` instances; the optional set 1 (the guard's second set) has one.
 // Inputs are randn scaled as contract §6 (generated on the device from the seed).
@@ -38,6 +40,7 @@ struct ProblemConfig {
   bool ring = true;        ///< allocate rings
   bool snapshot = true;    ///< allocate snapshots
   bool guard_set = false;  ///< allocate output set 1 (copy 0 only)
+  int track_slots = 0;     ///< state slots past the batch (track targets); S = B + track_slots
   uint64_t seed = 0;
   int device = 0;  ///< CUDA ordinal
 };
@@ -79,6 +82,7 @@ class Problem {
   static int64_t device_bytes(const ProblemConfig& config);
 
   const ProblemConfig& config() const { return config_; }
+  int num_slots() const { return config_.B + config_.track_slots; }  ///< S
   const OutputSet& outputs(int set) const;
 
   /// One layer's verify on copy `copy`, writing into output set `set` (set 1: copy 0 only).
@@ -86,8 +90,15 @@ class Problem {
   /// The commit of layers [0, layers) (copies = layers), output set 0, accepted lengths from
   /// set_accepted().
   CommitParams commit_params(int T, RecordMode mode, int layers) const;
+  /// commit_params() with the track indices set: request n < track_slots tracks into slot
+  /// B + n (distinct, outside the batch, in [0, S)) at the step of set_tracks(); needs
+  /// track_slots > 0.
+  CommitParams tracked_commit_params(int T, RecordMode mode, int layers) const;
   /// accepted[i] = n for every request (enqueued on `stream`).
   void set_accepted(int n, cudaStream_t stream) const;
+  /// track_steps[i] = k for requests i < track_slots, -1 (no track) for the others (enqueued on
+  /// `stream`). A valid track needs 0 <= k < the accepted length.
+  void set_tracks(int k, cudaStream_t stream) const;
   /// The commit error flag (synchronous read; resets it to 0).
   int32_t read_and_clear_error_flag(cudaStream_t stream) const;
 
@@ -118,6 +129,7 @@ class Problem {
   ProblemConfig config_;
   Pools pools_;
   Buffer indices_;  ///< slots [B] | rows [B] | accepted [B] | error flag [1], int32
+  Buffer tracks_;   ///< track_slots [B] | track_steps [B], int32 (track_slots > 0 only)
 };
 
 }  // namespace kda::bench

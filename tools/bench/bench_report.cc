@@ -128,7 +128,7 @@ void print_table_header(Phase phase) {
                  "target", "ok");
       break;
     case Phase::kCommit:
-      fmt::print("\n{:>3} {:>5}  {:<16} {:>6} {:>9} {:>9} {:>9} {:>8} {:>7}\n", "T", "B", "commit",
+      fmt::print("\n{:>3} {:>5}  {:<21} {:>6} {:>9} {:>9} {:>9} {:>8} {:>7}\n", "T", "B", "commit",
                  "layers", "us/call", "min", "max", "GB/s", "%copy");
       break;
     case Phase::kRound:
@@ -150,7 +150,7 @@ void print_row(const Row& r) {
           target_cells(r.target_us, t.median_us));
       break;
     case Phase::kCommit:
-      fmt::print("{:>3} {:>5}  {:<16} {:>6} {:>9.2f} {:>9.2f} {:>9.2f} {:>8.0f} {:>6.1f}%\n", r.T,
+      fmt::print("{:>3} {:>5}  {:<21} {:>6} {:>9.2f} {:>9.2f} {:>9.2f} {:>8.0f} {:>6.1f}%\n", r.T,
                  r.B, r.what, r.layers, t.median_us, t.min_us, t.max_us, r.gbps, r.pct);
       break;
     case Phase::kRound:

@@ -18,7 +18,10 @@ const char* phase_name(Phase p);
 /// One timed configuration.
 struct Row {
   Phase phase = Phase::kVerify;
-  std::string what;  ///< verify / round: variant name; commit: fold, commit_snapshot, ...
+  /// verify / round: variant name (round: + "+deferred"); commit: fold, commit_snapshot,
+  /// commit_conv, commit+ring, commit, and with --commit-tracks commit+ring+track, commit+track,
+  /// commit+deferred, commit+deferred+track (at most 21 characters: the commit table's column)
+  std::string what;
   RecordMode mode = RecordMode::kRing;
   bool fused = false;
   int T = 0, B = 0;
