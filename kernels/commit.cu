@@ -213,13 +213,11 @@ struct FoldItem {
     const int64_t head = layer * p.ssm_layer_stride + static_cast<int64_t>(hv) * p.V * K;
     float* s_base = p.ssm_state + head + slot * p.ssm_slot_stride;
     // kTrackOnly stores its result (the state after step k) to the track slot; the tracked
-    // eager fold stores the state after step track_k there as it passes it.
-    float* track_base = nullptr;
-    if constexpr (kRole == FoldRole::kTrackOnly || kRole == FoldRole::kCommitTracked) {
-      if (kRole == FoldRole::kTrackOnly || track_k >= 0) {
-        track_base = p.ssm_state + head + p.track_slots[n] * p.ssm_slot_stride;
-      }
-    }
+    // eager fold stores the state after step track_k there as it passes it (the address is
+    // formed there: held through the steps, it made the streaming fold spill).
+    const auto track_base = [&] {
+      return p.ssm_state + head + p.track_slots[n] * p.ssm_slot_stride;
+    };
 
     ColRegs<Slice> S[CPT];
     bool col_ok[CPT];
@@ -286,7 +284,7 @@ struct FoldItem {
         delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
         if constexpr (kRole == FoldRole::kCommitTracked) {
           if (t0 + tt == track_k) {
-            store_columns(track_base, S, col_ok, col0);
+            store_columns(track_base(), S, col_ok, col0);
           }
         }
       }
@@ -299,7 +297,7 @@ struct FoldItem {
       // item's steps (the last reader of that buffer). Fast warps start the next item's
       // prologue while slow ones finish their steps.
     }
-    store_columns(kRole == FoldRole::kTrackOnly ? track_base : s_base, S, col_ok, col0);
+    store_columns(kRole == FoldRole::kTrackOnly ? track_base() : s_base, S, col_ok, col0);
     return true;
   }
 

@@ -187,10 +187,13 @@ void invoke_extend(const ExtendParams& e, cudaStream_t stream) {
   TileArgs args{e.v, e.ssm_state_out, 1, {}};  // divisors: set by launch_verify_tile
   args.track_slots = e.track_slots;
   args.track_steps = e.track_steps;
-  constexpr int kExtendBlockV = 32;
   dispatch_weight(e.v.conv_weight_type, [&](auto w) {
     using W = decltype(w);
-    KDA_DISPATCH_K(e.v.K, K, { launch_verify_tile<W, K, kExtendBlockV, true>(args, stream); })
+    if (e.track_steps != nullptr) {
+      KDA_DISPATCH_K(e.v.K, K, { launch_extend_tracked<W, K>(args, stream); })
+    } else {
+      KDA_DISPATCH_K(e.v.K, K, { launch_verify_tile<W, K, kExtendBlockV, true>(args, stream); })
+    }
   });
   // After the recurrence: every CTA has read the old conv history by now (stream order).
   launch_conv_state_roll(e, stream);

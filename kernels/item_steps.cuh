@@ -13,7 +13,10 @@
 namespace kda::kernels {
 
 /// The recurrence phases of a work item (ItemPrologue's coordinates and shared memory).
-template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool kDeferred = false>
+/// kTrackedExtend: the extend instantiation with prefix-cache tracks (TileArgs::track_steps);
+/// every other instantiation carries none of the track code.
+template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool kDeferred = false,
+          bool kTrackedExtend = false>
 struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
   using Prologue = ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred>;
   using Prologue::args, Prologue::c, Prologue::col0, Prologue::CPT, Prologue::group, Prologue::hv,
@@ -204,10 +207,9 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
   /// Step 4 in the per-item kernels: one step after the other (latency-bound at small B, where
   /// the split form's extra shared loads proved slower). The wide form runs the
   /// ring-mode steps in groups of kStepGroup with their outputs stored after the group.
-  /// Extend's prefix-cache track (TileArgs::track_steps, contract §9): the state after the
-  /// request's track step goes to the track slot as the loop passes it. Everything it needs is
-  /// read where it is used (the launch argument, one index per step, only in extends with
-  /// tracks): held in registers through the loop, it made the 128-register kernels spill.
+  /// kTrackedExtend (contract §9): the state after the request's track step goes to the track
+  /// slot as the loop passes it (the verify kernels have no such code: in them it made the
+  /// 128-register forms spill).
   template <typename Src>
   __device__ __forceinline__ void steps_per_item(const TileSmem<Cfg>& sm, ColRegs<Slice> (&S)[CPT],
                                                  const bool (&col_ok)[CPT], bool holds_tile, int T,
@@ -260,9 +262,9 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
     }
   }
 
-  /// An extend call with prefix-cache tracks (launch-argument reads only).
+  /// An extend call with prefix-cache tracks.
   __device__ __forceinline__ bool tracks_extend() const {
-    return args.extend != 0 && args.track_steps != nullptr;
+    return kTrackedExtend && args.extend != 0 && args.track_steps != nullptr;
   }
 };
 

@@ -36,9 +36,10 @@ namespace kda::kernels {
 /// or StagedSource (verify_stream.cuh: the state tile from a shared-memory stage filled by a
 /// TMA bulk copy, the rest as GlobalSource). Both hand the same values to the same arithmetic,
 /// so the bits are equal. Sources take the item as its ItemPrologue.
-template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool kDeferred = false>
-struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred> {
-  using Steps = ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred>;
+template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool kDeferred = false,
+          bool kTrackedExtend = false>
+struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedExtend> {
+  using Steps = ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedExtend>;
   using Steps::a_log, Steps::args, Steps::c, Steps::col0, Steps::convolve_chunk, Steps::CPT,
       Steps::exp_a_log, Steps::gates_chunk, Steps::h, Steps::hv, Steps::is_qk, Steps::kConvWarps,
       Steps::kSpareWarps, Steps::lane, Steps::load_chunk, Steps::p, Steps::pair_channel,

@@ -172,10 +172,12 @@ struct GlobalSource : WeightReads<Item> {
 /// VerifyItem::run, up to 255 registers (the BV = 32 tile: 128, TileConfig::kMinCtasPerSm).
 /// kDeferred: a call with ring_pending (the deferred commit's fold first, item_fold.cuh); the
 /// eager instantiation carries none of that code.
-template <typename WeightT, int K, int BV, bool FUSED, int kCtasPerSm, bool kDeferred = false>
+/// kTrackedExtend: extend with prefix-cache tracks (launch_extend_tracked).
+template <typename WeightT, int K, int BV, bool FUSED, int kCtasPerSm, bool kDeferred = false,
+          bool kTrackedExtend = false>
 __global__ void __launch_bounds__(256, TileConfig<K, BV, kCtasPerSm == 1>::kMinCtasPerSm)
     verify_tile_kernel(const __grid_constant__ TileArgs args) {
-  using Item = VerifyItem<WeightT, K, BV, FUSED, kCtasPerSm == 1, kDeferred>;
+  using Item = VerifyItem<WeightT, K, BV, FUSED, kCtasPerSm == 1, kDeferred, kTrackedExtend>;
   using Stage = ItemStateStage<K, BV, kCtasPerSm>;
   static_assert(sizeof(TileSmem<typename Item::Cfg>) + sizeof(Stage) + 128 <= 48 * 1024,
                 "static shared memory (tile + state stage, with alignment) over 48 KiB");
@@ -221,8 +223,9 @@ void launch_verify_tile(const TileArgs& args, cudaStream_t stream);
 
 namespace kda::kernels {
 
-/// One of the two instantiation sets: kDeferred for calls with ring_pending.
-template <typename WeightT, int K, int BV, bool FUSED, bool kDeferred>
+/// One of the instantiation sets: kDeferred for calls with ring_pending, kTrackedExtend for
+/// extends with tracks.
+template <typename WeightT, int K, int BV, bool FUSED, bool kDeferred, bool kTrackedExtend = false>
 void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
   const VerifyParams& p = call.p;
   const dim3 block(TileConfig<K, BV>::kThreads);
@@ -245,11 +248,11 @@ void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
   const bool by_wave_fill = FUSED && BV < 128 && !gains;
   if (by_wave_fill ? one_cta_per_sm_by_wave_fill(ctas)
                    : one_cta_per_sm_tiles(ctas, gains, kMaxWaves)) {
-    launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1, kDeferred>, grid, block, 0, stream,
-               pdl_enabled(), args);
+    launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1, kDeferred, kTrackedExtend>, grid, block,
+               0, stream, pdl_enabled(), args);
     return;
   }
-  if constexpr (BV == 128) {
+  if constexpr (BV == 128 && !kTrackedExtend) {
     const size_t stage_bytes = kVerifyStreamSmemBytes<K, BV>;
     const bool streamable =
         args.extend == 0 && stream_layout_ok(p, TileConfig<K, BV>::kChunk, FUSED);
@@ -268,8 +271,8 @@ void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
       return;
     }
   }
-  launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 2, kDeferred>, grid, block, 0, stream,
-             pdl_enabled(), args);
+  launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 2, kDeferred, kTrackedExtend>, grid, block,
+             0, stream, pdl_enabled(), args);
 }
 
 template <typename WeightT, int K, int BV, bool FUSED>
@@ -280,6 +283,16 @@ void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
     launch_verify_tile_as<WeightT, K, BV, FUSED, false>(call, stream);
   }
 }
+
+/// Extend with prefix-cache tracks (TileArgs::track_steps): its own instantiations
+/// (kernels/inst/extend_tracked.cu), BV = kExtendBlockV.
+constexpr int kExtendBlockV = 32;
+template <typename WeightT, int K>
+void launch_extend_tracked(const TileArgs& args, cudaStream_t stream);
+extern template void launch_extend_tracked<float, 64>(const TileArgs&, cudaStream_t);
+extern template void launch_extend_tracked<float, 128>(const TileArgs&, cudaStream_t);
+extern template void launch_extend_tracked<bf16_t, 64>(const TileArgs&, cudaStream_t);
+extern template void launch_extend_tracked<bf16_t, 128>(const TileArgs&, cudaStream_t);
 
 // Instantiations live in kernels/inst/ (one weight type x K per file).
 #define KDA_VERIFY_TILE_EXTERN_BV(W, K, bv) \
