@@ -1,0 +1,238 @@
+// kda_consumer.cc: an engine's use of the installed package (tests/consumer/CMakeLists.txt,
+// run by .ci/run). Two backends on the host kernel set share weights, initial state and
+// activations: one records per-step snapshots, the other the ReplaySSM ring with the deferred
+// commit (EngineFlags::replayssm_spec, deferred_commit). Three rounds of verify -> commit (the
+// later ones verify from the committed state) must give bitwise equal outputs, and after
+// materialize() the ring backend's committed conv and SSM state must equal the snapshot
+// backend's bitwise. Also checks that a kda::Error thrown inside libkda.so is caught here by
+// its type and code. Exit status 0 and "kda_consumer: OK" on success.
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/kda_backend.h"
+#include "backend/kernel_set_factory.h"
+#include "core/buffer.h"
+#include "core/error.h"
+#include "kernels/kernel_set.h"
+
+namespace {
+
+using kda::Buffer;
+using kda::DType;
+using kda::TensorView;
+
+constexpr int kLayers = 2;
+constexpr int kMaxT = 4;
+constexpr int kSlots = 4;
+const kda::Device kHost = kda::Device::host();
+
+int g_failures = 0;
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) {
+    std::fprintf(stderr, "kda_consumer: FAILED: %s\n", what.c_str());
+    ++g_failures;
+  }
+}
+
+// Deterministic data (a 64-bit LCG; the values only need to be the same for both backends).
+class Lcg {
+ public:
+  explicit Lcg(uint64_t seed) : state_(seed) {}
+  float uniform(float scale) {  // in [-scale, scale)
+    state_ = state_ * 6364136223846793005ull + 1442695040888963407ull;
+    const float unit = static_cast<float>(state_ >> 40) / static_cast<float>(1ull << 24);
+    return scale * (2.0f * unit - 1.0f);
+  }
+  std::vector<float> floats(int64_t n, float scale) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) {
+      x = uniform(scale);
+    }
+    return v;
+  }
+  std::vector<kda::bf16_t> bf16s(int64_t n, float scale) {
+    std::vector<kda::bf16_t> v(static_cast<size_t>(n));
+    for (kda::bf16_t& x : v) {
+      x = kda::float_to_bf16(uniform(scale));
+    }
+    return v;
+  }
+
+ private:
+  uint64_t state_;
+};
+
+kda::ModelConfig model_config() {
+  kda::ModelConfig m;
+  m.num_layers = kLayers;
+  m.H = 2;
+  m.HV = 4;
+  m.K = 64;
+  m.V = 64;
+  m.gate = kda::GateKind::kStandard;
+  m.conv_weight_type = kda::ConvWeightType::kF32;
+  m.has_conv_bias = true;
+  return m;
+}
+
+kda::EngineFlags engine_flags(bool ring) {
+  kda::EngineFlags f;
+  f.num_draft_tokens = kMaxT;
+  f.max_running_requests = kSlots;
+  f.replayssm_spec = ring;
+  f.replayssm_cache_len = 8;
+  f.deferred_commit = static_cast<int>(ring ? kda::DeferredCommit::kOn : kda::DeferredCommit::kOff);
+  return f;
+}
+
+// One layer's weights, owned here (the backends hold views).
+struct Weights {
+  Buffer A_log, dt_bias, conv_weight, conv_bias;
+  kda::LayerWeights views;
+};
+
+Weights make_weights(const kda::ModelConfig& m, uint64_t seed) {
+  Lcg rng(seed);
+  const int64_t D = m.qkv_dim(), HVK = static_cast<int64_t>(m.HV) * m.K;
+  Weights w{Buffer(kHost, m.HV * 4), Buffer(kHost, HVK * 4), Buffer(kHost, D * 4 * 4),
+            Buffer(kHost, D * 4), kda::LayerWeights{}};
+  w.views.A_log = w.A_log.view(DType::kF32, {m.HV});
+  w.views.dt_bias = w.dt_bias.view(DType::kF32, {HVK});
+  w.views.conv_weight = w.conv_weight.view(DType::kF32, {D, 4});
+  w.views.conv_bias = w.conv_bias.view(DType::kF32, {D});
+  kda::from_host_vector(rng.floats(m.HV, 1.0f), w.views.A_log);
+  kda::from_host_vector(rng.floats(HVK, 1.0f), w.views.dt_bias);
+  kda::from_host_vector(rng.floats(D * 4, 0.5f), w.views.conv_weight);
+  kda::from_host_vector(rng.floats(D, 0.2f), w.views.conv_bias);
+  return w;
+}
+
+// A backend on the host kernel set with every slot allocated and the given initial state.
+std::unique_ptr<kda::KdaAttentionBackend> make_backend(const kda::ModelConfig& m, bool ring,
+                                                       const std::vector<Weights>& weights) {
+  auto backend = std::make_unique<kda::KdaAttentionBackend>(m, engine_flags(ring),
+                                                            kda::make_host_kernel_set());
+  for (int layer = 0; layer < kLayers; ++layer) {
+    backend->set_layer_weights(layer, weights[static_cast<size_t>(layer)].views);
+  }
+  for (int s = 0; s < kSlots; ++s) {
+    backend->allocate_slot();
+  }
+  Lcg rng(7);
+  const kda::KdaStatePool& pool = backend->pool();
+  kda::from_host_vector(rng.bf16s(pool.conv_state_all().numel(), 0.5f), pool.conv_state_all());
+  kda::from_host_vector(rng.floats(pool.ssm_state_all().numel(), 0.2f), pool.ssm_state_all());
+  return backend;
+}
+
+template <typename T>
+bool same_bits(const TensorView& x, const TensorView& y) {
+  const std::vector<T> a = kda::to_host_vector<T>(x), b = kda::to_host_vector<T>(y);
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+struct Round {
+  kda::BatchSpec batch;
+  std::vector<int32_t> accepted;
+};
+
+// Verifies every layer of `round` on both backends with the same activations, compares the
+// outputs bitwise, then commits `round.accepted` on both.
+void run_round(const kda::ModelConfig& m, const Round& round, int index,
+               kda::KdaAttentionBackend& snap, kda::KdaAttentionBackend& ring) {
+  const int64_t B = static_cast<int64_t>(round.batch.slots.size());
+  const int64_t N = B * round.batch.T, D = m.qkv_dim(), HVK = static_cast<int64_t>(m.HV) * m.K;
+  snap.prepare(round.batch, nullptr);
+  ring.prepare(round.batch, nullptr);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    Lcg rng(1000 * static_cast<uint64_t>(index) + static_cast<uint64_t>(layer));
+    Buffer qkv(kHost, N * D * 2), a(kHost, N * HVK * 2), b(kHost, N * m.HV * 2);
+    Buffer out_snap(kHost, N * m.HV * m.V * 2), out_ring(kHost, N * m.HV * m.V * 2);
+    kda::VerifyInputs in;
+    in.mixed_qkv = qkv.view(DType::kBF16, {N, D});
+    in.a = a.view(DType::kBF16, {N, HVK});
+    in.b = b.view(DType::kBF16, {N, m.HV});
+    kda::from_host_vector(rng.bf16s(N * D, 0.5f), in.mixed_qkv);
+    kda::from_host_vector(rng.bf16s(N * HVK, 0.5f), in.a);
+    kda::from_host_vector(rng.bf16s(N * m.HV, 1.0f), in.b);
+    const TensorView os = out_snap.view(DType::kBF16, {N, m.HV, m.V});
+    const TensorView orr = out_ring.view(DType::kBF16, {N, m.HV, m.V});
+    snap.verify(layer, in, os, nullptr);
+    ring.verify(layer, in, orr, nullptr);
+    const std::string where =
+        "round " + std::to_string(index) + " layer " + std::to_string(layer) + ": ";
+    expect(same_bits<kda::bf16_t>(os, orr), where + "ring output != snapshot output");
+    bool nonzero = false;
+    for (kda::bf16_t x : kda::to_host_vector<kda::bf16_t>(os)) {
+      nonzero = nonzero || (x.bits & 0x7fff) != 0;
+    }
+    expect(nonzero, where + "output is all zeros");
+  }
+  Buffer accepted(kHost, B * 4);
+  accepted.upload(round.accepted.data(), accepted.bytes());
+  const TensorView lengths = accepted.view(DType::kI32, {B});
+  snap.commit(lengths, nullptr);
+  ring.commit(lengths, nullptr);
+  snap.check_device_errors(nullptr);
+  ring.check_device_errors(nullptr);
+}
+
+}  // namespace
+
+int main() {
+  try {
+    const kda::ModelConfig m = model_config();
+    std::vector<Weights> weights;
+    for (int layer = 0; layer < kLayers; ++layer) {
+      weights.push_back(make_weights(m, 100 + static_cast<uint64_t>(layer)));
+    }
+    auto snap = make_backend(m, /*ring=*/false, weights);
+    auto ring = make_backend(m, /*ring=*/true, weights);
+    expect(std::string(snap->kernels().name()) == "host", "kernel set is not the host one");
+    expect(ring->deferred_commit() && !snap->deferred_commit(), "record modes not as configured");
+    const std::vector<float> initial_ssm = kda::to_host_vector<float>(ring->pool().ssm_state_all());
+
+    // An error thrown inside libkda.so, caught by type (typeinfo exported by the version script).
+    try {
+      snap->prepare(kda::BatchSpec{kMaxT + 1, {0}, {}}, nullptr);
+      expect(false, "prepare(T > T_max) did not throw");
+    } catch (const kda::Error& e) {
+      expect(e.code() == kda::ErrorCode::kInvalidArgument && !e.message().empty(),
+             std::string("prepare(T > T_max): unexpected error ") + e.what());
+    }
+
+    const std::vector<Round> rounds = {
+        // Slots out of order, a padding request (-1), acceptance 1 .. T.
+        {{kMaxT, {3, 1, -1, 0}, {}}, {2, 4, 1, 1}},
+        // From the committed state, a shorter T.
+        {{3, {0, 2}, {}}, {3, 1}},
+        // And again.
+        {{kMaxT, {1, 3, 0}, {}}, {1, 4, 2}},
+    };
+    for (size_t i = 0; i < rounds.size(); ++i) {
+      run_round(m, rounds[i], static_cast<int>(i), *snap, *ring);
+    }
+
+    ring->materialize({0, 1, 2, 3}, nullptr);
+    expect(same_bits<float>(ring->pool().ssm_state_all(), snap->pool().ssm_state_all()),
+           "committed SSM state: ring (materialized) != snapshot");
+    expect(same_bits<kda::bf16_t>(ring->pool().conv_state_all(), snap->pool().conv_state_all()),
+           "committed conv state: ring != snapshot");
+    expect(kda::to_host_vector<float>(ring->pool().ssm_state_all()) != initial_ssm,
+           "committed SSM state did not change");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kda_consumer: FAILED: exception: %s\n", e.what());
+    return 1;
+  }
+  if (g_failures) {
+    std::fprintf(stderr, "kda_consumer: %d check(s) failed\n", g_failures);
+    return 1;
+  }
+  std::printf("kda_consumer: OK (host kernel set, snapshot vs ring + deferred commit, bitwise)\n");
+  return 0;
+}
