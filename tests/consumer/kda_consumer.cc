@@ -1,11 +1,14 @@
 // kda_consumer.cc: an engine's use of the installed package (tests/consumer/CMakeLists.txt,
-// run by .ci/run). Two backends on the host kernel set share weights, initial state and
-// activations: one records per-step snapshots, the other the ReplaySSM ring with the deferred
-// commit (EngineFlags::replayssm_spec, deferred_commit). Three rounds of verify -> commit (the
-// later ones verify from the committed state) must give bitwise equal outputs, and after
-// materialize() the ring backend's committed conv and SSM state must equal the snapshot
-// backend's bitwise. Also checks that a kda::Error thrown inside libkda.so is caught here by
-// its type and code. Exit status 0 and "kda_consumer: OK" on success.
+// run by .ci/run). Two backends on the host kernel set (make_kernel_set(Device::host())) share
+// weights, initial state and activations: one records per-step snapshots, the other the
+// ReplaySSM ring with the deferred commit (EngineFlags::replayssm_spec, deferred_commit). Three
+// rounds of verify -> commit (the later ones verify from the committed state) must give bitwise
+// equal outputs, and after materialize() the ring backend's committed conv and SSM state must
+// equal the snapshot backend's bitwise. Also checks that a kda::Error thrown inside libkda.so is
+// caught here by its type and code. Exit status 0 and "kda_consumer: OK" on success.
+//
+// Usage: kda_consumer [host|cuda]. CI runs the host kernel set (the default); `cuda` puts every
+// buffer and both kernel sets on cuda:0 (make_kernel_set), for a GPU host.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -28,7 +31,7 @@ using kda::TensorView;
 constexpr int kLayers = 2;
 constexpr int kMaxT = 4;
 constexpr int kSlots = 4;
-const kda::Device kHost = kda::Device::host();
+kda::Device g_device = kda::Device::host();  // of every buffer and both kernel sets
 
 int g_failures = 0;
 
@@ -99,8 +102,8 @@ struct Weights {
 Weights make_weights(const kda::ModelConfig& m, uint64_t seed) {
   Lcg rng(seed);
   const int64_t D = m.qkv_dim(), HVK = static_cast<int64_t>(m.HV) * m.K;
-  Weights w{Buffer(kHost, m.HV * 4), Buffer(kHost, HVK * 4), Buffer(kHost, D * 4 * 4),
-            Buffer(kHost, D * 4), kda::LayerWeights{}};
+  Weights w{Buffer(g_device, m.HV * 4), Buffer(g_device, HVK * 4), Buffer(g_device, D * 4 * 4),
+            Buffer(g_device, D * 4), kda::LayerWeights{}};
   w.views.A_log = w.A_log.view(DType::kF32, {m.HV});
   w.views.dt_bias = w.dt_bias.view(DType::kF32, {HVK});
   w.views.conv_weight = w.conv_weight.view(DType::kF32, {D, 4});
@@ -116,7 +119,7 @@ Weights make_weights(const kda::ModelConfig& m, uint64_t seed) {
 std::unique_ptr<kda::KdaAttentionBackend> make_backend(const kda::ModelConfig& m, bool ring,
                                                        const std::vector<Weights>& weights) {
   auto backend = std::make_unique<kda::KdaAttentionBackend>(m, engine_flags(ring),
-                                                            kda::make_host_kernel_set());
+                                                            kda::make_kernel_set(g_device));
   for (int layer = 0; layer < kLayers; ++layer) {
     backend->set_layer_weights(layer, weights[static_cast<size_t>(layer)].views);
   }
@@ -151,8 +154,8 @@ void run_round(const kda::ModelConfig& m, const Round& round, int index,
   ring.prepare(round.batch, nullptr);
   for (int layer = 0; layer < kLayers; ++layer) {
     Lcg rng(1000 * static_cast<uint64_t>(index) + static_cast<uint64_t>(layer));
-    Buffer qkv(kHost, N * D * 2), a(kHost, N * HVK * 2), b(kHost, N * m.HV * 2);
-    Buffer out_snap(kHost, N * m.HV * m.V * 2), out_ring(kHost, N * m.HV * m.V * 2);
+    Buffer qkv(g_device, N * D * 2), a(g_device, N * HVK * 2), b(g_device, N * m.HV * 2);
+    Buffer out_snap(g_device, N * m.HV * m.V * 2), out_ring(g_device, N * m.HV * m.V * 2);
     kda::VerifyInputs in;
     in.mixed_qkv = qkv.view(DType::kBF16, {N, D});
     in.a = a.view(DType::kBF16, {N, HVK});
@@ -173,7 +176,7 @@ void run_round(const kda::ModelConfig& m, const Round& round, int index,
     }
     expect(nonzero, where + "output is all zeros");
   }
-  Buffer accepted(kHost, B * 4);
+  Buffer accepted(g_device, B * 4);
   accepted.upload(round.accepted.data(), accepted.bytes());
   const TensorView lengths = accepted.view(DType::kI32, {B});
   snap.commit(lengths, nullptr);
@@ -184,8 +187,16 @@ void run_round(const kda::ModelConfig& m, const Round& round, int index,
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const std::string device = argc > 1 ? argv[1] : "host";
+  if (argc > 2 || (device != "host" && device != "cuda")) {
+    std::fprintf(stderr, "usage: kda_consumer [host|cuda]\n");
+    return 2;
+  }
   try {
+    if (device == "cuda") {
+      g_device = kda::Device::cuda(0);
+    }
     const kda::ModelConfig m = model_config();
     std::vector<Weights> weights;
     for (int layer = 0; layer < kLayers; ++layer) {
@@ -193,7 +204,7 @@ int main() {
     }
     auto snap = make_backend(m, /*ring=*/false, weights);
     auto ring = make_backend(m, /*ring=*/true, weights);
-    expect(std::string(snap->kernels().name()) == "host", "kernel set is not the host one");
+    expect(snap->kernels().name() == device, "kernel set is not the " + device + " one");
     expect(ring->deferred_commit() && !snap->deferred_commit(), "record modes not as configured");
     const std::vector<float> initial_ssm = kda::to_host_vector<float>(ring->pool().ssm_state_all());
 
@@ -233,6 +244,7 @@ int main() {
     std::fprintf(stderr, "kda_consumer: %d check(s) failed\n", g_failures);
     return 1;
   }
-  std::printf("kda_consumer: OK (host kernel set, snapshot vs ring + deferred commit, bitwise)\n");
+  std::printf("kda_consumer: OK (%s kernel set, snapshot vs ring + deferred commit, bitwise)\n",
+              device.c_str());
   return 0;
 }
