@@ -164,8 +164,8 @@ TensorView to_view(const DLTensor* t, const std::string& call, const char* arg,
       break;
     }
   }
-  KDA_CHECK(found, "{}: {}: dtype {} unsupported, expected {}", call, arg,
-            dl_dtype_name(t->dtype), dtype_list(allowed));
+  KDA_CHECK(found, "{}: {}: dtype {} unsupported, expected {}", call, arg, dl_dtype_name(t->dtype),
+            dtype_list(allowed));
   Device device;
   switch (t->device.device_type) {
     case kDLCPU:
@@ -178,9 +178,10 @@ TensorView to_view(const DLTensor* t, const std::string& call, const char* arg,
       device = Device::cuda(t->device.device_id);
       break;
     default:
-      KDA_FAIL("{}: {}: DLPack device type {} unsupported, expected kDLCPU (1), kDLCUDA (2) or "
-               "kDLCUDAHost (3)",
-               call, arg, static_cast<int>(t->device.device_type));
+      KDA_FAIL(
+          "{}: {}: DLPack device type {} unsupported, expected kDLCPU (1), kDLCUDA (2) or "
+          "kDLCUDAHost (3)",
+          call, arg, static_cast<int>(t->device.device_type));
   }
   KDA_CHECK(t->ndim >= 0 && t->ndim <= TensorView::kMaxDims, "{}: {}: {} dims, at most {}", call,
             arg, t->ndim, TensorView::kMaxDims);
@@ -256,8 +257,8 @@ ModelConfig to_model(const kda_model_config& m) {
             "create: model.conv_weight_dtype = {} unsupported, expected KDA_CONV_F32 (0) or "
             "KDA_CONV_BF16 (1)",
             m.conv_weight_dtype);
-  c.conv_weight_type = m.conv_weight_dtype == KDA_CONV_BF16 ? ConvWeightType::kBF16
-                                                            : ConvWeightType::kF32;
+  c.conv_weight_type =
+      m.conv_weight_dtype == KDA_CONV_BF16 ? ConvWeightType::kBF16 : ConvWeightType::kF32;
   KDA_CHECK(m.has_conv_bias == 0 || m.has_conv_bias == 1,
             "create: model.has_conv_bias = {}, expected 0 or 1", m.has_conv_bias);
   c.has_conv_bias = m.has_conv_bias != 0;
@@ -489,8 +490,8 @@ int kda_commit(kda_backend* backend, const DLTensor* accepted_lengths, void* str
   return guarded([&] {
     using namespace kda;
     KdaAttentionBackend& b = capi::backend_of(backend, "commit");
-    const TensorView acc = capi::to_view(accepted_lengths, "commit", "accepted_lengths",
-                                         {DType::kI32});
+    const TensorView acc =
+        capi::to_view(accepted_lengths, "commit", "accepted_lengths", {DType::kI32});
     b.commit(acc, static_cast<cudaStream_t>(stream));
   });
 }
@@ -500,8 +501,8 @@ int kda_commit_tracked(kda_backend* backend, const DLTensor* accepted_lengths,
   return guarded([&] {
     using namespace kda;
     KdaAttentionBackend& b = capi::backend_of(backend, "commit");
-    const TensorView acc = capi::to_view(accepted_lengths, "commit", "accepted_lengths",
-                                         {DType::kI32});
+    const TensorView acc =
+        capi::to_view(accepted_lengths, "commit", "accepted_lengths", {DType::kI32});
     CommitTrack track;
     track.slots = capi::to_view(track_slots, "commit", "track.slots", {DType::kI32});
     track.steps = capi::to_view(track_steps, "commit", "track.steps", {DType::kI32});
@@ -524,8 +525,9 @@ int kda_abort_round(kda_backend* backend, void* stream) {
 }
 
 int kda_record_graph_verify_round(kda_backend* backend) {
-  return guarded(
-      [&] { kda::capi::backend_of(backend, "record_graph_verify_round").record_graph_verify_round(); });
+  return guarded([&] {
+    kda::capi::backend_of(backend, "record_graph_verify_round").record_graph_verify_round();
+  });
 }
 
 int kda_check_device_errors(kda_backend* backend, void* stream) {
@@ -537,8 +539,7 @@ int kda_check_device_errors(kda_backend* backend, void* stream) {
 
 int kda_backend_info_get(const kda_backend* backend, kda_backend_info* info) {
   return guarded([&] {
-    const kda::KdaAttentionBackend& b =
-        kda::capi::backend_of(backend, "backend_info");
+    const kda::KdaAttentionBackend& b = kda::capi::backend_of(backend, "backend_info");
     KDA_CHECK(info != nullptr, "backend_info: info is NULL");
     const kda::KdaStatePool& pool = b.pool();
     kda_backend_info r{};

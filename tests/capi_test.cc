@@ -101,15 +101,15 @@ TensorView pool_view(kda_backend* b, const char* name, int layer = -1) {
   DLTensor t{};
   REQUIRE(kda_pool_view(b, name, layer, &t) == KDA_OK);
   REQUIRE(t.device.device_type == kDLCPU);
-  const DType dtype = t.dtype.code == kDLBfloat                          ? DType::kBF16
-                      : t.dtype.code == kDLInt                           ? DType::kI32
+  const DType dtype = t.dtype.code == kDLBfloat                        ? DType::kBF16
+                      : t.dtype.code == kDLInt                         ? DType::kI32
                       : t.dtype.code == kDLFloat && t.dtype.bits == 32 ? DType::kF32
                                                                        : DType::kF16;
   return TensorView::strided(t.data, dtype, Device::host(), t.shape, t.strides, t.ndim);
 }
 
-const char* const kPoolNames[] = {"conv_state", "ssm_state", "conv_window", "snapshots",
-                                  "ring_rawv",  "ring_rawk", "ring_g",      "ring_beta",
+const char* const kPoolNames[] = {"conv_state",   "ssm_state",  "conv_window", "snapshots",
+                                  "ring_rawv",    "ring_rawk",  "ring_g",      "ring_beta",
                                   "ring_pending", "ring_cursor"};
 
 TensorView cpp_pool_view(const KdaStatePool& p, const std::string& name) {
@@ -155,7 +155,8 @@ kda_backend* mirror(const Harness& h, bool ring, bool deferred) {
   for (int layer = 0; layer < kLayers; ++layer) {
     const LayerWeights& w = h.weights[static_cast<size_t>(layer)].views;
     const Dl A_log(w.A_log), dt_bias(w.dt_bias), conv_weight(w.conv_weight), conv_bias(w.conv_bias);
-    REQUIRE(kda_set_layer_weights(b, layer, A_log.dl(), dt_bias.dl(), conv_weight.dl(), conv_bias.dl()) == KDA_OK);
+    REQUIRE(kda_set_layer_weights(b, layer, A_log.dl(), dt_bias.dl(), conv_weight.dl(),
+                                  conv_bias.dl()) == KDA_OK);
   }
   kda_backend_info info{};
   REQUIRE(kda_backend_info_get(b, &info) == KDA_OK);
@@ -189,9 +190,9 @@ bool c_verify_all(kda_backend* b, const BatchSpec& batch, const std::vector<Acti
   for (int layer = 0; layer < kLayers; ++layer) {
     const Activations& x = acts[static_cast<size_t>(layer)];
     Buffer out(Device::host(), x.out_view.span_bytes());
-    const TensorView out_view = TensorView::contiguous(
-        out.data(), DType::kBF16, Device::host(),
-        {x.out_view.size(0), x.out_view.size(1), x.out_view.size(2)});
+    const TensorView out_view =
+        TensorView::contiguous(out.data(), DType::kBF16, Device::host(),
+                               {x.out_view.size(0), x.out_view.size(1), x.out_view.size(2)});
     const Dl qkv(x.in.mixed_qkv), a(x.in.a), bb(x.in.b), o(out_view);
     kda_dispatch_info info{};
     REQUIRE(kda_verify(b, layer, qkv.dl(), a.dl(), bb.dl(), o.dl(), nullptr, &info) == KDA_OK);
@@ -303,18 +304,19 @@ TEST_CASE("capi: errors return the status, name the argument and change nothing"
   };
 
   // Lifecycle.
-  rejected([&] { return kda_verify(c, 0, qkv.dl(), a.dl(), b.dl(), out.dl(), nullptr, nullptr); }, KDA_ERROR_LIFECYCLE,
-           "verify(layer 0): no batch prepared (call prepare() first)");
+  rejected([&] { return kda_verify(c, 0, qkv.dl(), a.dl(), b.dl(), out.dl(), nullptr, nullptr); },
+           KDA_ERROR_LIFECYCLE, "verify(layer 0): no batch prepared (call prepare() first)");
   const Commit acc({2, 1});
   const Dl acc_dl(acc.view);
-  rejected([&] { return kda_commit(c, acc_dl.dl(), nullptr); }, KDA_ERROR_LIFECYCLE, "commit: no verify round");
+  rejected([&] { return kda_commit(c, acc_dl.dl(), nullptr); }, KDA_ERROR_LIFECYCLE,
+           "commit: no verify round");
 
   // prepare / slots.
   const int32_t bad_slots[] = {1, 7};
-  rejected([&] { return kda_prepare(c, kT, bad_slots, 2, nullptr, nullptr); }, KDA_ERROR_INVALID_ARGUMENT,
-           "prepare: slots[1] = 7 out of range");
-  rejected([&] { return kda_prepare(c, kT, nullptr, 2, nullptr, nullptr); }, KDA_ERROR_INVALID_ARGUMENT,
-           "prepare: slots is NULL");
+  rejected([&] { return kda_prepare(c, kT, bad_slots, 2, nullptr, nullptr); },
+           KDA_ERROR_INVALID_ARGUMENT, "prepare: slots[1] = 7 out of range");
+  rejected([&] { return kda_prepare(c, kT, nullptr, 2, nullptr, nullptr); },
+           KDA_ERROR_INVALID_ARGUMENT, "prepare: slots is NULL");
   rejected([&] { return kda_release_slot(c, 9); }, KDA_ERROR_INVALID_ARGUMENT, "9");
   int32_t slot = -1;
   rejected([&] { return kda_allocate_slot(c, nullptr, &slot); }, KDA_ERROR_OUT_OF_MEMORY, "");
@@ -326,53 +328,68 @@ TEST_CASE("capi: errors return the status, name the argument and change nothing"
   // verify: the ABI's DLPack checks, then the backend's own messages.
   Dl f16(x0.in.mixed_qkv);
   f16.t.dtype = DLDataType{kDLFloat, 16, 1};
-  rejected([&] { return kda_verify(c, 0, f16.dl(), a.dl(), b.dl(), out.dl(), nullptr, nullptr); }, KDA_ERROR_INVALID_ARGUMENT,
+  rejected([&] { return kda_verify(c, 0, f16.dl(), a.dl(), b.dl(), out.dl(), nullptr, nullptr); },
+           KDA_ERROR_INVALID_ARGUMENT,
            "verify(layer 0): mixed_qkv: dtype float16 unsupported, expected bfloat16");
   Dl lanes(x0.in.a);
   lanes.t.dtype.lanes = 2;
-  rejected([&] { return kda_verify(c, 0, qkv.dl(), lanes.dl(), b.dl(), out.dl(), nullptr, nullptr); }, KDA_ERROR_INVALID_ARGUMENT,
-           "verify(layer 0): a: dtype bfloat16x2 unsupported, expected bfloat16");
-  rejected([&] { return kda_verify(c, 0, qkv.dl(), a.dl(), b.dl(), nullptr, nullptr, nullptr); }, KDA_ERROR_INVALID_ARGUMENT,
-           "verify(layer 0): out: NULL DLTensor");
+  rejected(
+      [&] { return kda_verify(c, 0, qkv.dl(), lanes.dl(), b.dl(), out.dl(), nullptr, nullptr); },
+      KDA_ERROR_INVALID_ARGUMENT,
+      "verify(layer 0): a: dtype bfloat16x2 unsupported, expected bfloat16");
+  rejected([&] { return kda_verify(c, 0, qkv.dl(), a.dl(), b.dl(), nullptr, nullptr, nullptr); },
+           KDA_ERROR_INVALID_ARGUMENT, "verify(layer 0): out: NULL DLTensor");
   Dl vulkan(x0.in.b);
   vulkan.t.device = DLDevice{kDLVulkan, 0};
-  rejected([&] { return kda_verify(c, 0, qkv.dl(), a.dl(), vulkan.dl(), out.dl(), nullptr, nullptr); },
-           KDA_ERROR_INVALID_ARGUMENT, "verify(layer 0): b: DLPack device type 7 unsupported");
+  rejected(
+      [&] { return kda_verify(c, 0, qkv.dl(), a.dl(), vulkan.dl(), out.dl(), nullptr, nullptr); },
+      KDA_ERROR_INVALID_ARGUMENT, "verify(layer 0): b: DLPack device type 7 unsupported");
   Dl on_cuda(x0.in.b);
   on_cuda.t.device = DLDevice{kDLCUDA, 0};
-  rejected([&] { return kda_verify(c, 0, qkv.dl(), a.dl(), on_cuda.dl(), out.dl(), nullptr, nullptr); },
-           KDA_ERROR_INVALID_ARGUMENT, "b: expected memory on host, got cuda:0");
+  rejected(
+      [&] { return kda_verify(c, 0, qkv.dl(), a.dl(), on_cuda.dl(), out.dl(), nullptr, nullptr); },
+      KDA_ERROR_INVALID_ARGUMENT, "b: expected memory on host, got cuda:0");
   Dl short_a(x0.in.a);
   short_a.shape[0] -= 1;
-  rejected([&] { return kda_verify(c, 0, qkv.dl(), short_a.dl(), b.dl(), out.dl(), nullptr, nullptr); },
-           KDA_ERROR_INVALID_ARGUMENT, "verify(layer 0): a: ");
+  rejected(
+      [&] { return kda_verify(c, 0, qkv.dl(), short_a.dl(), b.dl(), out.dl(), nullptr, nullptr); },
+      KDA_ERROR_INVALID_ARGUMENT, "verify(layer 0): a: ");
   Dl offset(x0.in.mixed_qkv);
   offset.t.byte_offset = 1;  // an odd address: misaligned bf16 elements
   CHECK(kda_verify(c, 0, offset.dl(), a.dl(), b.dl(), out.dl(), nullptr, nullptr) != KDA_OK);
   CHECK(std::string(kda_last_error()).find("mixed_qkv") != std::string::npos);
-  rejected([&] { return kda_verify(c, 5, qkv.dl(), a.dl(), b.dl(), out.dl(), nullptr, nullptr); }, KDA_ERROR_INVALID_ARGUMENT,
-           "layer");
+  rejected([&] { return kda_verify(c, 5, qkv.dl(), a.dl(), b.dl(), out.dl(), nullptr, nullptr); },
+           KDA_ERROR_INVALID_ARGUMENT, "layer");
 
   // commit: before every layer is verified; a wrong dtype.
-  rejected([&] { return kda_commit(c, acc_dl.dl(), nullptr); }, KDA_ERROR_LIFECYCLE, "commit: only 0 of 2 layers");
+  rejected([&] { return kda_commit(c, acc_dl.dl(), nullptr); }, KDA_ERROR_LIFECYCLE,
+           "commit: only 0 of 2 layers");
   Dl i64(acc.view);
   i64.t.dtype = DLDataType{kDLInt, 64, 1};
   rejected([&] { return kda_commit(c, i64.dl(), nullptr); }, KDA_ERROR_INVALID_ARGUMENT,
            "commit: accepted_lengths: dtype int64 unsupported, expected int32");
-  rejected([&] { return kda_commit_tracked(c, acc_dl.dl(), nullptr, acc_dl.dl(), nullptr); }, KDA_ERROR_INVALID_ARGUMENT,
-           "commit: track.slots: NULL DLTensor");
+  rejected([&] { return kda_commit_tracked(c, acc_dl.dl(), nullptr, acc_dl.dl(), nullptr); },
+           KDA_ERROR_INVALID_ARGUMENT, "commit: track.slots: NULL DLTensor");
 
   // Weights.
   const LayerWeights& w = h.weights[0].views;
   const Dl dt_bias(w.dt_bias), conv_weight(w.conv_weight), conv_bias(w.conv_bias);
   Dl A_log_f16(w.A_log);
   A_log_f16.t.dtype = DLDataType{kDLFloat, 16, 1};
-  rejected([&] { return kda_set_layer_weights(c, 0, A_log_f16.dl(), dt_bias.dl(), conv_weight.dl(), conv_bias.dl()); },
-           KDA_ERROR_INVALID_ARGUMENT,
-           "set_layer_weights(layer 0): A_log: dtype float16 unsupported, expected float32");
+  rejected(
+      [&] {
+        return kda_set_layer_weights(c, 0, A_log_f16.dl(), dt_bias.dl(), conv_weight.dl(),
+                                     conv_bias.dl());
+      },
+      KDA_ERROR_INVALID_ARGUMENT,
+      "set_layer_weights(layer 0): A_log: dtype float16 unsupported, expected float32");
   const Dl A_log(w.A_log);
-  rejected([&] { return kda_set_layer_weights(c, 0, A_log.dl(), A_log.dl(), conv_weight.dl(), conv_bias.dl()); },
-           KDA_ERROR_INVALID_ARGUMENT, "dt_bias");
+  rejected(
+      [&] {
+        return kda_set_layer_weights(c, 0, A_log.dl(), A_log.dl(), conv_weight.dl(),
+                                     conv_bias.dl());
+      },
+      KDA_ERROR_INVALID_ARGUMENT, "dt_bias");
 
   // Pool views and queries.
   DLTensor view{};
@@ -412,8 +429,7 @@ TEST_CASE("capi: create validates flags, model and device", "[capi]") {
                               &b);
   };
   auto message = [] { return std::string(kda_last_error()); };
-  CHECK(create({"--speculative-num-draft-tokens", "99"}, "host", &m) ==
-        KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(create({"--speculative-num-draft-tokens", "99"}, "host", &m) == KDA_ERROR_INVALID_ARGUMENT);
   CHECK(b == nullptr);
   CHECK(message().find("--speculative-num-draft-tokens") != std::string::npos);
   CHECK(create({"--max-running-requests", "2", "--bogus"}, "host", &m) ==
