@@ -52,6 +52,22 @@ TensorView TensorView::contiguous(void* data, DType dtype, Device device, const 
   return v;
 }
 
+TensorView TensorView::strided(void* data, DType dtype, Device device, const int64_t* shape,
+                               const int64_t* strides, int ndim) {
+  KDA_CHECK(ndim >= 0 && ndim <= kMaxDims, "TensorView: {} dims, at most {}", ndim, kMaxDims);
+  TensorView v;
+  v.data_ = data;
+  v.dtype_ = dtype;
+  v.device_ = device;
+  v.ndim_ = ndim;
+  for (int d = 0; d < ndim; ++d) {
+    KDA_CHECK(shape[d] >= 0, "TensorView: negative extent {} in dim {}", shape[d], d);
+    v.shape_[d] = shape[d];
+    v.stride_[d] = strides[d];
+  }
+  return v;
+}
+
 int TensorView::check_dim(int d) const {
   KDA_CHECK(d >= 0 && d < ndim_, "TensorView: dim {} out of range for a {}-d view", d, ndim_);
   return d;

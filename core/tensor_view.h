@@ -46,6 +46,10 @@ class TensorView {
                                std::initializer_list<int64_t> shape);
   static TensorView contiguous(void* data, DType dtype, Device device, const int64_t* shape,
                                int ndim);
+  /// A view with explicit strides (elements) from arrays of `ndim` entries (foreign tensors,
+  /// e.g. DLPack); throws for ndim outside [0, kMaxDims] or a negative extent.
+  static TensorView strided(void* data, DType dtype, Device device, const int64_t* shape,
+                            const int64_t* strides, int ndim);
 
   bool defined() const { return data_ != nullptr; }
   void* data() const { return data_; }

@@ -1,0 +1,195 @@
+/* kda_c.h: the C ABI of the KDA attention backend (backend/kda_backend.h), for engines that are
+ * not C++ (Python over ctypes: python/kda/) or that want a stable symbol set.
+ *
+ * Every function returns an int status: KDA_OK (0) or one of the KDA_ERROR_* codes below
+ * (kda::ErrorCode). On an error, kda_last_error() returns the message of this thread's failing
+ * call (kda::Error::message(), verbatim: it names the call, the argument, what was expected and
+ * what came) and nothing has changed (the C++ backend's guarantee; the ABI's own checks run
+ * before any backend call). No C++ exception crosses this boundary.
+ *
+ * Tensors cross as DLPack DLTensors (dlpack.h, v0.6): dtype bfloat16 (kDLBfloat, 16 bits),
+ * float32 (kDLFloat, 32) or int32 (kDLInt, 32), one lane; device kDLCPU or kDLCUDAHost (host)
+ * or kDLCUDA (cuda:device_id); shape and strides in elements (strides NULL = compact row-major);
+ * data + byte_offset is the first element. The ABI reads the DLTensor during the call only; the
+ * memory it describes stays the caller's (ownership below).
+ *
+ * Ownership: the backend (kda_backend) owns its state pool and index buffers; destroy frees them.
+ * Weights (kda_set_layer_weights) are kept as views: their memory must stay valid and unchanged
+ * for as long as the backend may run that layer. Inputs, outputs, accepted lengths and tracks must
+ * stay valid until the work enqueued on the stream has run (host kernel set: until the call
+ * returns). Pool views (kda_pool_view) point into the backend's memory and die with it.
+ *
+ * Streams: `stream` is a cudaStream_t passed as void* (NULL = the legacy default stream); every
+ * device operation is enqueued on it, as in the C++ API (no host synchronisation except
+ * kda_check_device_errors). The host kernel set runs synchronously and ignores it.
+ *
+ * Threads: kda_last_error is per thread. A backend is driven by one thread at a time; distinct
+ * backends are independent.
+ */
+#pragma once
+
+#include <dlpack/dlpack.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Bumped when a struct or a signature of this header changes. */
+#define KDA_C_ABI_VERSION 1
+
+/* Status codes (kda::ErrorCode + 1; 0 = success). */
+#define KDA_OK 0
+#define KDA_ERROR_INVALID_ARGUMENT 1 /**< shape, dtype, stride, device, index or value */
+#define KDA_ERROR_LIFECYCLE 2        /**< a call out of order (names the call and round state) */
+#define KDA_ERROR_UNSUPPORTED 3      /**< valid, but this build or device cannot serve it */
+#define KDA_ERROR_CUDA 4             /**< a CUDA runtime call failed */
+#define KDA_ERROR_OUT_OF_MEMORY 5    /**< an allocation, the memory budget, or no free slot */
+#define KDA_ERROR_IO 6               /**< a file could not be read or written */
+#define KDA_ERROR_INTERNAL 7         /**< a broken invariant or an unexpected exception (a bug) */
+
+/* kda_model_config.gate */
+#define KDA_GATE_STANDARD 0 /**< Kimi-Linear: g = -exp(A_log) * softplus(a + dt_bias) */
+#define KDA_GATE_SAFE 1     /**< Kimi-K3: g = lower_bound * sigmoid(exp(A_log) * (a + dt_bias)) */
+
+/* kda_model_config.conv_weight_dtype */
+#define KDA_CONV_F32 0
+#define KDA_CONV_BF16 1
+
+/* kda_backend_info.record_mode */
+#define KDA_MODE_SNAPSHOT 0
+#define KDA_MODE_RING 1
+
+/** The backend: opaque; made by kda_backend_create, freed by kda_backend_destroy. */
+typedef struct kda_backend kda_backend;
+
+/** kda::ModelConfig (backend/model_config.h); validated by kda_backend_create. */
+typedef struct {
+  int32_t num_layers;        /**< KDA layers driven by this backend (>= 1) */
+  int32_t H;                 /**< q/k heads */
+  int32_t HV;                /**< v heads; HV % H == 0 */
+  int32_t K;                 /**< head_k_dim: 64 or 128 */
+  int32_t V;                 /**< head_v_dim */
+  int32_t gate;              /**< KDA_GATE_STANDARD or KDA_GATE_SAFE */
+  float lower_bound;         /**< safe gate only: finite and < 0 */
+  int32_t conv_weight_dtype; /**< KDA_CONV_F32 or KDA_CONV_BF16 */
+  int32_t has_conv_bias;     /**< 0 or 1 */
+} kda_model_config;
+
+/** kda::BackendOptions (NULL = defaults: all zero). */
+typedef struct {
+  int64_t memory_budget_bytes; /**< pool budget, 0 = none (kOutOfMemory above it) */
+  int32_t extra_slots;         /**< slots beyond --max-running-requests */
+} kda_backend_options;
+
+/** What a verify chose (kda::DispatchDecision). */
+typedef struct {
+  int32_t fused;      /**< 1: fused kernel, 0: unfused */
+  int32_t block_v;    /**< fused V tile, 0 when unfused */
+  const char* reason; /**< dispatch reason name (static string) */
+} kda_dispatch_info;
+
+/** Configuration and round queries (kda_backend_info). */
+typedef struct {
+  int32_t num_layers;
+  int32_t num_slots;          /**< S = --max-running-requests + extra_slots */
+  int32_t num_rows;           /**< R = --max-running-requests */
+  int32_t max_draft_tokens;   /**< T_max = --speculative-num-draft-tokens */
+  int32_t ring_len;           /**< L (ring mode) */
+  int32_t record_mode;        /**< KDA_MODE_SNAPSHOT or KDA_MODE_RING */
+  int32_t deferred_commit;    /**< 1: commits are deferred (materialize before reading state) */
+  int32_t device_type;        /**< kDLCPU (host kernel set) or kDLCUDA */
+  int32_t device_id;          /**< CUDA ordinal; 0 for host */
+  int32_t free_slots;         /**< slots allocate_slot can still hand out */
+  int32_t batch_size;         /**< B of the prepared round, 0 when idle */
+  int32_t tokens_per_request; /**< T of the prepared round, 0 when idle */
+} kda_backend_info;
+
+/** KDA_C_ABI_VERSION of the library (compare with the header's). */
+int kda_abi_version(void);
+/** This thread's last error message ("" when the last call succeeded); valid until this
+ * thread's next kda_* call. */
+const char* kda_last_error(void);
+/** This thread's last status (KDA_OK when the last call succeeded). */
+int kda_last_error_code(void);
+/** "ok", "invalid_argument", "lifecycle", ... ("unknown" for other values). Static string. */
+const char* kda_status_name(int status);
+
+/** Creates a backend. `flags`: num_flags engine flags as on a command line (backend/flags.h:
+ * "--speculative-num-draft-tokens", "4", "--enable-linear-replayssm-spec", ...; every entry must
+ * be a flag of the module or its value). `device`: "host" (host reference kernels) or "cuda" /
+ * "cuda:N" (the CUDA kernels on device N). `options` may be NULL. On success *out is the new
+ * backend; on error *out is NULL. CUDA: allocates and zeroes the pool (synchronously). */
+int kda_backend_create(const kda_model_config* model, const char* const* flags, int num_flags,
+                       const char* device, const kda_backend_options* options, kda_backend** out);
+/** Frees the backend and its pool (NULL: nothing). Work enqueued on a stream must have run. */
+void kda_backend_destroy(kda_backend* backend);
+
+/** Layer `layer`'s weights: A_log [HV] f32, dt_bias [HV*K] f32, conv_weight [D, 4] and conv_bias
+ * [D] (NULL iff the model has no bias) in the model's conv dtype, packed, on the backend's
+ * device. Kept as views (see ownership). */
+int kda_set_layer_weights(kda_backend* backend, int layer, const DLTensor* A_log,
+                          const DLTensor* dt_bias, const DLTensor* conv_weight,
+                          const DLTensor* conv_bias);
+
+/** A zeroed state slot in *slot (KDA_ERROR_OUT_OF_MEMORY when none is free). */
+int kda_allocate_slot(kda_backend* backend, void* stream, int32_t* slot);
+/** Frees `slot` (not while it is in a round's batch). */
+int kda_release_slot(kda_backend* backend, int32_t slot);
+/** dst's committed state (and pending deferred steps) become src's (contract §9). */
+int kda_copy_slot(kda_backend* backend, int32_t src, int32_t dst, void* stream);
+
+/** Starts a verify round: B requests of T tokens; slots[B] (-1 = padding row); rows[B] the
+ * scratch rows or NULL (= batch positions). Host arrays, read during the call. */
+int kda_prepare(kda_backend* backend, int32_t T, const int32_t* slots, int32_t B,
+                const int32_t* rows, void* stream);
+/** Starts an extend (prefill) round of B requests with T prompt tokens each. track_slots and
+ * track_steps ([B] host arrays, both or neither): prefix-cache tracks (kda::ExtendTrack). */
+int kda_prepare_extend(kda_backend* backend, int32_t T, const int32_t* slots, int32_t B,
+                       const int32_t* track_slots, const int32_t* track_steps, void* stream);
+
+/** Verifies layer `layer` of the prepared round: mixed_qkv [N, D], a [N, HV*K], b [N, HV] bf16
+ * (inner dim contiguous), out [N, HV, V] bf16 packed; N = B*T. `info` may be NULL. */
+int kda_verify(kda_backend* backend, int layer, const DLTensor* mixed_qkv, const DLTensor* a,
+               const DLTensor* b, const DLTensor* out, void* stream, kda_dispatch_info* info);
+/** Runs the prepared extend round on layer `layer` (same tensors as kda_verify). */
+int kda_extend(kda_backend* backend, int layer, const DLTensor* mixed_qkv, const DLTensor* a,
+               const DLTensor* b, const DLTensor* out, void* stream);
+
+/** Commits every layer: accepted_lengths [B] int32 on the backend's device, contiguous. */
+int kda_commit(kda_backend* backend, const DLTensor* accepted_lengths, void* stream);
+/** The same with prefix-cache tracks (kda::CommitTrack): track_slots, track_steps [B] int32 on
+ * the backend's device (-1 = no track). */
+int kda_commit_tracked(kda_backend* backend, const DLTensor* accepted_lengths,
+                       const DLTensor* track_slots, const DLTensor* track_steps, void* stream);
+
+/** Deferred commit: folds the pending steps of slots[n] into every layer's state. */
+int kda_materialize(kda_backend* backend, const int32_t* slots, int32_t n, void* stream);
+/** Drops the current round (see KdaAttentionBackend::abort_round). */
+int kda_abort_round(kda_backend* backend, void* stream);
+/** A CUDA-graph replay verified every layer of the freshly prepared batch. */
+int kda_record_graph_verify_round(kda_backend* backend);
+/** Synchronises `stream` and reports (KDA_ERROR_INVALID_ARGUMENT) a commit since the last check
+ * that saw an accepted length outside [1, T] or an invalid track; clears the flag. */
+int kda_check_device_errors(kda_backend* backend, void* stream);
+
+/** Fills *info. */
+int kda_backend_info_get(const kda_backend* backend, kda_backend_info* info);
+/** The round state, e.g. "verify round, 1 of 2 layers verified (0)", in *state: owned by the
+ * backend, valid until the next call on it. */
+int kda_round_state(kda_backend* backend, const char** state);
+
+/** A view of the pool tensor `name` (kda_state_pool.h: "conv_state", "ssm_state",
+ * "conv_window", "snapshots", "ring_rawv", "ring_rawk", "ring_g", "ring_beta", "ring_pending",
+ * "ring_cursor", "qkv_act") of layer `layer`, or of all layers ([layers, ...]) for layer = -1
+ * ("ring_cursor" and "qkv_act" have no layer dim: layer must be -1). Fills *out: data, device,
+ * dtype, ndim, shape and strides (arrays owned by the backend, valid until destroy),
+ * byte_offset 0. The memory is the backend's, valid until destroy; reading it is for tests and
+ * tools (materialize first with the deferred commit); writing it (e.g. loading a captured
+ * state) is allowed outside a round and must be ordered with the backend's stream. */
+int kda_pool_view(kda_backend* backend, const char* name, int layer, DLTensor* out);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif

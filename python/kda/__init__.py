@@ -1,0 +1,395 @@
+"""kda: the KDA attention backend from Python, over its C ABI (capi/kda_c.h) with ctypes.
+
+    import kda
+    be = kda.Backend(model=kda.Model(num_layers=1, H=2, HV=4, K=64, V=64),
+                     flags=["--speculative-num-draft-tokens", "4"], device="host")
+    be.set_layer_weights(0, A_log, dt_bias, conv_weight, conv_bias)
+    slot = be.allocate_slot()
+    be.prepare(T=4, slots=[slot])
+    be.verify(0, mixed_qkv, a, b, out, stream=s)      # any __dlpack__ tensors
+    be.commit(accepted_lengths, stream=s)
+
+Tensors: any object with ``__dlpack__`` (torch tensors on the GPU, numpy arrays on the host);
+numpy has no bfloat16, so pass bf16 data as uint16 wrapped in ``kda.bf16(array)``. The package
+never owns a tensor: it borrows it for the call (weights: for as long as the layer may run, and
+it keeps a reference to them). Streams: an integer cudaStream_t handle (e.g.
+``torch.cuda.current_stream().cuda_stream``) or an object with ``.cuda_stream``; 0 = the legacy
+default stream; the host kernel set ignores it. Errors raise ``kda.Error`` (``.code``,
+``.code_name``; the message is the module's). The library: ``library=PATH``, else
+$KDA_LIBRARY, else beside the package or in <prefix>/lib (see _lib.candidates).
+"""
+
+import ctypes
+from dataclasses import dataclass
+
+from . import _dlpack
+from . import _lib
+
+OK = 0
+INVALID_ARGUMENT = 1
+LIFECYCLE = 2
+UNSUPPORTED = 3
+CUDA = 4
+OUT_OF_MEMORY = 5
+IO = 6
+INTERNAL = 7
+
+_CODE_NAMES = {OK: "ok", INVALID_ARGUMENT: "invalid_argument", LIFECYCLE: "lifecycle",
+               UNSUPPORTED: "unsupported", CUDA: "cuda", OUT_OF_MEMORY: "out_of_memory",
+               IO: "io", INTERNAL: "internal"}
+
+POOL_TENSORS = ("conv_state", "ssm_state", "conv_window", "snapshots", "ring_rawv", "ring_rawk",
+                "ring_g", "ring_beta", "ring_pending", "ring_cursor", "qkv_act")
+
+__all__ = ["Backend", "Model", "Error", "DispatchInfo", "PoolView", "bf16", "load_library",
+           "POOL_TENSORS"]
+
+
+class Error(Exception):
+    """A failed kda call: ``code`` is a status (kda.INVALID_ARGUMENT, ...), str() the message."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.code_name = _CODE_NAMES.get(code, "unknown")
+        self.message = message
+
+    def __repr__(self):
+        return f"kda.Error({self.code_name}: {self.message!r})"
+
+
+def load_library(path=None):
+    """Loads (once) and returns the C library; see _lib.candidates for the search order."""
+    return _lib.load(path)
+
+
+@dataclass
+class Model:
+    """kda::ModelConfig: the KDA layers' shape. gate: "standard" or "safe" (with lower_bound);
+    conv_weight_dtype: "f32" or "bf16"."""
+    num_layers: int
+    H: int
+    HV: int
+    K: int
+    V: int
+    gate: str = "standard"
+    lower_bound: float = 0.0
+    conv_weight_dtype: str = "f32"
+    has_conv_bias: bool = False
+
+    def _c(self):
+        gates = {"standard": 0, "safe": 1}
+        dtypes = {"f32": 0, "float32": 0, "bf16": 1, "bfloat16": 1}
+        if self.gate not in gates:
+            raise Error(INVALID_ARGUMENT, f"create: model.gate '{self.gate}' unsupported, "
+                        "expected 'standard' or 'safe'")
+        if self.conv_weight_dtype not in dtypes:
+            raise Error(INVALID_ARGUMENT, "create: model.conv_weight_dtype "
+                        f"'{self.conv_weight_dtype}' unsupported, expected 'f32' or 'bf16'")
+        return _lib.ModelConfig(self.num_layers, self.H, self.HV, self.K, self.V,
+                                gates[self.gate], self.lower_bound,
+                                dtypes[self.conv_weight_dtype], 1 if self.has_conv_bias else 0)
+
+
+@dataclass
+class DispatchInfo:
+    """What a verify ran: the fused kernel (with its V tile) or the unfused pair, and why."""
+    fused: bool
+    block_v: int
+    reason: str
+
+
+class bf16:
+    """Marks a 16-bit integer tensor (numpy uint16 holding bfloat16 bits) as bfloat16."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+_BF16 = _dlpack.DLDataType(_dlpack.kDLBfloat, 16, 1)
+
+
+def _stream_handle(stream):
+    if stream is None:
+        return 0
+    if hasattr(stream, "cuda_stream"):
+        return int(stream.cuda_stream)
+    return int(stream)
+
+
+def _i32_array(values, call, name):
+    try:
+        items = [int(v) for v in values]
+    except TypeError:
+        raise Error(INVALID_ARGUMENT, f"{call}: {name}: expected a sequence of ints, got "
+                    f"{type(values).__name__}") from None
+    return (ctypes.c_int32 * max(len(items), 1))(*items), len(items)
+
+
+class PoolView:
+    """A pool tensor as a DLPack producer (``__dlpack__``, ``__dlpack_device__``): memory the
+    backend owns, kept alive by the view; e.g. ``torch.from_dlpack(view)`` on a CUDA backend.
+    ``dtype`` is "bfloat16", "float32" or "int32"; shape and strides are in elements."""
+
+    def __init__(self, backend, name, layer, tensor):
+        self._backend = backend
+        self._tensor = tensor
+        self.name = name
+        self.layer = layer
+        self.shape = tuple(tensor.shape[d] for d in range(tensor.ndim))
+        self.strides = tuple(tensor.strides[d] for d in range(tensor.ndim))
+        self.dtype = _dlpack.dtype_name(tensor.dtype)
+        self.data_ptr = tensor.data or 0
+
+    def __dlpack_device__(self):
+        return (self._tensor.device.device_type, self._tensor.device.device_id)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        # The pool is written on the backend's stream: order reads on it (the caller's job).
+        # DLPack 0.6 only: an unversioned "dltensor" capsule whatever max_version asks.
+        del stream, max_version
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"pool_view: {self.name} lives on {self.__dlpack_device__()}, "
+                              f"cannot export to {tuple(dl_device)}")
+        if copy:
+            raise BufferError("pool_view: exports the pool's memory, never a copy")
+        return _dlpack.export_capsule(self._tensor, self._backend)
+
+    def numpy(self):
+        """A writable numpy array over the memory (host backends only; bfloat16 as uint16)."""
+        import numpy as np
+        if self._tensor.device.device_type != _dlpack.kDLCPU:
+            raise Error(INVALID_ARGUMENT, f"pool_view: {self.name} is on the GPU: use "
+                        "torch.from_dlpack(view) instead of numpy()")
+        dtype = {"bfloat16": np.uint16, "float32": np.float32, "int32": np.int32,
+                 "float16": np.float16}[self.dtype]
+        itemsize = np.dtype(dtype).itemsize
+        span = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.strides)) if all(
+            self.shape) else 0
+        buf = (ctypes.c_char * max(span * itemsize, 1)).from_address(self.data_ptr)
+        flat = np.frombuffer(buf, dtype=dtype, count=span)
+        arr = np.lib.stride_tricks.as_strided(
+            flat, shape=self.shape, strides=tuple(s * itemsize for s in self.strides),
+            writeable=True)
+        # The array's base chain holds `buf`; `buf` holds the backend, the memory's owner.
+        buf._kda_owner = self._backend
+        return arr
+
+
+class Backend:
+    """kda::KdaAttentionBackend through the C ABI. Not thread-safe (one thread drives it)."""
+
+    def __init__(self, model, flags=(), device="host", *, extra_slots=0,
+                 memory_budget_bytes=0, library=None):
+        self._lib = load_library(library)
+        self._h = None
+        self._weights = {}
+        if isinstance(model, dict):
+            model = Model(**model)
+        c_model = model._c()
+        flags = [str(f) for f in flags]
+        argv = (ctypes.c_char_p * max(len(flags), 1))(*[f.encode() for f in flags])
+        options = _lib.BackendOptions(int(memory_budget_bytes), int(extra_slots))
+        handle = ctypes.c_void_p()
+        self._check(self._lib.kda_backend_create(ctypes.byref(c_model), argv, len(flags),
+                                                 str(device).encode(), ctypes.byref(options),
+                                                 ctypes.byref(handle)))
+        self._h = handle
+        self.model = model
+        self.flags = tuple(flags)
+        self.device = str(device)
+
+    # ---- plumbing ----
+    def _check(self, status):
+        if status != OK:
+            raise Error(status, self._lib.kda_last_error().decode(errors="replace"))
+
+    def _handle(self, call):
+        if self._h is None:
+            raise Error(LIFECYCLE, f"{call}: the backend is closed")
+        return self._h
+
+    def _borrow(self, obj, call, name, stream=0):
+        if obj is None:
+            return None
+        override = None
+        if isinstance(obj, bf16):
+            obj, override = obj.tensor, _BF16
+        try:
+            return _dlpack.as_dltensor(obj, f"{call}: {name}", stream, override)
+        except (TypeError, ValueError, BufferError) as e:
+            raise Error(INVALID_ARGUMENT, str(e) if str(e).startswith(call) else
+                        f"{call}: {name}: {e}") from None
+
+    def close(self):
+        """Frees the backend and its pool (work on the stream must have run). Idempotent."""
+        if self._h is not None:
+            self._lib.kda_backend_destroy(self._h)
+            self._h = None
+            self._weights.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    # ---- configuration ----
+    def set_layer_weights(self, layer, A_log, dt_bias, conv_weight, conv_bias=None):
+        """Layer weights (views: kept referenced here until replaced or close())."""
+        call = f"set_layer_weights(layer {layer})"
+        h = self._handle(call)
+        ws = [self._borrow(t, call, n) for t, n in
+              ((A_log, "A_log"), (dt_bias, "dt_bias"), (conv_weight, "conv_weight"),
+               (conv_bias, "conv_bias"))]
+        self._check(self._lib.kda_set_layer_weights(
+            h, int(layer), *[w.ptr if w is not None else None for w in ws]))
+        self._weights[int(layer)] = ws
+
+    def info(self):
+        """num_layers, num_slots, num_rows, max_draft_tokens, ring_len, record_mode ("ring" /
+        "snapshot"), deferred_commit, device, free_slots, batch_size, tokens_per_request."""
+        out = _lib.BackendInfo()
+        self._check(self._lib.kda_backend_info_get(self._handle("backend_info"),
+                                                   ctypes.byref(out)))
+        d = {name: getattr(out, name) for name, _ in _lib.BackendInfo._fields_}
+        d["record_mode"] = "ring" if d["record_mode"] == 1 else "snapshot"
+        d["deferred_commit"] = bool(d["deferred_commit"])
+        d["device"] = "host" if d.pop("device_type") == _dlpack.kDLCPU else \
+            f"cuda:{d['device_id']}"
+        d.pop("device_id")
+        return d
+
+    @property
+    def deferred_commit(self):
+        return self.info()["deferred_commit"]
+
+    @property
+    def num_slots(self):
+        return self.info()["num_slots"]
+
+    @property
+    def round_state(self):
+        s = ctypes.c_char_p()
+        self._check(self._lib.kda_round_state(self._handle("round_state"), ctypes.byref(s)))
+        return s.value.decode()
+
+    # ---- slots ----
+    def allocate_slot(self, stream=0):
+        slot = ctypes.c_int32(-1)
+        self._check(self._lib.kda_allocate_slot(self._handle("allocate_slot"),
+                                                _stream_handle(stream), ctypes.byref(slot)))
+        return slot.value
+
+    def release_slot(self, slot):
+        self._check(self._lib.kda_release_slot(self._handle("release_slot"), int(slot)))
+
+    def copy_slot(self, src, dst, stream=0):
+        self._check(self._lib.kda_copy_slot(self._handle("copy_slot"), int(src), int(dst),
+                                            _stream_handle(stream)))
+
+    # ---- lifecycle ----
+    def prepare(self, T, slots, rows=None, stream=0):
+        """A verify round: len(slots) requests of T tokens (-1 = padding); rows: scratch rows
+        (None = batch positions). Host sequences."""
+        h = self._handle("prepare")
+        s, n = _i32_array(slots, "prepare", "slots")
+        r = None
+        if rows is not None:
+            r, nr = _i32_array(rows, "prepare", "rows")
+            if nr != n:
+                raise Error(INVALID_ARGUMENT, f"prepare: rows has {nr} entries for {n} "
+                            "requests (None = batch position)")
+        self._check(self._lib.kda_prepare(h, int(T), s, n, r, _stream_handle(stream)))
+
+    def prepare_extend(self, T, slots, track_slots=None, track_steps=None, stream=0):
+        h = self._handle("prepare_extend")
+        s, n = _i32_array(slots, "prepare_extend", "slots")
+        ts = tp = None
+        if track_slots is not None or track_steps is not None:
+            if track_slots is None or track_steps is None:
+                raise Error(INVALID_ARGUMENT, "prepare_extend: track_slots and track_steps "
+                            "must be both given or both None")
+            ts, nts = _i32_array(track_slots, "prepare_extend", "track_slots")
+            tp, ntp = _i32_array(track_steps, "prepare_extend", "track_steps")
+            if nts != n or ntp != n:
+                raise Error(INVALID_ARGUMENT, f"prepare_extend: tracks have {nts} and {ntp} "
+                            f"entries for {n} requests")
+        self._check(self._lib.kda_prepare_extend(h, int(T), s, n, ts, tp,
+                                                 _stream_handle(stream)))
+
+    def verify(self, layer, mixed_qkv, a, b, out, stream=0):
+        """Verifies `layer` of the prepared round; returns the DispatchInfo."""
+        call = f"verify(layer {layer})"
+        h = self._handle(call)
+        st = _stream_handle(stream)
+        ts = [self._borrow(t, call, n, st) for t, n in
+              ((mixed_qkv, "mixed_qkv"), (a, "a"), (b, "b"), (out, "out"))]
+        info = _lib.DispatchInfo()
+        self._check(self._lib.kda_verify(h, int(layer),
+                                         *[t.ptr if t is not None else None for t in ts], st,
+                                         ctypes.byref(info)))
+        return DispatchInfo(bool(info.fused), info.block_v,
+                            info.reason.decode() if info.reason else "")
+
+    def extend(self, layer, mixed_qkv, a, b, out, stream=0):
+        call = f"extend(layer {layer})"
+        h = self._handle(call)
+        st = _stream_handle(stream)
+        ts = [self._borrow(t, call, n, st) for t, n in
+              ((mixed_qkv, "mixed_qkv"), (a, "a"), (b, "b"), (out, "out"))]
+        self._check(self._lib.kda_extend(h, int(layer),
+                                         *[t.ptr if t is not None else None for t in ts], st))
+
+    def commit(self, accepted_lengths, stream=0, track_slots=None, track_steps=None):
+        """Commits every layer: accepted_lengths [B] int32 on the backend's device; with
+        track_slots/track_steps ([B] int32 on the device) also the prefix-cache tracks."""
+        h = self._handle("commit")
+        st = _stream_handle(stream)
+        acc = self._borrow(accepted_lengths, "commit", "accepted_lengths", st)
+        if track_slots is None and track_steps is None:
+            self._check(self._lib.kda_commit(h, acc.ptr if acc else None, st))
+            return
+        ts = self._borrow(track_slots, "commit", "track.slots", st)
+        tp = self._borrow(track_steps, "commit", "track.steps", st)
+        self._check(self._lib.kda_commit_tracked(h, acc.ptr if acc else None,
+                                                 ts.ptr if ts else None,
+                                                 tp.ptr if tp else None, st))
+
+    def materialize(self, slots, stream=0):
+        h = self._handle("materialize")
+        s, n = _i32_array(slots, "materialize", "slots")
+        self._check(self._lib.kda_materialize(h, s, n, _stream_handle(stream)))
+
+    def abort_round(self, stream=0):
+        self._check(self._lib.kda_abort_round(self._handle("abort_round"),
+                                              _stream_handle(stream)))
+
+    def record_graph_verify_round(self):
+        self._check(self._lib.kda_record_graph_verify_round(
+            self._handle("record_graph_verify_round")))
+
+    def check_device_errors(self, stream=0):
+        self._check(self._lib.kda_check_device_errors(self._handle("check_device_errors"),
+                                                      _stream_handle(stream)))
+
+    # ---- pool ----
+    def pool_view(self, name, layer=-1):
+        """Pool tensor `name` (POOL_TENSORS) of `layer` (-1: all layers) as a PoolView."""
+        t = _dlpack.DLTensor()
+        self._check(self._lib.kda_pool_view(self._handle("pool_view"), str(name).encode(),
+                                            int(layer), ctypes.byref(t)))
+        return PoolView(self, name, layer, t)
+
+    def pool_array(self, name, layer=-1):
+        """Host backends: the pool tensor as a writable numpy array over the pool's memory
+        (bfloat16 as uint16); valid while the backend lives (it keeps it alive)."""
+        return self.pool_view(name, layer).numpy()

@@ -1,0 +1,138 @@
+"""Finding and loading the C ABI library (capi/kda_c.h) and declaring its functions."""
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+from ._dlpack import DLTensor
+
+ABI_VERSION = 1  # KDA_C_ABI_VERSION of the header this package was written against
+
+# Library file names, most specific first: the C ABI library of the Bazel tree, then the
+# installable libkda.so once it exports the kda_* symbols.
+_NAMES = ("libkda_c.so", "libkda.so")
+
+
+class ModelConfig(ctypes.Structure):
+    _fields_ = [
+        ("num_layers", ctypes.c_int32),
+        ("H", ctypes.c_int32),
+        ("HV", ctypes.c_int32),
+        ("K", ctypes.c_int32),
+        ("V", ctypes.c_int32),
+        ("gate", ctypes.c_int32),
+        ("lower_bound", ctypes.c_float),
+        ("conv_weight_dtype", ctypes.c_int32),
+        ("has_conv_bias", ctypes.c_int32),
+    ]
+
+
+class BackendOptions(ctypes.Structure):
+    _fields_ = [("memory_budget_bytes", ctypes.c_int64), ("extra_slots", ctypes.c_int32)]
+
+
+class DispatchInfo(ctypes.Structure):
+    _fields_ = [("fused", ctypes.c_int32), ("block_v", ctypes.c_int32),
+                ("reason", ctypes.c_char_p)]
+
+
+class BackendInfo(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int32) for name in (
+        "num_layers", "num_slots", "num_rows", "max_draft_tokens", "ring_len", "record_mode",
+        "deferred_commit", "device_type", "device_id", "free_slots", "batch_size",
+        "tokens_per_request")]
+
+
+_p = ctypes.c_void_p
+_i32 = ctypes.c_int32
+_i32p = ctypes.POINTER(ctypes.c_int32)
+_dl = ctypes.POINTER(DLTensor)
+
+_SIGNATURES = {
+    "kda_abi_version": (ctypes.c_int, []),
+    "kda_last_error": (ctypes.c_char_p, []),
+    "kda_last_error_code": (ctypes.c_int, []),
+    "kda_status_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "kda_backend_create": (ctypes.c_int, [
+        ctypes.POINTER(ModelConfig), ctypes.POINTER(ctypes.c_char_p), ctypes.c_int,
+        ctypes.c_char_p, ctypes.POINTER(BackendOptions), ctypes.POINTER(_p)]),
+    "kda_backend_destroy": (None, [_p]),
+    "kda_set_layer_weights": (ctypes.c_int, [_p, ctypes.c_int, _dl, _dl, _dl, _dl]),
+    "kda_allocate_slot": (ctypes.c_int, [_p, _p, _i32p]),
+    "kda_release_slot": (ctypes.c_int, [_p, _i32]),
+    "kda_copy_slot": (ctypes.c_int, [_p, _i32, _i32, _p]),
+    "kda_prepare": (ctypes.c_int, [_p, _i32, _i32p, _i32, _i32p, _p]),
+    "kda_prepare_extend": (ctypes.c_int, [_p, _i32, _i32p, _i32, _i32p, _i32p, _p]),
+    "kda_verify": (ctypes.c_int, [_p, ctypes.c_int, _dl, _dl, _dl, _dl, _p,
+                                  ctypes.POINTER(DispatchInfo)]),
+    "kda_extend": (ctypes.c_int, [_p, ctypes.c_int, _dl, _dl, _dl, _dl, _p]),
+    "kda_commit": (ctypes.c_int, [_p, _dl, _p]),
+    "kda_commit_tracked": (ctypes.c_int, [_p, _dl, _dl, _dl, _p]),
+    "kda_materialize": (ctypes.c_int, [_p, _i32p, _i32, _p]),
+    "kda_abort_round": (ctypes.c_int, [_p, _p]),
+    "kda_record_graph_verify_round": (ctypes.c_int, [_p]),
+    "kda_check_device_errors": (ctypes.c_int, [_p, _p]),
+    "kda_backend_info_get": (ctypes.c_int, [_p, ctypes.POINTER(BackendInfo)]),
+    "kda_round_state": (ctypes.c_int, [_p, ctypes.POINTER(ctypes.c_char_p)]),
+    "kda_pool_view": (ctypes.c_int, [_p, ctypes.c_char_p, ctypes.c_int, _dl]),
+}
+
+
+def candidates(path=None):
+    """Where load() looks, in order: ``path``; $KDA_LIBRARY; beside the package (kda/ and its
+    parent); <sys.prefix>/lib; the dynamic loader's search (ctypes.util.find_library)."""
+    if path:
+        return [path]
+    out = []
+    env = os.environ.get("KDA_LIBRARY")
+    if env:
+        out.append(env)
+    here = os.path.dirname(os.path.abspath(__file__))
+    for directory in (here, os.path.dirname(here), os.path.join(sys.prefix, "lib")):
+        out.extend(os.path.join(directory, name) for name in _NAMES)
+    for name in ("kda_c", "kda"):
+        found = ctypes.util.find_library(name)
+        if found:
+            out.append(found)
+    return out
+
+
+_loaded = {}
+
+
+def load(path=None):
+    """The library as a ctypes.CDLL with every kda_* function declared (cached per path).
+    An explicit ``path`` or $KDA_LIBRARY that does not load is an error (no fallback)."""
+    tried = []
+    explicit = bool(path) or bool(os.environ.get("KDA_LIBRARY"))
+    for candidate in candidates(path):
+        if candidate in _loaded:
+            return _loaded[candidate]
+        if os.path.sep in candidate and not os.path.exists(candidate):
+            tried.append(f"{candidate} (no such file)")
+            if explicit:
+                break
+            continue
+        try:
+            lib = ctypes.CDLL(candidate)
+        except OSError as e:
+            tried.append(f"{candidate} ({e})")
+            if explicit:
+                break
+            continue
+        if not hasattr(lib, "kda_abi_version"):
+            tried.append(f"{candidate} (no kda_abi_version: not the KDA C ABI)")
+            continue
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        version = lib.kda_abi_version()
+        if version != ABI_VERSION:
+            raise OSError(f"kda: {candidate} has C ABI version {version}, this package needs "
+                          f"{ABI_VERSION}")
+        _loaded[candidate] = lib
+        return lib
+    raise OSError("kda: cannot load the KDA C library; set KDA_LIBRARY or pass library=PATH. "
+                  "Tried: " + "; ".join(tried or ["nothing"]))

@@ -1,0 +1,461 @@
+// capi_test.cc: the C ABI (capi/kda_c.h) on the host kernel set against the C++ backend: a
+// verify -> commit -> verify round through kda_* gives the C++ backend's outputs and pool bits
+// (both record modes, eager and deferred commit), and every error path returns its status with a
+// message naming the argument, changes nothing and crosses no exception.
+#include "capi/kda_c.h"
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/kda_backend.h"
+#include "core/buffer.h"
+#include "core/platform.h"
+#include "tests/backend_fixture.h"
+
+using namespace kda;
+using namespace kda::testing;
+
+namespace {
+
+// A DLTensor over a host TensorView, with its own shape and strides.
+struct Dl {
+  DLTensor t{};
+  int64_t shape[TensorView::kMaxDims] = {};
+  int64_t strides[TensorView::kMaxDims] = {};
+
+  explicit Dl(const TensorView& v) {
+    t.data = v.data();
+    t.device = DLDevice{kDLCPU, 0};
+    t.ndim = v.ndim();
+    switch (v.dtype()) {
+      case DType::kBF16:
+        t.dtype = DLDataType{kDLBfloat, 16, 1};
+        break;
+      case DType::kF16:
+        t.dtype = DLDataType{kDLFloat, 16, 1};
+        break;
+      case DType::kF32:
+        t.dtype = DLDataType{kDLFloat, 32, 1};
+        break;
+      case DType::kI32:
+        t.dtype = DLDataType{kDLInt, 32, 1};
+        break;
+    }
+    for (int d = 0; d < v.ndim(); ++d) {
+      shape[d] = v.size(d);
+      strides[d] = v.stride(d);
+    }
+    t.shape = shape;
+    t.strides = strides;
+  }
+  Dl(const Dl& o) : t(o.t) {
+    std::memcpy(shape, o.shape, sizeof(shape));
+    std::memcpy(strides, o.strides, sizeof(strides));
+    t.shape = shape;
+    t.strides = strides;
+  }
+  Dl& operator=(const Dl&) = delete;
+  const DLTensor* dl() const { return &t; }
+};
+
+kda_model_config c_model(const ModelConfig& m) {
+  kda_model_config c{};
+  c.num_layers = m.num_layers;
+  c.H = m.H;
+  c.HV = m.HV;
+  c.K = m.K;
+  c.V = m.V;
+  c.gate = m.gate == GateKind::kSafe ? KDA_GATE_SAFE : KDA_GATE_STANDARD;
+  c.lower_bound = m.lower_bound;
+  c.conv_weight_dtype = m.conv_weight_type == ConvWeightType::kBF16 ? KDA_CONV_BF16 : KDA_CONV_F32;
+  c.has_conv_bias = m.has_conv_bias ? 1 : 0;
+  return c;
+}
+
+// flags_for(ring, deferred) as engine flag strings.
+std::vector<std::string> flag_strings(bool ring, bool deferred) {
+  std::vector<std::string> f = {"--speculative-num-draft-tokens", std::to_string(kT),
+                                "--max-running-requests",         std::to_string(kMaxRunning),
+                                "--linear-replayssm-cache-len",   "8",
+                                "--kda-deferred-commit",          deferred ? "on" : "off"};
+  if (ring) {
+    f.push_back("--enable-linear-replayssm-spec");
+  }
+  return f;
+}
+
+std::vector<const char*> c_strs(const std::vector<std::string>& v) {
+  std::vector<const char*> p;
+  for (const std::string& s : v) {
+    p.push_back(s.c_str());
+  }
+  return p;
+}
+
+TensorView pool_view(kda_backend* b, const char* name, int layer = -1) {
+  DLTensor t{};
+  REQUIRE(kda_pool_view(b, name, layer, &t) == KDA_OK);
+  REQUIRE(t.device.device_type == kDLCPU);
+  const DType dtype = t.dtype.code == kDLBfloat                        ? DType::kBF16
+                      : t.dtype.code == kDLInt                         ? DType::kI32
+                      : t.dtype.code == kDLFloat && t.dtype.bits == 32 ? DType::kF32
+                                                                       : DType::kF16;
+  return TensorView::strided(t.data, dtype, Device::host(), t.shape, t.strides, t.ndim);
+}
+
+const char* const kPoolNames[] = {"conv_state",   "ssm_state",  "conv_window", "snapshots",
+                                  "ring_rawv",    "ring_rawk",  "ring_g",      "ring_beta",
+                                  "ring_pending", "ring_cursor"};
+
+TensorView cpp_pool_view(const KdaStatePool& p, const std::string& name) {
+  if (name == "conv_state") return p.conv_state_all();
+  if (name == "ssm_state") return p.ssm_state_all();
+  if (name == "conv_window") return p.conv_window_all();
+  if (name == "snapshots") return p.snapshots_all();
+  if (name == "ring_rawv") return p.ring_rawv_all();
+  if (name == "ring_rawk") return p.ring_rawk_all();
+  if (name == "ring_g") return p.ring_g_all();
+  if (name == "ring_beta") return p.ring_beta_all();
+  if (name == "ring_pending") return p.ring_pending_all();
+  return p.ring_cursor();
+}
+
+// Every pool tensor of the mode, bitwise.
+bool same_pool(kda_backend* c, const KdaStatePool& cpp) {
+  bool same = true;
+  for (const char* name : kPoolNames) {
+    const TensorView want = cpp_pool_view(cpp, name);
+    if (!want.defined()) {
+      continue;
+    }
+    if (!same_bits(pool_view(c, name), want)) {
+      UNSCOPED_INFO("pool tensor " << name << " differs");
+      same = false;
+    }
+  }
+  return same;
+}
+
+// A C backend mirroring Harness `h` (same flags, weights, allocated slots and committed state).
+kda_backend* mirror(const Harness& h, bool ring, bool deferred) {
+  const kda_model_config m = c_model(h.model);
+  const std::vector<std::string> flags = flag_strings(ring, deferred);
+  const std::vector<const char*> argv = c_strs(flags);
+  kda_backend_options options{};
+  options.extra_slots = 1;
+  kda_backend* b = nullptr;
+  REQUIRE(kda_backend_create(&m, argv.data(), static_cast<int>(argv.size()), "host", &options,
+                             &b) == KDA_OK);
+  REQUIRE(b != nullptr);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    const LayerWeights& w = h.weights[static_cast<size_t>(layer)].views;
+    const Dl A_log(w.A_log), dt_bias(w.dt_bias), conv_weight(w.conv_weight), conv_bias(w.conv_bias);
+    REQUIRE(kda_set_layer_weights(b, layer, A_log.dl(), dt_bias.dl(), conv_weight.dl(),
+                                  conv_bias.dl()) == KDA_OK);
+  }
+  kda_backend_info info{};
+  REQUIRE(kda_backend_info_get(b, &info) == KDA_OK);
+  for (int i = 0; i < info.num_slots; ++i) {
+    int32_t slot = -1;
+    REQUIRE(kda_allocate_slot(b, nullptr, &slot) == KDA_OK);
+  }
+  for (const char* name : {"conv_state", "ssm_state"}) {
+    const TensorView src = cpp_pool_view(h.pool(), name);
+    std::memcpy(pool_view(b, name).data(), src.data(), static_cast<size_t>(src.span_bytes()));
+  }
+  return b;
+}
+
+struct Commit {
+  Buffer buf;
+  TensorView view;
+  explicit Commit(const std::vector<int32_t>& a)
+      : buf(Device::host(), static_cast<int64_t>(a.size()) * 4) {
+    buf.upload(a.data(), buf.bytes());
+    view = buf.view(DType::kI32, {static_cast<int64_t>(a.size())});
+  }
+};
+
+// Verifies every layer through the C ABI with `acts`' inputs into fresh outputs; true if every
+// output equals acts' (the C++ backend's) bitwise.
+bool c_verify_all(kda_backend* b, const BatchSpec& batch, const std::vector<Activations>& acts) {
+  REQUIRE(kda_prepare(b, batch.T, batch.slots.data(), static_cast<int32_t>(batch.slots.size()),
+                      batch.rows.empty() ? nullptr : batch.rows.data(), nullptr) == KDA_OK);
+  bool same = true;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    const Activations& x = acts[static_cast<size_t>(layer)];
+    Buffer out(Device::host(), x.out_view.span_bytes());
+    const TensorView out_view =
+        TensorView::contiguous(out.data(), DType::kBF16, Device::host(),
+                               {x.out_view.size(0), x.out_view.size(1), x.out_view.size(2)});
+    const Dl qkv(x.in.mixed_qkv), a(x.in.a), bb(x.in.b), o(out_view);
+    kda_dispatch_info info{};
+    REQUIRE(kda_verify(b, layer, qkv.dl(), a.dl(), bb.dl(), o.dl(), nullptr, &info) == KDA_OK);
+    CHECK(info.reason != nullptr);
+    same = same && same_bits(out_view, x.out_view);
+  }
+  return same;
+}
+
+}  // namespace
+
+TEST_CASE("capi: verify -> commit -> verify equals the C++ backend bitwise", "[capi]") {
+  for (const bool ring : {false, true}) {
+    for (const bool deferred : {false, true}) {
+      if (deferred && !ring) {
+        continue;
+      }
+      CAPTURE(ring, deferred);
+      Harness h(kGqaCase, ring, Platform{}, /*fused=*/true, deferred);
+      kda_backend* c = mirror(h, ring, deferred);
+      kda_backend_info info{};
+      REQUIRE(kda_backend_info_get(c, &info) == KDA_OK);
+      CHECK(info.record_mode == (ring ? KDA_MODE_RING : KDA_MODE_SNAPSHOT));
+      CHECK(info.deferred_commit == (h.backend->deferred_commit() ? 1 : 0));
+      CHECK(info.num_slots == h.pool().num_slots());
+      CHECK(info.free_slots == 0);
+      REQUIRE(same_pool(c, h.pool()));
+
+      // Round 1: rows given, a padding row; round 2: batch positions, another T.
+      const BatchSpec first{kT, {3, -1, 1}, {2, 0, 1}};
+      const std::vector<Activations> x1 = verify_all(h, first, 1);
+      CHECK(c_verify_all(c, first, x1));
+      CHECK(same_pool(c, h.pool()));
+      const char* state = nullptr;
+      REQUIRE(kda_round_state(c, &state) == KDA_OK);
+      CHECK(std::string(state) == h.backend->round_state());
+
+      const std::vector<int32_t> accepted = {2, 1, kT};
+      commit(h, accepted);
+      const Commit acc(accepted);
+      const Dl acc_dl(acc.view);
+      REQUIRE(kda_commit(c, acc_dl.dl(), nullptr) == KDA_OK);
+      REQUIRE(kda_check_device_errors(c, nullptr) == KDA_OK);
+      CHECK(same_pool(c, h.pool()));
+
+      const BatchSpec second{kT - 1, {1, 4, 3}, {}};
+      const std::vector<Activations> x2 = verify_all(h, second, 2);
+      CHECK(c_verify_all(c, second, x2));
+      const std::vector<int32_t> accepted2 = {1, 3, 2};
+      commit(h, accepted2);
+      const Commit acc2(accepted2);
+      const Dl acc2_dl(acc2.view);
+      REQUIRE(kda_commit(c, acc2_dl.dl(), nullptr) == KDA_OK);
+      const std::vector<int32_t> all = {0, 1, 2, 3, 4};
+      h.backend->materialize(all, nullptr);
+      REQUIRE(kda_materialize(c, all.data(), 5, nullptr) == KDA_OK);
+      CHECK(same_pool(c, h.pool()));
+
+      // copy_slot and release/allocate through the ABI match the C++ calls.
+      h.backend->copy_slot(3, 0, nullptr);
+      REQUIRE(kda_copy_slot(c, 3, 0, nullptr) == KDA_OK);
+      CHECK(same_pool(c, h.pool()));
+      REQUIRE(kda_release_slot(c, 2) == KDA_OK);
+      int32_t slot = -1;
+      REQUIRE(kda_allocate_slot(c, nullptr, &slot) == KDA_OK);
+      CHECK(slot == 2);
+      kda_backend_destroy(c);
+    }
+  }
+}
+
+TEST_CASE("capi: errors return the status, name the argument and change nothing", "[capi]") {
+  Harness h(kGqaCase, /*ring=*/true, Platform{});
+  kda_backend* c = mirror(h, /*ring=*/true, /*deferred=*/false);
+  const BatchSpec batch{kT, {1, 0}, {}};
+  const std::vector<Activations> x = verify_all(h, batch, 3);
+  h.backend->abort_round(nullptr);
+  const Activations& x0 = x[0];
+  const Dl qkv(x0.in.mixed_qkv), a(x0.in.a), b(x0.in.b), out(x0.out_view);
+
+  // Each failing call: its status, a message containing `needle`, and the pool and the round
+  // state unchanged.
+  auto pool_bytes = [&] {
+    std::vector<std::vector<uint8_t>> bytes;
+    for (const char* name : kPoolNames) {
+      DLTensor t{};
+      if (kda_pool_view(c, name, -1, &t) == KDA_OK) {
+        bytes.push_back(bytes_of(pool_view(c, name)));
+      }
+    }
+    return bytes;
+  };
+  auto round_state = [&] {
+    const char* state = nullptr;
+    REQUIRE(kda_round_state(c, &state) == KDA_OK);
+    return std::string(state);
+  };
+  auto rejected = [&](const std::function<int()>& call, int want, const std::string& needle) {
+    const auto before = pool_bytes();
+    const std::string state = round_state();
+    CHECK(call() == want);
+    CHECK(kda_last_error_code() == want);
+    const std::string msg = kda_last_error();
+    CAPTURE(msg);
+    CHECK(msg.find(needle) != std::string::npos);
+    CHECK(pool_bytes() == before);
+    CHECK(round_state() == state);
+    CHECK(std::string(kda_last_error()).empty());  // the query succeeded: cleared
+  };
+
+  // Lifecycle.
+  rejected([&] { return kda_verify(c, 0, qkv.dl(), a.dl(), b.dl(), out.dl(), nullptr, nullptr); },
+           KDA_ERROR_LIFECYCLE, "verify(layer 0): no batch prepared (call prepare() first)");
+  const Commit acc({2, 1});
+  const Dl acc_dl(acc.view);
+  rejected([&] { return kda_commit(c, acc_dl.dl(), nullptr); }, KDA_ERROR_LIFECYCLE,
+           "commit: no verify round");
+
+  // prepare / slots.
+  const int32_t bad_slots[] = {1, 7};
+  rejected([&] { return kda_prepare(c, kT, bad_slots, 2, nullptr, nullptr); },
+           KDA_ERROR_INVALID_ARGUMENT, "prepare: slots[1] = 7 out of range");
+  rejected([&] { return kda_prepare(c, kT, nullptr, 2, nullptr, nullptr); },
+           KDA_ERROR_INVALID_ARGUMENT, "prepare: slots is NULL");
+  rejected([&] { return kda_release_slot(c, 9); }, KDA_ERROR_INVALID_ARGUMENT, "9");
+  int32_t slot = -1;
+  rejected([&] { return kda_allocate_slot(c, nullptr, &slot); }, KDA_ERROR_OUT_OF_MEMORY, "");
+  CHECK(slot == -1);
+
+  REQUIRE(kda_prepare(c, kT, batch.slots.data(), 2, nullptr, nullptr) == KDA_OK);
+  REQUIRE(kda_prepare(c, kT, batch.slots.data(), 2, nullptr, nullptr) == KDA_OK);  // replaces
+
+  // verify: the ABI's DLPack checks, then the backend's own messages.
+  Dl f16(x0.in.mixed_qkv);
+  f16.t.dtype = DLDataType{kDLFloat, 16, 1};
+  rejected([&] { return kda_verify(c, 0, f16.dl(), a.dl(), b.dl(), out.dl(), nullptr, nullptr); },
+           KDA_ERROR_INVALID_ARGUMENT,
+           "verify(layer 0): mixed_qkv: dtype float16 unsupported, expected bfloat16");
+  Dl lanes(x0.in.a);
+  lanes.t.dtype.lanes = 2;
+  rejected(
+      [&] { return kda_verify(c, 0, qkv.dl(), lanes.dl(), b.dl(), out.dl(), nullptr, nullptr); },
+      KDA_ERROR_INVALID_ARGUMENT,
+      "verify(layer 0): a: dtype bfloat16x2 unsupported, expected bfloat16");
+  rejected([&] { return kda_verify(c, 0, qkv.dl(), a.dl(), b.dl(), nullptr, nullptr, nullptr); },
+           KDA_ERROR_INVALID_ARGUMENT, "verify(layer 0): out: NULL DLTensor");
+  Dl vulkan(x0.in.b);
+  vulkan.t.device = DLDevice{kDLVulkan, 0};
+  rejected(
+      [&] { return kda_verify(c, 0, qkv.dl(), a.dl(), vulkan.dl(), out.dl(), nullptr, nullptr); },
+      KDA_ERROR_INVALID_ARGUMENT, "verify(layer 0): b: DLPack device type 7 unsupported");
+  Dl on_cuda(x0.in.b);
+  on_cuda.t.device = DLDevice{kDLCUDA, 0};
+  rejected(
+      [&] { return kda_verify(c, 0, qkv.dl(), a.dl(), on_cuda.dl(), out.dl(), nullptr, nullptr); },
+      KDA_ERROR_INVALID_ARGUMENT, "b: expected memory on host, got cuda:0");
+  Dl short_a(x0.in.a);
+  short_a.shape[0] -= 1;
+  rejected(
+      [&] { return kda_verify(c, 0, qkv.dl(), short_a.dl(), b.dl(), out.dl(), nullptr, nullptr); },
+      KDA_ERROR_INVALID_ARGUMENT, "verify(layer 0): a: ");
+  Dl offset(x0.in.mixed_qkv);
+  offset.t.byte_offset = 1;  // an odd address: misaligned bf16 elements
+  CHECK(kda_verify(c, 0, offset.dl(), a.dl(), b.dl(), out.dl(), nullptr, nullptr) != KDA_OK);
+  CHECK(std::string(kda_last_error()).find("mixed_qkv") != std::string::npos);
+  rejected([&] { return kda_verify(c, 5, qkv.dl(), a.dl(), b.dl(), out.dl(), nullptr, nullptr); },
+           KDA_ERROR_INVALID_ARGUMENT, "layer");
+
+  // commit: before every layer is verified; a wrong dtype.
+  rejected([&] { return kda_commit(c, acc_dl.dl(), nullptr); }, KDA_ERROR_LIFECYCLE,
+           "commit: only 0 of 2 layers");
+  Dl i64(acc.view);
+  i64.t.dtype = DLDataType{kDLInt, 64, 1};
+  rejected([&] { return kda_commit(c, i64.dl(), nullptr); }, KDA_ERROR_INVALID_ARGUMENT,
+           "commit: accepted_lengths: dtype int64 unsupported, expected int32");
+  rejected([&] { return kda_commit_tracked(c, acc_dl.dl(), nullptr, acc_dl.dl(), nullptr); },
+           KDA_ERROR_INVALID_ARGUMENT, "commit: track.slots: NULL DLTensor");
+
+  // Weights.
+  const LayerWeights& w = h.weights[0].views;
+  const Dl dt_bias(w.dt_bias), conv_weight(w.conv_weight), conv_bias(w.conv_bias);
+  Dl A_log_f16(w.A_log);
+  A_log_f16.t.dtype = DLDataType{kDLFloat, 16, 1};
+  rejected(
+      [&] {
+        return kda_set_layer_weights(c, 0, A_log_f16.dl(), dt_bias.dl(), conv_weight.dl(),
+                                     conv_bias.dl());
+      },
+      KDA_ERROR_INVALID_ARGUMENT,
+      "set_layer_weights(layer 0): A_log: dtype float16 unsupported, expected float32");
+  const Dl A_log(w.A_log);
+  rejected(
+      [&] {
+        return kda_set_layer_weights(c, 0, A_log.dl(), A_log.dl(), conv_weight.dl(),
+                                     conv_bias.dl());
+      },
+      KDA_ERROR_INVALID_ARGUMENT, "dt_bias");
+
+  // Pool views and queries.
+  DLTensor view{};
+  rejected([&] { return kda_pool_view(c, "snapshots", -1, &view); }, KDA_ERROR_INVALID_ARGUMENT,
+           "pool_view: snapshots is absent in ring mode");
+  rejected([&] { return kda_pool_view(c, "bogus", 0, &view); }, KDA_ERROR_INVALID_ARGUMENT,
+           "pool_view: unknown tensor 'bogus'");
+  rejected([&] { return kda_pool_view(c, "ring_cursor", 0, &view); }, KDA_ERROR_INVALID_ARGUMENT,
+           "ring_cursor has no layer dim");
+  rejected([&] { return kda_backend_info_get(nullptr, nullptr); }, KDA_ERROR_INVALID_ARGUMENT,
+           "backend_info: backend is NULL");
+
+  // The last error is per thread.
+  REQUIRE(kda_release_slot(c, 9) == KDA_ERROR_INVALID_ARGUMENT);
+  std::string other = "unset";
+  std::thread([&] { other = kda_last_error(); }).join();
+  CHECK(other.empty());
+  CHECK(std::string(kda_last_error()).find("9") != std::string::npos);
+  CHECK(std::string(kda_status_name(KDA_ERROR_LIFECYCLE)) == "lifecycle");
+  CHECK(std::string(kda_status_name(KDA_OK)) == "ok");
+  CHECK(std::string(kda_status_name(42)) == "unknown");
+  CHECK(kda_abi_version() == KDA_C_ABI_VERSION);
+
+  // The round still runs after all of that, bitwise as the C++ backend's.
+  REQUIRE(kda_abort_round(c, nullptr) == KDA_OK);
+  CHECK(c_verify_all(c, batch, x));
+  kda_backend_destroy(c);
+}
+
+TEST_CASE("capi: create validates flags, model and device", "[capi]") {
+  const kda_model_config m = c_model(model_for(kGqaCase));
+  kda_backend* b = reinterpret_cast<kda_backend*>(&b);  // create must reset it on error
+  auto create = [&](std::vector<std::string> flags, const char* device,
+                    const kda_model_config* model) {
+    const std::vector<const char*> argv = c_strs(flags);
+    return kda_backend_create(model, argv.data(), static_cast<int>(argv.size()), device, nullptr,
+                              &b);
+  };
+  auto message = [] { return std::string(kda_last_error()); };
+  CHECK(create({"--speculative-num-draft-tokens", "99"}, "host", &m) == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(b == nullptr);
+  CHECK(message().find("--speculative-num-draft-tokens") != std::string::npos);
+  CHECK(create({"--max-running-requests", "2", "--bogus"}, "host", &m) ==
+        KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(message() == "create: flags: '--bogus' is not a flag of the module (see backend/flags.h)");
+  CHECK(create({}, "tpu", &m) == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(message() == "create: device 'tpu' unsupported, expected \"host\", \"cuda\" or \"cuda:N\"");
+  CHECK(create({}, "host", nullptr) == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(message() == "create: model is NULL");
+  kda_model_config bad = m;
+  bad.HV = 3;
+  CHECK(create({}, "host", &bad) == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(message().find("HV") != std::string::npos);
+  bad = m;
+  bad.gate = 7;
+  CHECK(create({}, "host", &bad) == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(message().find("model.gate = 7") != std::string::npos);
+  CHECK(b == nullptr);
+
+  REQUIRE(create({"--max-running-requests=2"}, "host", &m) == KDA_OK);
+  CHECK(message().empty());
+  kda_backend_info info{};
+  REQUIRE(kda_backend_info_get(b, &info) == KDA_OK);
+  CHECK(info.num_slots == 2);
+  CHECK(info.device_type == kDLCPU);
+  CHECK(info.record_mode == KDA_MODE_SNAPSHOT);
+  kda_backend_destroy(b);
+  kda_backend_destroy(nullptr);
+}
