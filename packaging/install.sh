@@ -10,7 +10,8 @@
 #   PREFIX/lib/pkgconfig/kda.pc
 # The headers are the include closure of the public roots: every "..." include of an installed
 # header is installed too; <...> includes must be the C++ library, the CUDA runtime or fmt (the
-# package's interface dependencies), so an internal dependency cannot leak into the interface.
+# package's interface dependencies; dlpack/dlpack.h for the C ABI: Debian libdlpack-dev), so an
+# internal dependency cannot leak into the interface.
 set -euo pipefail
 
 usage() {
@@ -56,7 +57,7 @@ while ((${#queue[@]})); do
   done < <(sed -nE 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]+)".*/\1/p' "$h")
   while IFS= read -r inc; do
     case $inc in
-      cuda_runtime_api.h | cuda_runtime.h | driver_types.h | fmt/*) ;;
+      cuda_runtime_api.h | cuda_runtime.h | driver_types.h | fmt/* | dlpack/dlpack.h | stddef.h | stdint.h) ;;
       */* | *.h)
         echo "install: $h includes <$inc>, which is not an interface dependency of kda::kda" >&2
         exit 1
