@@ -10,7 +10,7 @@ from ._dlpack import DLTensor
 ABI_VERSION = 1  # KDA_C_ABI_VERSION of the header this package was written against
 
 # Library file names, most specific first: the C ABI library of the Bazel tree, then the
-# installable libkda.so once it exports the kda_* symbols.
+# installed libkda.so (which exports the same kda_* symbols).
 _NAMES = ("libkda_c.so", "libkda.so")
 
 
