@@ -37,19 +37,13 @@ TensorView TensorView::contiguous(void* data, DType dtype, Device device,
 TensorView TensorView::contiguous(void* data, DType dtype, Device device, const int64_t* shape,
                                   int ndim) {
   KDA_CHECK(ndim >= 0 && ndim <= kMaxDims, "TensorView: {} dims, at most {}", ndim, kMaxDims);
-  TensorView v;
-  v.data_ = data;
-  v.dtype_ = dtype;
-  v.device_ = device;
-  v.ndim_ = ndim;
+  int64_t strides[kMaxDims] = {};
   int64_t stride = 1;
   for (int d = ndim - 1; d >= 0; --d) {
-    KDA_CHECK(shape[d] >= 0, "TensorView: negative extent {} in dim {}", shape[d], d);
-    v.shape_[d] = shape[d];
-    v.stride_[d] = stride;
+    strides[d] = stride;
     stride *= shape[d];
   }
-  return v;
+  return strided(data, dtype, device, shape, strides, ndim);
 }
 
 TensorView TensorView::strided(void* data, DType dtype, Device device, const int64_t* shape,

@@ -740,18 +740,24 @@ void launch_fold(const CommitParams& p, cudaStream_t stream, bool with_conv) {
 template void launch_fold<64>(const CommitParams&, cudaStream_t, bool);
 template void launch_fold<128>(const CommitParams&, cudaStream_t, bool);
 
-template <int K>
-void launch_materialize(const CommitParams& p, cudaStream_t stream) {
-  // Off the hot path: the per-item fold (its records at any ring position), then the counts
-  // zeroed once every CTA has read them.
+/// fold_kernel<K, kRole> alone, one CTA per item (the roles off the hot path: records at any
+/// ring position).
+template <int K, FoldRole kRole>
+void launch_fold_per_item(const CommitParams& p, cudaStream_t stream) {
   const int64_t tiles = ceil_div(p.V, kFoldBlockV);
   const FoldDivisors div{
       FastDivisor(static_cast<uint32_t>(tiles)), FastDivisor(static_cast<uint32_t>(p.B)),
       FastDivisor(static_cast<uint32_t>(p.HV)), FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
   const dim3 grid3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.B),
                    static_cast<unsigned>(p.num_layers * p.HV));
-  launch_pdl(fold_kernel<K, FoldRole::kMaterialize>, grid3, dim3(kCopyThreads), 0, stream,
-             pdl_enabled(), p, div, false);
+  launch_pdl(fold_kernel<K, kRole>, grid3, dim3(kCopyThreads), 0, stream, pdl_enabled(), p, div,
+             false);
+}
+
+template <int K>
+void launch_materialize(const CommitParams& p, cudaStream_t stream) {
+  // The pending folds, then the counts zeroed once every CTA has read them.
+  launch_fold_per_item<K, FoldRole::kMaterialize>(p, stream);
   launch_drop_pending(p, stream);
 }
 template void launch_materialize<64>(const CommitParams&, cudaStream_t);
@@ -759,15 +765,8 @@ template void launch_materialize<128>(const CommitParams&, cudaStream_t);
 
 template <int K>
 void launch_fold_tracks_deferred(const CommitParams& p, cudaStream_t stream) {
-  // One CTA per item; the items of untracked requests return at once (tracks are few).
-  const int64_t tiles = ceil_div(p.V, kFoldBlockV);
-  const FoldDivisors div{
-      FastDivisor(static_cast<uint32_t>(tiles)), FastDivisor(static_cast<uint32_t>(p.B)),
-      FastDivisor(static_cast<uint32_t>(p.HV)), FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
-  const dim3 grid3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.B),
-                   static_cast<unsigned>(p.num_layers * p.HV));
-  launch_pdl(fold_kernel<K, FoldRole::kTrackOnly>, grid3, dim3(kCopyThreads), 0, stream,
-             pdl_enabled(), p, div, false);
+  // The items of untracked requests return at once (tracks are few).
+  launch_fold_per_item<K, FoldRole::kTrackOnly>(p, stream);
 }
 template void launch_fold_tracks_deferred<64>(const CommitParams&, cudaStream_t);
 template void launch_fold_tracks_deferred<128>(const CommitParams&, cudaStream_t);

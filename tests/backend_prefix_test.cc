@@ -47,20 +47,6 @@ std::vector<int32_t> all_slots(const Harness& h) {
   return s;
 }
 
-// The committed state of one slot, every layer: SSM then conv bytes (materialized first).
-std::vector<uint8_t> slot_state(Harness& h, int slot) {
-  h.backend->materialize({slot}, nullptr);
-  std::vector<uint8_t> out;
-  for (int layer = 0; layer < kLayers; ++layer) {
-    for (const TensorView& v :
-         {h.pool().ssm_state(layer).select(0, slot), h.pool().conv_state(layer).select(0, slot)}) {
-      const std::vector<uint8_t> b = bytes_of(v);
-      out.insert(out.end(), b.begin(), b.end());
-    }
-  }
-  return out;
-}
-
 // The slot's state as it is in the pool's views (no materialize): for "complete right after
 // commit" checks.
 std::vector<uint8_t> slot_state_as_is(const Harness& h, int slot) {
@@ -73,6 +59,12 @@ std::vector<uint8_t> slot_state_as_is(const Harness& h, int slot) {
     }
   }
   return out;
+}
+
+// The committed state of one slot, every layer: SSM then conv bytes (materialized first).
+std::vector<uint8_t> slot_state(Harness& h, int slot) {
+  h.backend->materialize({slot}, nullptr);
+  return slot_state_as_is(h, slot);
 }
 
 // Random (never zero) SSM and conv state into `slot`, every layer: what a track must overwrite.
