@@ -1,4 +1,5 @@
-// commit.cuh: commit kernels, every layer in one launch each.
+// commit.cuh: commit kernels, every layer in one launch each (the fold: fold.cu; the copies and
+// the deferred commit's bookkeeping: commit.cu; what they share: commit_copy.cuh).
 //
 // fold_kernel (ring mode): grid (ceil(V/128), B, layers*HV), 256 threads; the same column
 //   slices and step function as the verify tile (delta_rule.cuh), so the folded state is

@@ -1,6 +1,6 @@
 // item_fold.cuh: the deferred commit's pending fold inside a verify item (contract §7): before
 // its draft steps, a verify CTA replays its slot's pending ring steps onto its own state tile
-// with the fold's arithmetic (commit.cu FoldItem: the same key-row normalisation, EXP(g),
+// with the fold's arithmetic (fold.cu FoldItem: the same key-row normalisation, EXP(g),
 // delta_rule_step and reduction tree, so the bits are an eager fold's) and writes the folded
 // tile back as the committed state.
 // One writer per state element: a CTA folds and stores only the columns v0 .. v0 + BV - 1 of

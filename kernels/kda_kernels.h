@@ -47,7 +47,7 @@ void invoke_commit(const CommitParams& p, cudaStream_t stream);
 /// CTAs (state_stream_mode(), StreamFrom); a call that fails any of it runs one CTA per item
 /// instead, with the same bits.
 bool verify_stream_layout_ok(const VerifyParams& p, bool fused);
-/// The same for the fold (commit.cu): T <= 8, state and ring records (rawk, g, rawv rows)
+/// The same for the fold (fold.cu): T <= 8, state and ring records (rawk, g, rawv rows)
 /// copyable as 16-byte-aligned bulk runs.
 bool fold_stream_layout_ok(const CommitParams& p);
 /// Whether every conv commit offset is 16-byte aligned (8 bf16 per access): then invoke_commit

@@ -1,6 +1,6 @@
 // tile_layout.cuh: the thread layout, occupancy and shared memory of a 256-thread state tile
 // (TileConfig, TileSmem), shared by the verify items (verify_item.cuh) and the fold
-// (commit.cu), and the column loads of a tile's state (load_state_columns).
+// (fold.cu), and the column loads of a tile's state (load_state_columns).
 // Recurrence layout: thread tid = group*P + c owns columns v0 + group*CPT + j (j < CPT) of the
 //   state tile; lanes c split K as in delta_rule.cuh (P = 8 lanes per column for BV >= 32,
 //   else 256/BV; CPT = BV*P/256 columns per thread; the one-per-SM BV = 16 tile: P = 8 on
