@@ -155,6 +155,21 @@ def check_directory(replay, directory, work, mode, deferred, tensors, library=No
     be.close()
 
 
+def check_examples(replay, work, examples, make_tensors, library=None, replay_device="host"):
+    """Every example directory (name -> kda_replay --make-example options) in snapshot mode and in
+    ring mode with eager and deferred commit (check_directory); returns the number of checks."""
+    checks = 0
+    for name, options in examples.items():
+        directory = os.path.join(work, name)
+        make_example(replay, directory, options)
+        for mode, deferred in (("snapshot", False), ("ring", False), ("ring", True)):
+            print(f"{name}: {mode} mode{', deferred commit' if deferred else ''}")
+            check_directory(replay, directory, directory, mode, deferred, make_tensors(),
+                            library=library, replay_device=replay_device)
+            checks += 1
+    return checks
+
+
 def _pool_bytes(be, tensors):
     out = {}
     for name in kda.POOL_TENSORS:

@@ -18,7 +18,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import kda  # noqa: E402
-from replay_check import NumpyTensors, check_directory, expect_error, make_example  # noqa: E402
+from replay_check import NumpyTensors, check_examples, expect_error  # noqa: E402
 
 EXAMPLES = {
     "default": [],
@@ -76,15 +76,7 @@ def main():
     work = args.work or tempfile.mkdtemp(prefix="kda_py_", dir=os.environ.get("TEST_TMPDIR"))
     print(f"kda: library {kda.load_library(args.library)._name}")
 
-    checks = 0
-    for name, options in EXAMPLES.items():
-        directory = os.path.join(work, name)
-        make_example(args.replay, directory, options)
-        for mode, deferred in (("snapshot", False), ("ring", False), ("ring", True)):
-            print(f"{name}: {mode} mode{', deferred commit' if deferred else ''}")
-            check_directory(args.replay, directory, os.path.join(work, name), mode, deferred,
-                            NumpyTensors(), library=args.library)
-            checks += 1
+    checks = check_examples(args.replay, work, EXAMPLES, NumpyTensors, library=args.library)
     check_dlpack_export(args.library, work)
     print(f"OK: {checks} replay checks bitwise equal to kda_replay --device host; DLPack "
           "export and create errors checked")

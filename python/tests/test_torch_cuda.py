@@ -16,7 +16,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import kda  # noqa: E402
-from replay_check import check_directory, make_example  # noqa: E402
+from replay_check import check_examples  # noqa: E402
 from test_replay_host import EXAMPLES  # noqa: E402
 
 try:
@@ -87,16 +87,8 @@ def main():
     work = args.work or tempfile.mkdtemp(prefix="kda_torch_")
     print(f"kda: library {kda.load_library(args.library)._name}; torch {torch.__version__} on "
           f"{torch.cuda.get_device_name(args.device)}")
-    checks = 0
-    for name, options in EXAMPLES.items():
-        directory = os.path.join(work, name)
-        make_example(args.replay, directory, options)
-        for mode, deferred in (("snapshot", False), ("ring", False), ("ring", True)):
-            print(f"{name}: {mode} mode{', deferred commit' if deferred else ''}")
-            check_directory(args.replay, directory, directory, mode, deferred,
-                            TorchTensors(args.device), library=args.library,
-                            replay_device=f"cuda:{args.device}")
-            checks += 1
+    checks = check_examples(args.replay, work, EXAMPLES, lambda: TorchTensors(args.device),
+                            library=args.library, replay_device=f"cuda:{args.device}")
     print(f"OK: {checks} replay checks with torch CUDA tensors bitwise equal to kda_replay "
           f"--device cuda:{args.device}")
     return 0
