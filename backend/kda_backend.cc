@@ -15,6 +15,23 @@ namespace kda {
 
 namespace {
 
+// Whether the backend defers its commits (contract §7): ring mode only; on, or auto where
+// dispatch/commit_policy.h's measured rule says it pays for the configured batch.
+bool defers_commit(const ModelConfig& m, const EngineFlags& f) {
+  if (!f.replayssm_spec) {
+    return false;
+  }
+  switch (static_cast<DeferredCommit>(f.deferred_commit)) {
+    case DeferredCommit::kOn:
+      return true;
+    case DeferredCommit::kOff:
+      return false;
+    case DeferredCommit::kAuto:
+      break;
+  }
+  return deferred_commit_pays({m.HV, m.K, m.V, f.max_running_requests, f.num_draft_tokens});
+}
+
 PoolConfig make_pool_config(const ModelConfig& m, const EngineFlags& f, const Device& device,
                             const BackendOptions& o) {
   KDA_CHECK(o.extra_slots >= 0 &&
@@ -32,6 +49,7 @@ PoolConfig make_pool_config(const ModelConfig& m, const EngineFlags& f, const De
   c.T_max = f.num_draft_tokens;
   c.ring_mode = f.replayssm_spec;
   c.ring_len = f.replayssm_cache_len;
+  c.deferred_commit = defers_commit(m, f);  // the u records (kda_state_pool.h)
   c.device = device;
   c.memory_budget_bytes = o.memory_budget_bytes;
   return c;
@@ -72,23 +90,6 @@ Platform platform_for(const Device& device, const BackendOptions& o) {
   Platform p;
   p.reason = "the host kernel set runs on the CPU";
   return p;
-}
-
-// Whether the backend defers its commits (contract §7): ring mode only; on, or auto where
-// dispatch/commit_policy.h's measured rule says it pays for the configured batch.
-bool defers_commit(const ModelConfig& m, const EngineFlags& f) {
-  if (!f.replayssm_spec) {
-    return false;
-  }
-  switch (static_cast<DeferredCommit>(f.deferred_commit)) {
-    case DeferredCommit::kOn:
-      return true;
-    case DeferredCommit::kOff:
-      return false;
-    case DeferredCommit::kAuto:
-      break;
-  }
-  return deferred_commit_pays({m.HV, m.K, m.V, f.max_running_requests, f.num_draft_tokens});
 }
 
 // Whether `stream` is capturing a CUDA graph (then enqueued work has not run).
@@ -433,6 +434,9 @@ VerifyParams KdaAttentionBackend::make_verify_params(int layer, const VerifyInpu
     p.ring_cursor = static_cast<const int32_t*>(pool_.ring_cursor().data());
     p.ring_pending = static_cast<const int32_t*>(pool_.ring_pending(layer).data());
     p.ssm_fold_out = static_cast<float*>(ssm_state.data());
+    const TensorView u = pool_.ring_u(layer);
+    p.ring_u = static_cast<float*>(u.data());
+    p.ring_u_slot_stride = u.stride(0);
   }
   return p;
 }
@@ -612,6 +616,10 @@ CommitParams KdaAttentionBackend::make_commit_params(CommitKind kind) const {
     c.ring_cursor = static_cast<int32_t*>(pool_.ring_cursor().data());
     c.ring_pending = static_cast<int32_t*>(pending.data());
     c.ring_pending_layer_stride = pending.stride(0);
+    const TensorView u = pool_.ring_u_all();
+    c.ring_u = static_cast<const float*>(u.data());
+    c.ring_u_layer_stride = u.stride(0);
+    c.ring_u_slot_stride = u.stride(1);
   }
   c.kind = kind;
   c.error_flag = static_cast<int32_t*>(error_flag_.data());

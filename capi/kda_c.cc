@@ -284,6 +284,7 @@ TensorView pool_tensor(const KdaStatePool& pool, const std::string& name, int la
       {"ring_g", &KdaStatePool::ring_g, &KdaStatePool::ring_g_all},
       {"ring_beta", &KdaStatePool::ring_beta, &KdaStatePool::ring_beta_all},
       {"ring_pending", &KdaStatePool::ring_pending, &KdaStatePool::ring_pending_all},
+      {"ring_u", &KdaStatePool::ring_u, &KdaStatePool::ring_u_all},
       {"ring_cursor", nullptr, &KdaStatePool::ring_cursor},
       {"qkv_act", nullptr, &KdaStatePool::qkv_act},
   };
@@ -301,13 +302,14 @@ TensorView pool_tensor(const KdaStatePool& pool, const std::string& name, int la
                 "pool_view: {}: layer {} out of range [-1, {})", name, layer, pool.num_layers());
       v = (pool.*e.layer)(layer);
     }
-    KDA_CHECK(v.defined(), "pool_view: {} is absent in {} mode", name,
-              pool.ring_mode() ? "ring" : "snapshot");
+    KDA_CHECK(v.defined(), "pool_view: {} is absent in {} mode{}", name,
+              pool.ring_mode() ? "ring" : "snapshot",
+              pool.ring_mode() && !pool.config().deferred_commit ? " (eager commit)" : "");
     return v;
   }
   KDA_FAIL(
       "pool_view: unknown tensor '{}' (conv_state, ssm_state, conv_window, snapshots, ring_rawv, "
-      "ring_rawk, ring_g, ring_beta, ring_pending, ring_cursor, qkv_act)",
+      "ring_rawk, ring_g, ring_beta, ring_pending, ring_u, ring_cursor, qkv_act)",
       name);
 }
 

@@ -182,7 +182,8 @@ int kda_round_state(kda_backend* backend, const char** state);
 
 /** A view of the pool tensor `name` (kda_state_pool.h: "conv_state", "ssm_state",
  * "conv_window", "snapshots", "ring_rawv", "ring_rawk", "ring_g", "ring_beta", "ring_pending",
- * "ring_cursor", "qkv_act") of layer `layer`, or of all layers ([layers, ...]) for layer = -1
+ * "ring_u" (deferred commit only), "ring_cursor", "qkv_act") of layer `layer`, or of all layers
+ * ([layers, ...]) for layer = -1
  * ("ring_cursor" and "qkv_act" have no layer dim: layer must be -1). Fills *out: data, device,
  * dtype, ndim, shape and strides (arrays owned by the backend, valid until destroy),
  * byte_offset 0. The memory is the backend's, valid until destroy; reading it is for tests and

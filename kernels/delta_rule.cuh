@@ -175,10 +175,13 @@ __device__ __forceinline__ void apply_update(ColRegs<Slice> (&S)[Slice::CPT], co
 ///   S[k][v] = fma(kn[k], u_v, S[k][v])
 /// `decay` = EXP(g) per k and `kn` = normalised k, both [K] in shared memory; v[j] is the
 /// value of column j.
+/// `u` receives each column's u (every lane of the column the same bits: the deferred commit's
+/// u record).
 template <typename Slice>
 __device__ __forceinline__ void delta_rule_step(ColRegs<Slice> (&S)[Slice::CPT],
                                                 const float* kn_vec, const float* decay_vec,
-                                                const float (&v)[Slice::CPT], float beta, int c) {
+                                                const float (&v)[Slice::CPT], float beta, int c,
+                                                float (&u)[Slice::CPT]) {
   {
     ColRegs<Slice> decay;
     load_slice<Slice>(decay, decay_vec, c);
@@ -195,7 +198,6 @@ __device__ __forceinline__ void delta_rule_step(ColRegs<Slice> (&S)[Slice::CPT],
   }
   ColRegs<Slice> kn;
   load_slice<Slice>(kn, kn_vec, c);
-  float u[Slice::CPT];
 #pragma unroll
   for (int j = 0; j < Slice::CPT; ++j) {
     const float kv = tree_dot<Slice::P, Slice::NPT, Slice::E, Slice::kLaneStride>(S[j], kn);
@@ -208,6 +210,37 @@ __device__ __forceinline__ void delta_rule_step(ColRegs<Slice> (&S)[Slice::CPT],
 #pragma unroll
       for (int e = 0; e < Slice::E; ++e) {
         S[j][i][e] = fmaf(kn[i][e], u[j], S[j][i][e]);
+      }
+    }
+  }
+}
+
+template <typename Slice>
+__device__ __forceinline__ void delta_rule_step(ColRegs<Slice> (&S)[Slice::CPT],
+                                                const float* kn_vec, const float* decay_vec,
+                                                const float (&v)[Slice::CPT], float beta, int c) {
+  float u[Slice::CPT];
+  delta_rule_step<Slice>(S, kn_vec, decay_vec, v, beta, c, u);
+}
+
+/// delta_rule_step given each column's u (a u record of the deferred commit: the u that
+/// delta_rule_step computes from this state, bitwise), so without the key dot and its tree:
+///   S[k][v] = S[k][v] * exp(g[k]);  S[k][v] = fma(kn[k], u_v, S[k][v])
+/// The same operations on every state value as delta_rule_step, so the same bits.
+template <typename Slice>
+__device__ __forceinline__ void delta_rule_step_given_u(ColRegs<Slice> (&S)[Slice::CPT],
+                                                        const float* kn_vec, const float* decay_vec,
+                                                        const float (&u)[Slice::CPT], int c) {
+#pragma unroll
+  for (int i = 0; i < Slice::NPT; ++i) {
+    float decay[Slice::E], kn[Slice::E];
+    load_vec<Slice::E>(decay, decay_vec + Slice::k_of(c, i));
+    load_vec<Slice::E>(kn, kn_vec + Slice::k_of(c, i));
+#pragma unroll
+    for (int j = 0; j < Slice::CPT; ++j) {
+#pragma unroll
+      for (int e = 0; e < Slice::E; ++e) {
+        S[j][i][e] = fmaf(kn[e], u[j], __fmul_rn(S[j][i][e], decay[e]));
       }
     }
   }

@@ -42,6 +42,7 @@ struct FoldRing {
   const float* g;
   const bf16_t* rawv;
   const float* beta;
+  const float* u;   ///< [L][V] u records of v-head hv (deferred records), or null
   int64_t v_pitch;  ///< V: rawv row pitch
   int first = 0;    ///< ring position of step 0 (materialize: c - n; eager: 0)
   int mask = 0;     ///< L - 1
@@ -54,6 +55,9 @@ struct FoldRing {
            hv * L * p.V;
     g = p.ring_g + layer * p.ring_g_layer_stride + slot * p.ring_g_slot_stride + hv * L * p.K;
     beta = p.ring_beta + layer * p.ring_beta_layer_stride + slot * p.ring_beta_slot_stride + hv * L;
+    u = p.ring_u != nullptr
+            ? p.ring_u + layer * p.ring_u_layer_stride + slot * p.ring_u_slot_stride + hv * L * p.V
+            : nullptr;
     v_pitch = p.V;
     mask = p.L - 1;
   }
@@ -78,7 +82,9 @@ struct FoldCoords {
   int tile, n, layer, hv, h;
 };
 
-/// Whether a fold role reads its records from a cursor (wrapping ring positions).
+/// Whether a fold role reads its records from a cursor (wrapping ring positions). Those are the
+/// deferred commit's records, which carry u records (CommitParams::ring_u, launcher-checked):
+/// such a fold takes each step's u from them (delta_rule_step_given_u, the same bits).
 KDA_HD constexpr bool role_wraps(FoldRole r) {
   return r == FoldRole::kMaterialize || r == FoldRole::kTrackOnly;
 }
@@ -178,6 +184,7 @@ struct FoldItem {
       // each warp takes one row of each kind; at tc <= 4 half the warps take key rows, the
       // other half decay rows. Keep it barrier-free: a shared row pass plus a barrier before
       // the norms proved slower.
+      constexpr bool kGivenU = role_wraps(kRole);
       for (int job = warp; job < 2 * tc; job += Cfg::kWarps) {
         if (job < tc) {
           constexpr int E = K / 32;
@@ -197,14 +204,20 @@ struct FoldItem {
 #pragma unroll
           for (int j = lane; j < kFoldBlockV; j += 32) {
             if (v0 + j < p.V) {
-              sm.v[tt][j] = src.rawv(ring, t0 + tt, tt, v0, j);
+              if constexpr (kGivenU) {
+                sm.v[tt][j] = src.u(ring, t0 + tt, v0, j);  // the value rows hold u
+              } else {
+                sm.v[tt][j] = src.rawv(ring, t0 + tt, tt, v0, j);
+              }
             }
           }
         }
       }
       // Thread t reads step t's beta (the staged source's cp.async of it was thread t's own).
-      for (int tt = tid; tt < tc; tt += Cfg::kThreads) {
-        sm.beta[tt] = src.beta(ring, t0 + tt, tt);
+      if constexpr (!kGivenU) {
+        for (int tt = tid; tt < tc; tt += Cfg::kThreads) {
+          sm.beta[tt] = src.beta(ring, t0 + tt, tt);
+        }
       }
       if constexpr (Src::kSchedule == FoldSchedule::kStream) {
         // The state tile to registers, then the barrier inside load_state serves both: the
@@ -219,7 +232,11 @@ struct FoldItem {
         for (int j = 0; j < CPT; ++j) {
           vv[j] = col_ok[j] ? sm.v[tt][group * CPT + j] : 0.0f;
         }
-        delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
+        if constexpr (kGivenU) {
+          delta_rule_step_given_u<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, c);
+        } else {
+          delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
+        }
         if constexpr (kRole == FoldRole::kCommitTracked) {
           if (t0 + tt == track_k) {
             store_columns(track_base(), S, col_ok, col0);
@@ -271,6 +288,9 @@ struct FoldGlobalSource {
   }
   __device__ __forceinline__ float beta(const FoldRing& r, int t, int) const {
     return r.beta[r.pos<kWraps>(t)];
+  }
+  __device__ __forceinline__ float u(const FoldRing& r, int t, int v0_, int j) const {
+    return r.u[r.pos<kWraps>(t) * r.v_pitch + v0_ + j];
   }
   __device__ __forceinline__ void load_state(ColRegs<Slice> (&S)[Slice::CPT],
                                              const bool (&ok)[Slice::CPT], const float* head,

@@ -1,8 +1,10 @@
 // item_fold.cuh: the deferred commit's pending fold inside a verify item (contract §7): before
 // its draft steps, a verify CTA replays its slot's pending ring steps onto its own state tile
-// with the fold's arithmetic (fold.cu FoldItem: the same key-row normalisation, EXP(g),
-// delta_rule_step and reduction tree, so the bits are an eager fold's) and writes the folded
-// tile back as the committed state.
+// and writes the folded tile back as the committed state. Each pending step's u comes from its
+// u record (VerifyParams::ring_u, written by the verify that recorded the step: the u an eager
+// fold computes, bitwise), so a step is the key-row normalisation, EXP(g) and
+// delta_rule_step_given_u: an eager fold's operations on every state value, without the key
+// dot and its cross-lane tree.
 // One writer per state element: a CTA folds and stores only the columns v0 .. v0 + BV - 1 of
 // head hv of its request's slot (distinct slots per call), and no CTA of the launch reads
 // another CTA's columns. The pending records (ring positions (c - n + j) mod L, j < n) are
@@ -49,13 +51,12 @@ __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
   const int64_t L = p.L;
   const bf16_t* rawk = p.ring_rawk + slot * p.ring_rawk_slot_stride + it.h * L * K;
   const float* g = p.ring_g + slot * p.ring_g_slot_stride + it.hv * L * K;
-  const bf16_t* rawv = p.ring_rawv + slot * p.ring_rawv_slot_stride + it.hv * L * p.V + it.v0;
-  const float* beta = p.ring_beta + slot * p.ring_beta_slot_stride + it.hv * L;
+  const float* u_rec = p.ring_u + slot * p.ring_u_slot_stride + it.hv * L * p.V + it.v0;
   __syncthreads();  // a streaming CTA's previous item may still read `sm`
   for (int t0 = 0; t0 < n; t0 += Cfg::kChunk) {
     const int tc = min(Cfg::kChunk, n - t0);
     // As FoldItem::run: job t < tc normalises key row t in registers; job tc + t fills step t's
-    // EXP(g) and value row; thread t reads step t's beta.
+    // EXP(g) and u row (in the tile's value rows).
     for (int job = warp; job < 2 * tc; job += Cfg::kWarps) {
       if (job < tc) {
         const int64_t pos = (first + t0 + job) & (p.L - 1);
@@ -76,18 +77,14 @@ __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
 #pragma unroll
         for (int j = lane; j < BV; j += 32) {
           if (it.v0 + j < p.V) {
-            sm.v[tt][j] = ld_bf16(rawv + pos * p.V + j);
+            sm.v[tt][j] = u_rec[pos * p.V + j];
           }
         }
       }
     }
-    for (int tt = it.tid; tt < tc; tt += Cfg::kThreads) {
-      sm.beta[tt] = beta[(first + t0 + tt) & (p.L - 1)];
-    }
     __syncthreads();
-    // Whole warps hold columns (holds_tile is warp-uniform) and run every step: the trees'
-    // shuffles take all 32 lanes, so a column past V steps on zeros and is neither read nor
-    // stored.
+    // Whole warps hold columns (holds_tile is warp-uniform); a column past V steps on zeros and
+    // is neither read nor stored.
     if (holds_tile) {
       bool ok[CPT];
       ColRegs<Slice> S[CPT];
@@ -101,12 +98,12 @@ __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
         }
       }
       for (int tt = 0; tt < tc; ++tt) {
-        float vv[CPT];
+        float uu[CPT];
 #pragma unroll
         for (int j = 0; j < CPT; ++j) {
-          vv[j] = ok[j] ? sm.v[tt][it.group * CPT + j] : 0.0f;
+          uu[j] = ok[j] ? sm.v[tt][it.group * CPT + j] : 0.0f;
         }
-        delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], it.c);
+        delta_rule_step_given_u<Slice>(S, sm.qk[tt][1], sm.decay[tt], uu, it.c);
       }
 #pragma unroll
       for (int j = 0; j < CPT; ++j) {

@@ -109,10 +109,14 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
   /// cols_ok: the thread's columns are below V. Here they all are or none is (run), so one value
   /// stands for them; passed as run's array, it makes the unfused ring kernel spill at its
   /// register cap.
+  /// kDeferred: the u of each step goes to its ring position (cursor + t) mod L of `u_row` (the
+  /// u records of the item's (slot, v-head), column col0), stored by the lanes that store the
+  /// outputs.
   template <typename Src>
   __device__ __forceinline__ void steps_ring_stream(const TileSmem<Cfg>& sm,
                                                     ColRegs<Slice> (&S)[CPT], bool cols_ok, int T,
-                                                    int t0, int tc) const {
+                                                    int t0, int tc, float* u_row,
+                                                    int cursor) const {
     static_assert(Slice::kLaneStride == 1, "the streaming kernel's trees pair lanes c ^ d");
     // The cross-lane levels as reduce-scatters on the swizzled columns
     // (device_math.cuh tree_reduce_scatter). A step's key tree leaves each lane the root
@@ -128,6 +132,13 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
       const float v =
           cols_ok ? sm.v[tt][group * CPT + this->template column_swizzle_of<Src>()] : 0.0f;
       u[0] = __fmul_rn(__fsub_rn(v, kv), sm.beta[tt]);
+      if constexpr (kDeferred) {
+        // L >= 2 * T_max (launcher-checked with ring_pending): every step has a ring position.
+        if (c % (P / CPT) == 0 && cols_ok) {
+          u_row[((cursor + t0 + tt) & (p.L - 1)) * p.V + this->template column_swizzle_of<Src>()] =
+              u[0];
+        }
+      }
       column_all_gather<P, CPT>(u);
       apply_update<Slice>(S, sm.qk[tt][1], u, c);
     };
@@ -210,17 +221,31 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
   /// kTrackedExtend (contract §9): the state after the request's track step goes to the track
   /// slot as the loop passes it (the verify kernels have no such code: in them it made the
   /// 128-register forms spill).
+  /// kDeferred: u records as in steps_ring_stream (`u_row`: column col0), stored by lane c = 0.
   template <typename Src>
   __device__ __forceinline__ void steps_per_item(const TileSmem<Cfg>& sm, ColRegs<Slice> (&S)[CPT],
                                                  const bool (&col_ok)[CPT], bool holds_tile, int T,
-                                                 int64_t row, bool snap, int t0, int tc) const {
+                                                 int64_t row, bool snap, int t0, int tc,
+                                                 float* u_row, int cursor) const {
     constexpr int kStepGroup = kWide ? 4 : 1;
     const uint32_t out_item = (static_cast<uint32_t>(n) * T * p.HV + hv) * p.V + col0;
     const uint32_t out_token = static_cast<uint32_t>(p.HV) * p.V;
     float vv[CPT];
     const auto step = [&](int tt, float(&o)[CPT]) {
       v_of<Src>(sm, col_ok, tt, vv);
-      delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c);
+      float u[CPT];
+      delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c, u);
+      if constexpr (kDeferred) {
+        if (c == 0) {
+          float* dst = u_row + ((cursor + t0 + tt) & (p.L - 1)) * p.V;
+#pragma unroll
+          for (int j = 0; j < CPT; ++j) {
+            if (col_ok[j]) {
+              dst[j] = u[j];
+            }
+          }
+        }
+      }
       output_dot<Slice>(S, sm.qk[tt][0], c, o);
     };
     int tt = holds_tile ? 0 : tc;  // warps without state columns: no steps

@@ -106,6 +106,14 @@ struct VerifyParams {
   /// Where the folded state goes: the committed state itself (the same memory as ssm_state,
   /// same strides). Required when ring_pending is set.
   float* ssm_fold_out = nullptr;
+  /// [S, HV, L, V] f32, with ring_pending (required there, null otherwise): the u record of each
+  /// draft step, u = (v - sum_k S[k][v] kn[k]) * beta (contract §3 step 6), at the step's ring
+  /// position. It is the u an eager fold of the step computes, bitwise (the same state, the same
+  /// tree), so a later fold of the step takes it instead of the key dot: decay and rank-1 update
+  /// only. Written by the verify, read by the pending fold (item_fold.cuh), materialize and the
+  /// deferred track fold.
+  float* ring_u = nullptr;
+  int64_t ring_u_slot_stride = 0;
 
   // ---- unfused path only: conv output handed from the conv kernel to the recurrence ----
   bf16_t* qkv_act = nullptr;  ///< [N, D] bf16 q|k|v after conv + SiLU, packed rows
@@ -199,6 +207,11 @@ struct CommitParams {
   int64_t ring_g_layer_stride = 0, ring_g_slot_stride = 0;
   const float* ring_beta = nullptr;  ///< [layers, S, HV, L]
   int64_t ring_beta_layer_stride = 0, ring_beta_slot_stride = 0;
+  /// [layers, S, HV, L, V] f32 u records (VerifyParams::ring_u): required by the folds of
+  /// deferred records (kMaterialize, kDeferred with tracks), which replay them as decay + rank-1
+  /// update; an eager commit takes none (its records have no u).
+  const float* ring_u = nullptr;
+  int64_t ring_u_layer_stride = 0, ring_u_slot_stride = 0;
 
   /// Ring mode: [S] ring base c per slot (null: c = 0; kDeferred and kMaterialize need it).
   int32_t* ring_cursor = nullptr;

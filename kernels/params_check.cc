@@ -148,6 +148,14 @@ void check_verify(const VerifyParams& p, const char* op, uint32_t needs) {
     check_present(p.ring_cursor, op, "ring_cursor", "[S] ring base per slot, with ring_pending");
     check_present(p.ssm_fold_out, op, "ssm_fold_out",
                   "[S, HV, V, K] f32 (the committed state), with ring_pending");
+    check_present(p.ring_u, op, "ring_u", "[S, HV, L, V] f32 u records, with ring_pending");
+    check_pitch(p.ring_u_slot_stride, p.HV * static_cast<int64_t>(p.L) * p.V, op,
+                "ring_u_slot_stride", "HV x L x V");
+  }
+  if (records) {
+    KDA_CHECK(p.ring_u == nullptr || p.ring_pending != nullptr,
+              "{}: ring_u is given without ring_pending (u records belong to the deferred commit)",
+              op);
   }
 }
 
@@ -186,6 +194,20 @@ void check_commit(const CommitParams& p, const char* op, uint32_t needs) {
   if (p.ring_pending != nullptr) {
     check_layer_pitch(p.num_layers, p.ring_pending_layer_stride, p.num_slots, 1, op,
                       "ring_pending_layer_stride");
+  }
+  // The folds of deferred records (from the cursor) replay their u records; an eager fold
+  // computes u (its records have none).
+  const bool folds_deferred = p.kind == CommitKind::kMaterialize ||
+                              (p.kind == CommitKind::kDeferred && p.track_slots != nullptr);
+  if (folds_deferred) {
+    check_present(p.ring_u, op, "ring_u", "[layers, S, HV, L, V] f32 u records (deferred folds)");
+    check_pitch(p.ring_u_slot_stride, p.HV * static_cast<int64_t>(p.L) * p.V, op,
+                "ring_u_slot_stride", "HV x L x V");
+    check_layer_pitch(p.num_layers, p.ring_u_layer_stride, p.num_slots, p.ring_u_slot_stride, op,
+                      "ring_u_layer_stride");
+  } else if (p.kind == CommitKind::kEager) {
+    KDA_CHECK(p.ring_u == nullptr,
+              "{}: an eager commit takes no ring_u (u records are the deferred commit's)", op);
   }
   KDA_CHECK((p.track_slots == nullptr) == (p.track_steps == nullptr),
             "{}: track_slots and track_steps go together ([B] each, or both null = no track)", op);

@@ -257,15 +257,20 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
         }
       }
 
-      // 4. The recurrence.
+      // 4. The recurrence. kDeferred: its u records at the slot's ring (formed here: held from
+      // the item's start, the address costs registers through the prologue).
+      float* const u_row = kDeferred ? p.ring_u + slot * p.ring_u_slot_stride +
+                                           static_cast<int64_t>(hv) * p.L * p.V + col0
+                                     : nullptr;
       if constexpr (is_streamed(Src::kSchedule)) {
         if constexpr (is_ring_stream(Src::kSchedule)) {
-          this->template steps_ring_stream<Src>(sm, S, col_ok[0], T, t0, tc);
+          this->template steps_ring_stream<Src>(sm, S, col_ok[0], T, t0, tc, u_row, cursor);
         } else {
           this->template steps_snapshot_stream<Src>(sm, S, col_ok, T, row, snap, t0, tc);
         }
       } else {
-        this->template steps_per_item<Src>(sm, S, col_ok, holds_tile, T, row, snap, t0, tc);
+        this->template steps_per_item<Src>(sm, S, col_ok, holds_tile, T, row, snap, t0, tc, u_row,
+                                           cursor);
       }
       // The next chunk overwrites shared memory. The streaming kernel runs one chunk per item,
       // and its next live item passes a barrier before it writes shared memory (after its

@@ -106,7 +106,7 @@ KdaStatePool::KdaStatePool(const PoolConfig& config)
   const int64_t H = config.H, HV = config.HV, K = config.K, V = config.V;
   const int64_t T = config.T_max, L = config.ring_len, D = config.qkv_dim();
 
-  buffers_.reserve(10);
+  buffers_.reserve(11);
   auto allocate = [&](DType dtype, std::initializer_list<int64_t> shape) {
     int64_t numel = 1;
     for (int64_t e : shape) {
@@ -127,6 +127,9 @@ KdaStatePool::KdaStatePool(const PoolConfig& config)
     ring_beta_ = allocate(DType::kF32, {layers, S, HV, L});
     ring_cursor_ = allocate(DType::kI32, {S});
     ring_pending_ = allocate(DType::kI32, {layers, S});
+    if (config.deferred_commit) {
+      ring_u_ = allocate(DType::kF32, {layers, S, HV, L, V});
+    }
   } else {
     snapshots_ = allocate(DType::kF32, {layers, R, T, HV, V, K});
   }
@@ -170,8 +173,11 @@ void KdaStatePool::copy_slot(int src, int dst, SlotCopy what, cudaStream_t strea
     zero_slot_in_all_layers(ring_pending_, dst, stream);  // dst's own pending steps go
     return;
   }
-  for (const TensorView* all : {&ring_rawv_, &ring_rawk_, &ring_g_, &ring_beta_, &ring_pending_}) {
-    copy_slot_in_all_layers(*all, src, dst, stream);
+  for (const TensorView* all :
+       {&ring_rawv_, &ring_rawk_, &ring_g_, &ring_beta_, &ring_pending_, &ring_u_}) {
+    if (all->defined()) {
+      copy_slot_in_all_layers(*all, src, dst, stream);
+    }
   }
   int32_t* cursor = static_cast<int32_t*>(ring_cursor_.data());
   if (config_.device.is_cuda()) {
@@ -185,7 +191,7 @@ void KdaStatePool::copy_slot(int src, int dst, SlotCopy what, cudaStream_t strea
 void KdaStatePool::zero_slot(int slot, cudaStream_t stream) {
   const ScopedCudaDevice on_device(config_.device);
   for (const TensorView* all : {&conv_state_, &ssm_state_, &ring_rawv_, &ring_rawk_, &ring_g_,
-                                &ring_beta_, &ring_pending_}) {
+                                &ring_beta_, &ring_pending_, &ring_u_}) {
     if (all->defined()) {
       zero_slot_in_all_layers(*all, slot, stream);
     }
@@ -231,5 +237,6 @@ TensorView KdaStatePool::ring_beta(int layer) const {
 TensorView KdaStatePool::ring_pending(int layer) const {
   return layer_view(ring_pending_, layer, "ring_pending");
 }
+TensorView KdaStatePool::ring_u(int layer) const { return layer_view(ring_u_, layer, "ring_u"); }
 
 }  // namespace kda

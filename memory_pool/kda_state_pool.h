@@ -13,6 +13,9 @@
 //                                                     ring position (c + t) mod L (contract §7)
 //     ring_pending [layers, S]                  i32   deferred commit: steps of the ring that
 //                                                     the next verify (or materialize) folds
+//     ring_u       [layers, S, HV, L, V]        f32   deferred commit only
+//     (config.deferred_commit):
+//                                                     each step's u, which those folds replay
 //   indexed by scratch row (the batch position by default; valid between verify and commit):
 //     conv_window  [layers, R, T_max, W-1, D]   bf16  window after consuming token t
 //     snapshots    [layers, R, T_max, HV, V, K] f32   snapshot mode only: state after token t
@@ -110,6 +113,7 @@ class KdaStatePool {
   TensorView ring_g(int layer) const;        ///< [S, HV, L, K] f32
   TensorView ring_beta(int layer) const;     ///< [S, HV, L] f32
   TensorView ring_pending(int layer) const;  ///< [S] i32 pending steps; undefined in snapshot mode
+  TensorView ring_u(int layer) const;  ///< [S, HV, L, V] f32; undefined without deferred_commit
   TensorView ring_cursor() const { return ring_cursor_; }  ///< [S] i32 ring base per slot
   TensorView qkv_act() const { return qkv_act_; }  ///< [R * T_max, D] bf16, shared by layers
 
@@ -124,6 +128,7 @@ class KdaStatePool {
   TensorView ring_g_all() const { return ring_g_; }
   TensorView ring_beta_all() const { return ring_beta_; }
   TensorView ring_pending_all() const { return ring_pending_; }  ///< [layers, S] i32
+  TensorView ring_u_all() const { return ring_u_; }              ///< [layers, S, HV, L, V] f32
 
  private:
   TensorView layer_view(const TensorView& all, int layer, const char* what) const;
@@ -134,7 +139,7 @@ class KdaStatePool {
   SlotAllocator slots_;
   std::vector<Buffer> buffers_;  // owns the memory behind every view below
   TensorView conv_state_, ssm_state_, conv_window_, snapshots_, qkv_act_;
-  TensorView ring_rawv_, ring_rawk_, ring_g_, ring_beta_, ring_cursor_, ring_pending_;
+  TensorView ring_rawv_, ring_rawk_, ring_g_, ring_beta_, ring_cursor_, ring_pending_, ring_u_;
 };
 
 }  // namespace kda

@@ -39,6 +39,8 @@ void validate_pool_config(const PoolConfig& c) {
               "PoolConfig.ring_len: spec-verify ring too small: expected >= 2 * T_max = {}, got {}",
               2 * c.T_max, c.ring_len);
   }
+  KDA_CHECK(c.ring_mode || !c.deferred_commit,
+            "PoolConfig.deferred_commit: the deferred commit is ring mode only (ring_mode is off)");
 }
 
 }  // namespace kda

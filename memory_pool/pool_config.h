@@ -26,6 +26,9 @@ struct PoolConfig {
   int T_max = 0;           ///< largest verify T = step pitch (T_max) of windows and snapshots
   bool ring_mode = false;  ///< true: ReplaySSM rings keyed by slot; false: fp32 snapshots by row
   int ring_len = 16;       ///< L (ring mode only): power of two and >= 2 * T_max
+  /// Ring mode with the deferred commit (contract §7): also the u records ring_u [layers, S, HV,
+  /// L, V] f32, which the deferred folds replay (kernels/kda_params.h VerifyParams::ring_u).
+  bool deferred_commit = false;
   Device device = Device::host();
   int64_t memory_budget_bytes = 0;  ///< 0: no budget; else the pool's total bytes must fit
 
@@ -36,7 +39,8 @@ struct PoolConfig {
 /// Checks every rule below; throws kda::Error(kInvalidArgument) whose message names the
 /// field, its value and the rule. Rules: layers, H, HV, K, V, num_slots, num_rows,
 /// T_max, ring_len all >= 1; K in {64, 128}; HV % H == 0; memory_budget_bytes >= 0; ring mode only:
-/// ring_len a power of two and ring_len >= 2 * T_max (the early-flush margin, contract §2).
+/// ring_len a power of two and ring_len >= 2 * T_max (the early-flush margin, contract §2);
+/// deferred_commit only in ring mode.
 /// The budget itself is checked by KdaStatePool (kOutOfMemory) against the memory report.
 void validate_pool_config(const PoolConfig& config);
 

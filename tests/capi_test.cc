@@ -108,9 +108,9 @@ TensorView pool_view(kda_backend* b, const char* name, int layer = -1) {
   return TensorView::strided(t.data, dtype, Device::host(), t.shape, t.strides, t.ndim);
 }
 
-const char* const kPoolNames[] = {"conv_state",   "ssm_state",  "conv_window", "snapshots",
-                                  "ring_rawv",    "ring_rawk",  "ring_g",      "ring_beta",
-                                  "ring_pending", "ring_cursor"};
+const char* const kPoolNames[] = {"conv_state",   "ssm_state", "conv_window", "snapshots",
+                                  "ring_rawv",    "ring_rawk", "ring_g",      "ring_beta",
+                                  "ring_pending", "ring_u",    "ring_cursor"};
 
 TensorView cpp_pool_view(const KdaStatePool& p, const std::string& name) {
   if (name == "conv_state") return p.conv_state_all();
@@ -122,6 +122,7 @@ TensorView cpp_pool_view(const KdaStatePool& p, const std::string& name) {
   if (name == "ring_g") return p.ring_g_all();
   if (name == "ring_beta") return p.ring_beta_all();
   if (name == "ring_pending") return p.ring_pending_all();
+  if (name == "ring_u") return p.ring_u_all();
   return p.ring_cursor();
 }
 

@@ -120,15 +120,51 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
     n = 1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(T));
   }
   const Buffer acc = make_buffer(accepted, gpu);
+  // The u records, garbage-filled (never zero): the verify writes exactly its steps' records.
+  const int64_t u_slot = static_cast<int64_t>(c.HV) * L * c.V;
+  std::vector<float> u0(static_cast<size_t>(S * u_slot));
+  std::uniform_real_distribution<float> garbage(-3.0f, 3.0f);
+  for (float& x : u0) {
+    x = garbage(rng);
+  }
+  Buffer u_rec(gpu, static_cast<int64_t>(u0.size() * sizeof(float)));
+  u_rec.upload(u0.data(), u_rec.bytes());
 
   VerifyParams pd = deferred.params();
   pd.ring_cursor = static_cast<const int32_t*>(cursor.data());
   pd.ring_pending = static_cast<const int32_t*>(pending.data());
   pd.ssm_fold_out = static_cast<float*>(deferred.view(Tensor::kSsmState).data());
+  pd.ring_u = static_cast<float*>(u_rec.data());
+  pd.ring_u_slot_stride = u_slot;
 
   // Round 1 and the commits.
   verify(eager.params(), path);
   verify(pd, path);
+  {
+    // u records: written at the batch's ring positions (c + t) mod L, t < T, every column, and
+    // nowhere else (their bits are checked by the folds below: a wrong u changes the state).
+    const std::vector<float> u1 =
+        to_host_vector<float>(u_rec.view(DType::kF32, {static_cast<int64_t>(u0.size())}));
+    std::vector<char> written(u0.size(), 0);
+    for (int i = 0; i < B; ++i) {
+      const int32_t s = slots[static_cast<size_t>(i)];
+      for (int t = 0; s >= 0 && t < T; ++t) {
+        const int pos = (c0[static_cast<size_t>(s)] + t) & (L - 1);
+        for (int hv = 0; hv < c.HV; ++hv) {
+          const int64_t at = s * u_slot + (static_cast<int64_t>(hv) * L + pos) * c.V;
+          std::fill(written.begin() + at, written.begin() + at + c.V, 1);
+        }
+      }
+    }
+    int64_t changed_elsewhere = 0, unwritten = 0;
+    for (size_t e = 0; e < u0.size(); ++e) {
+      const bool same_bits = std::memcmp(&u0[e], &u1[e], sizeof(float)) == 0;
+      changed_elsewhere += !written[e] && !same_bits ? 1 : 0;
+      unwritten += written[e] && same_bits ? 1 : 0;
+    }
+    CHECK(changed_elsewhere == 0);
+    CHECK(unwritten == 0);
+  }
   kernels::invoke_commit(eager.commit_params(acc), nullptr);
   const std::vector<float> state_before = deferred.ssm_state();
   CommitParams cd = deferred.commit_params(acc);
@@ -136,6 +172,9 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
   cd.ring_cursor = static_cast<int32_t*>(cursor.data());
   cd.ring_pending = static_cast<int32_t*>(pending.data());
   cd.ring_pending_layer_stride = S;
+  cd.ring_u = static_cast<const float*>(u_rec.data());
+  cd.ring_u_layer_stride = S * u_slot;
+  cd.ring_u_slot_stride = u_slot;
   kernels::invoke_commit(cd, nullptr);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(same(deferred.ssm_state(), state_before));  // no state pass

@@ -79,7 +79,7 @@ F32Run assembled_verify(const VerifyProblem& base, Fault fault, int t_fault, int
   F32Run r;
   r.out.assign(static_cast<size_t>(c.B * T * HV * V), 0.0f);
   r.states.assign(static_cast<size_t>(c.B * T * state), 0.0f);
-  std::vector<float> q(K), k(K), v(V), g(K), qs(K), kn(K), decay(K), o(V);
+  std::vector<float> q(K), k(K), v(V), g(K), qs(K), kn(K), decay(K), u(V), o(V);
   for (int64_t n = 0; n < c.B; ++n) {
     if (slots[n] < 0) {
       continue;
@@ -105,12 +105,12 @@ F32Run assembled_verify(const VerifyProblem& base, Fault fault, int t_fault, int
         const bool planted = fault != Fault::kNone && t == t_fault && hv == hv_fault;
         if (!planted) {
           math::decay_state(S.data(), g.data(), K, V, decay.data());
-          math::delta_update(S.data(), kn.data(), beta, v.data(), K, V);
+          math::delta_update(S.data(), kn.data(), beta, v.data(), K, V, u.data());
         } else if (fault == Fault::kDecayAfterUpdate) {
-          math::delta_update(S.data(), kn.data(), beta, v.data(), K, V);
+          math::delta_update(S.data(), kn.data(), beta, v.data(), K, V, u.data());
           math::decay_state(S.data(), g.data(), K, V, decay.data());
         } else {
-          math::delta_update(S.data(), kn.data(), beta, v.data(), K, V);
+          math::delta_update(S.data(), kn.data(), beta, v.data(), K, V, u.data());
         }
         math::head_output(S.data(), qs.data(), K, V, o.data());
         for (int64_t i = 0; i < V; ++i) {

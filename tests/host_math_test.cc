@@ -214,7 +214,9 @@ TEST_CASE("host_math: delta rule step: decay, then subtract-and-scale, then FMA 
     want[k] = std::fma(kn[k], u, want[k]);
   }
   math::decay_state(S.data(), g.data(), K, 1, decay.data());
-  math::delta_update(S.data(), kn.data(), beta, &v, K, 1);
+  float u_rec = 0.0f;
+  math::delta_update(S.data(), kn.data(), beta, &v, K, 1, &u_rec);
+  REQUIRE(bits_of(u_rec) == bits_of(u));
   for (int k = 0; k < K; ++k) {
     REQUIRE(bits_of(S[k]) == bits_of(want[k]));
   }

@@ -2,15 +2,18 @@
 # gpu_bundle.sh: build every GPU test and GPU tool, and collect them with the shared
 # libraries they need and a run_all.sh into one folder (default .gpu_bundle/) that runs on a
 # GPU host without Bazel:
-#   tools/gpu_bundle.sh [OUT_DIR]
+#   tools/gpu_bundle.sh [OUT_DIR [BAZEL_BUILD_FLAG...]]
 #   (copy OUT_DIR to the GPU host)  OUT_DIR/run_all.sh [--sanitize] [filter...]
+# e.g. tools/gpu_bundle.sh .gpu_bundle --define=kda_cuda_archs=90a (an H200 bundle, one arch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-.gpu_bundle}
+shift || true
+build_flags=("$@")
 
 mapfile -t tests < <(./bazelw query --noshow_progress 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null)
 mapfile -t tools < <(./bazelw query --noshow_progress 'attr(tags, "\bgpu_tool\b", kind(cc_binary, //...))' 2>/dev/null)
-./bazelw build --noshow_progress "${tests[@]}" "${tools[@]}" >&2
+./bazelw build --noshow_progress "${build_flags[@]}" "${tests[@]}" "${tools[@]}" >&2
 
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/tools" "$out/lib"

@@ -12,7 +12,7 @@ namespace detail {
 
 void fold_steps(const RingView& r, int32_t slot, int h, int hv, int K, int V, int first, int n,
                 float* S) {
-  std::vector<float> k(K), kn(K), v(V), decay(K);
+  std::vector<float> k(K), kn(K), v(V), decay(K), u(V);
   for (int j = 0; j < n; ++j) {
     const int t = (first + j) & (r.L - 1);  // ring position (first may be negative)
     const bf16_t* rawk = r.rawk + ring_record(r.rawk_slot_stride, slot, h, r.L, t, K);
@@ -23,7 +23,12 @@ void fold_steps(const RingView& r, int32_t slot, int h, int hv, int K, int V, in
     std::transform(rawv, rawv + V, v.begin(), bf16_to_float);
     math::l2_normalize(k.data(), K, kn.data());
     math::decay_state(S, g, K, V, decay.data());
-    math::delta_update(S, kn.data(), beta, v.data(), K, V);
+    if (r.u != nullptr) {
+      math::rank1_update(S, kn.data(), r.u + ring_record(r.u_slot_stride, slot, hv, r.L, t, V), K,
+                         V);
+    } else {
+      math::delta_update(S, kn.data(), beta, v.data(), K, V, u.data());
+    }
   }
 }
 
@@ -41,7 +46,9 @@ detail::RingView layer_rings(const CommitParams& p, int layer) {
           p.ring_rawk_slot_stride,
           p.ring_g_slot_stride,
           p.ring_beta_slot_stride,
-          p.L};
+          p.L,
+          p.ring_u != nullptr ? p.ring_u + layer * p.ring_u_layer_stride : nullptr,
+          p.ring_u_slot_stride};
 }
 
 int32_t cursor_of(const CommitParams& p, int32_t slot) {

@@ -93,12 +93,13 @@ void zero_out_rows(const VerifyParams& p, int n);
 template <typename R>
 struct HeadStep {
   HeadStep(int K, int V)
-      : S(static_cast<size_t>(K) * V), q(K), k(K), v(V), g(K), qs(K), kn(K), decay(K), o(V) {}
+      : S(static_cast<size_t>(K) * V), q(K), k(K), v(V), g(K), qs(K), kn(K), decay(K), u(V), o(V) {}
   std::vector<R> S;        ///< [V][K], K contiguous (as in memory)
   std::vector<R> q, k, v;  ///< bf16 conv outputs of this token (inputs)
   std::vector<R> g;        ///< per-K log-decay gate
   R beta = R(0);
   std::vector<R> qs, kn, decay;
+  std::vector<R> u;  ///< (v - Σ_k S[k][:] kn[k]) * beta: the step's u record
   std::vector<R> o;  ///< output before the bf16 rounding
 };
 
@@ -110,10 +111,13 @@ struct RingView {
   const float* beta;
   int64_t rawv_slot_stride, rawk_slot_stride, g_slot_stride, beta_slot_stride;
   int L;
+  const float* u = nullptr;  ///< deferred records' u ([S, HV, L, V]), or null
+  int64_t u_slot_stride = 0;
 };
 
 /// The fold (contract §3 "Fold") of ring positions (first + j) mod L, j < n, of (slot, hv)
-/// onto S ([V][K] f32): steps 5-6 for k only, no q, no output (fold_ref.cc).
+/// onto S ([V][K] f32): steps 5-6 for k only, no q, no output (fold_ref.cc). With u records
+/// (r.u) each step takes its u from them (the u the key dot gives, bitwise).
 void fold_steps(const RingView& r, int32_t slot, int h, int hv, int K, int V, int first, int n,
                 float* S);
 
@@ -175,7 +179,7 @@ void run_token(const VerifyParams& p, int64_t r, int hv, HeadStep<R>& w) {
   math::normalize_q(w.q.data(), p.K, w.qs.data());
   math::l2_normalize(w.k.data(), p.K, w.kn.data());
   math::decay_state(w.S.data(), w.g.data(), p.K, p.V, w.decay.data());
-  math::delta_update(w.S.data(), w.kn.data(), w.beta, w.v.data(), p.K, p.V);
+  math::delta_update(w.S.data(), w.kn.data(), w.beta, w.v.data(), p.K, p.V, w.u.data());
   math::head_output(w.S.data(), w.qs.data(), p.K, p.V, w.o.data());
 }
 
@@ -207,8 +211,8 @@ void recur_request(const VerifyParams& p, int n, int32_t slot, const bf16_t* act
 void write_out(const VerifyParams& p, int64_t r, int hv, const HeadStep<float>& w);
 /// snapshots[row][t][hv] = w.S.
 void write_snapshot(const VerifyParams& p, int32_t row, int t, int hv, const HeadStep<float>& w);
-/// Step 4 for token t < L of (slot, hv): rawv, g, beta; rawk only from the first v-head of
-/// its group (hv % (HV/H) == 0), so each k-head record has exactly one writer.
+/// Step 4 for token t < L of (slot, hv): rawv, g, beta (and u with ring_u); rawk only from the
+/// first v-head of its group (hv % (HV/H) == 0), so each k-head record has exactly one writer.
 void write_ring(const VerifyParams& p, int32_t slot, int t, int hv, const HeadStep<float>& w);
 /// The mode's per-token record: snapshot or (t < L) ring.
 void write_record(const VerifyParams& p, int32_t slot, int32_t row, int t, int hv,

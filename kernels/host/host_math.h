@@ -161,17 +161,25 @@ void decay_state(R* S, const R* g, int K, int V, R* decay) {
   }
 }
 
-/// Steps 6.2-6.3 on the decayed state: u = (v - Σ_k S[k][:] kn[k]) * beta (subtract, then
-/// scale), then S[k][:] = fma(kn[k], u, S[k][:]).
+/// Step 6.3 given u: S[k][:] = fma(kn[k], u[:], S[k][:]).
 template <typename R>
-void delta_update(R* S, const R* kn, R beta, const R* v, int K, int V) {
+void rank1_update(R* S, const R* kn, const R* u, int K, int V) {
   for (int c = 0; c < V; ++c) {
     R* s = S + static_cast<int64_t>(c) * K;
-    const R u = (v[c] - tree_dot(s, kn, K)) * beta;
     for (int k = 0; k < K; ++k) {
-      s[k] = std::fma(kn[k], u, s[k]);
+      s[k] = std::fma(kn[k], u[c], s[k]);
     }
   }
+}
+
+/// Steps 6.2-6.3 on the decayed state: u = (v - Σ_k S[k][:] kn[k]) * beta (subtract, then
+/// scale) into `u` ([V]: the deferred commit's u record), then S[k][:] = fma(kn[k], u, S[k][:]).
+template <typename R>
+void delta_update(R* S, const R* kn, R beta, const R* v, int K, int V, R* u) {
+  for (int c = 0; c < V; ++c) {
+    u[c] = (v[c] - tree_dot(S + static_cast<int64_t>(c) * K, kn, K)) * beta;
+  }
+  rank1_update(S, kn, u, K, V);
 }
 
 /// Step 6.4 before the bf16 rounding: o[:] = Σ_k S[k][:] qs[k], from the updated state.

@@ -38,7 +38,9 @@ void fold_pending(const VerifyParams& p, int32_t slot, int hv, std::vector<float
                        p.ring_rawk_slot_stride,
                        p.ring_g_slot_stride,
                        p.ring_beta_slot_stride,
-                       p.L};
+                       p.L,
+                       p.ring_u,
+                       p.ring_u_slot_stride};
   fold_steps(rings, slot, hv / (p.HV / p.H), hv, p.K, p.V, ring_cursor_of(p, slot) - n, n,
              S.data());
   std::copy(S.begin(), S.end(),
@@ -63,6 +65,10 @@ void write_ring(const VerifyParams& p, int32_t slot, int step, int hv, const Hea
   float* g = p.ring_g + ring_record(p.ring_g_slot_stride, slot, hv, p.L, t, p.K);
   std::copy(w.g.begin(), w.g.end(), g);
   p.ring_beta[ring_record(p.ring_beta_slot_stride, slot, hv, p.L, t, 1)] = w.beta;
+  if (p.ring_u != nullptr) {
+    std::copy(w.u.begin(), w.u.end(),
+              p.ring_u + ring_record(p.ring_u_slot_stride, slot, hv, p.L, t, p.V));
+  }
 }
 
 void write_record(const VerifyParams& p, int32_t slot, int32_t row, int t, int hv,

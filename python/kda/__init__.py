@@ -39,7 +39,7 @@ _CODE_NAMES = {OK: "ok", INVALID_ARGUMENT: "invalid_argument", LIFECYCLE: "lifec
                IO: "io", INTERNAL: "internal"}
 
 POOL_TENSORS = ("conv_state", "ssm_state", "conv_window", "snapshots", "ring_rawv", "ring_rawk",
-                "ring_g", "ring_beta", "ring_pending", "ring_cursor", "qkv_act")
+                "ring_g", "ring_beta", "ring_pending", "ring_u", "ring_cursor", "qkv_act")
 
 __all__ = ["Backend", "Model", "Error", "DispatchInfo", "PoolView", "bf16", "load_library",
            "POOL_TENSORS"]

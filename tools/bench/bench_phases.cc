@@ -203,13 +203,17 @@ void check_error_flag(const BenchContext& ctx, const Problem& problem, const cha
 }
 
 /// A deferred commit's bookkeeping (contract §7) over every slot of a Problem: ring_cursor [S]
-/// and ring_pending [layers, S] (layer pitch S), zeroed by reset().
+/// and ring_pending [layers, S] (layer pitch S), zeroed by reset(), and the u records ring_u
+/// [layers, S, HV, L, V] f32 (written by the deferred verifies before any fold reads them).
 class DeferredState {
  public:
   DeferredState(const BenchContext& ctx, const Problem& problem)
       : slots_(problem.num_slots()),
+        u_slot_(int64_t{problem.config().shape.HV} * problem.config().L * problem.config().shape.V),
         cursor_(Device::cuda(ctx.args.device), slots_ * 4),
-        pending_(Device::cuda(ctx.args.device), int64_t{ctx.args.layers} * slots_ * 4) {
+        pending_(Device::cuda(ctx.args.device), int64_t{ctx.args.layers} * slots_ * 4),
+        u_(Device::cuda(ctx.args.device), int64_t{ctx.args.layers} * slots_ * u_slot_ * 4) {
+    KDA_CUDA_CHECK(cudaMemsetAsync(u_.data(), 0, static_cast<size_t>(u_.bytes()), ctx.stream));
     reset(ctx.stream);
   }
   /// Cursors and counts to 0: no slot has anything pending (enqueued on `stream`).
@@ -224,18 +228,35 @@ class DeferredState {
   int32_t* pending(int layer) const {
     return static_cast<int32_t*>(pending_.data()) + int64_t{layer} * slots_;
   }
+  /// Layer `layer`'s u records [S, HV, L, V] (slot pitch u_slot_stride()).
+  float* u(int layer) const {
+    return static_cast<float*>(u_.data()) + int64_t{layer} * slots_ * u_slot_;
+  }
+  int64_t u_slot_stride() const { return u_slot_; }
+  /// `p` (a ring-mode verify of layer `layer`) as a deferred verify over these counts.
+  VerifyParams deferred(VerifyParams p, int layer) const {
+    p.ring_cursor = cursor();
+    p.ring_pending = pending(layer);
+    p.ssm_fold_out = const_cast<float*>(p.ssm_state);
+    p.ring_u = u(layer);
+    p.ring_u_slot_stride = u_slot_;
+    return p;
+  }
   /// `p` (a ring-mode commit of every layer) as the kDeferred commit over these counts.
   CommitParams deferred(CommitParams p) const {
     p.kind = CommitKind::kDeferred;
     p.ring_cursor = cursor();
     p.ring_pending = pending(0);
     p.ring_pending_layer_stride = slots_;
+    p.ring_u = u(0);
+    p.ring_u_layer_stride = slots_ * u_slot_;
+    p.ring_u_slot_stride = u_slot_;
     return p;
   }
 
  private:
-  int64_t slots_;
-  Buffer cursor_, pending_;
+  int64_t slots_, u_slot_;
+  Buffer cursor_, pending_, u_;
 };
 
 }  // namespace
@@ -389,25 +410,27 @@ void time_round(BenchContext& ctx, const Problem& problem, Variant v, int bv,
 /// previous replay's accepted steps (n per request, from device pending counts and ring
 /// cursors) and writes the state back; the commit records the counts and commits the conv
 /// state, with no state pass. Byte model: the eager round's minus one state pass per layer
-/// (the fold's read). Steady state from the second replay on (the timer's warm-up).
+/// (the fold's read), plus the u records: each verify writes one per token (HV x V f32), and
+/// the fold reads a step's u in place of its rawv and beta. Steady state from the second replay
+/// on (the timer's warm-up).
 Row run_deferred_round(BenchContext& ctx, const Problem& problem, Variant v, int bv, int T, int B,
                        const Row& eager) {
   const BenchArgs& a = ctx.args;
   const DeferredState state(ctx, problem);
   std::vector<VerifyParams> params;
   for (int l = 0; l < a.layers; ++l) {
-    VerifyParams p = problem.verify_params(l, T, RecordMode::kRing);
-    p.ring_cursor = state.cursor();
-    p.ring_pending = state.pending(l);
-    p.ssm_fold_out = const_cast<float*>(p.ssm_state);
-    params.push_back(p);
+    params.push_back(state.deferred(problem.verify_params(l, T, RecordMode::kRing), l));
   }
   const CommitParams cp = state.deferred(problem.commit_params(T, RecordMode::kRing, a.layers));
   Row r = eager;
   r.what = eager.what + "+deferred";
   const int64_t state_pass = verify_bytes(a.shape, B, T, RecordMode::kRing).state * a.layers;
-  r.model_bytes -= state_pass;
-  r.moved_bytes -= state_pass;
+  const int n = a.accepted > 0 ? a.accepted : T;
+  const int64_t head_u = int64_t{a.shape.HV} * a.shape.V * 4;  // one step's u records
+  const int64_t u_bytes = int64_t{a.layers} * B *
+                          (T * head_u + n * (head_u - int64_t{a.shape.HV} * (a.shape.V * 2 + 4)));
+  r.model_bytes += u_bytes - state_pass;
+  r.moved_bytes += u_bytes - state_pass;
   time_round(ctx, problem, v, bv, params, cp, "deferred round", r);
   return r;
 }
