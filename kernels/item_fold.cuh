@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "kernels/item_schedule.h"
 #include "kernels/kda_params.h"
 #include "kernels/tile_layout.cuh"
 
@@ -52,34 +53,86 @@ __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
   const bf16_t* rawk = p.ring_rawk + slot * p.ring_rawk_slot_stride + it.h * L * K;
   const float* g = p.ring_g + slot * p.ring_g_slot_stride + it.hv * L * K;
   const float* u_rec = p.ring_u + slot * p.ring_u_slot_stride + it.hv * L * p.V + it.v0;
-  __syncthreads();  // a streaming CTA's previous item may still read `sm`
+  // As FoldItem::run, per chunk: job t < tc normalises key row t, job tc + t fills step t's
+  // EXP(g) and u row (in the tile's value rows); warp w takes jobs w and w + kWarps. The
+  // per-item kernels (kEarlyLoads) load every job's records into registers before the barrier
+  // that frees `sm` and store them after it, so their latency overlaps that wait: H200 deferred
+  // round -1..-12% on the per-item rows (one row +2%). In the streaming kernel that form was
+  // 4..7% slower (it holds the records through the barrier at the register cap), so there each
+  // job loads after the barrier.
+  constexpr int kJobs = (2 * Cfg::kChunk + Cfg::kWarps - 1) / Cfg::kWarps;
+  constexpr int kUPerLane = (BV + 31) / 32;
+  struct JobRegs {
+    float a[E];          // key row (bf16 values) or the step's g, k = lane + 32 i
+    float b[kUPerLane];  // the step's u, column lane + 32 i
+  };
+  static_assert(K / 32 == E, "a lane holds E key values and E gate values");
+  constexpr bool kEarlyLoads = !is_streamed(Src::kSchedule);
   for (int t0 = 0; t0 < n; t0 += Cfg::kChunk) {
     const int tc = min(Cfg::kChunk, n - t0);
-    // As FoldItem::run: job t < tc normalises key row t in registers; job tc + t fills step t's
-    // EXP(g) and u row (in the tile's value rows).
-    for (int job = warp; job < 2 * tc; job += Cfg::kWarps) {
+    const auto load_job = [&](int q, JobRegs& r) {
+      const int job = warp + q * Cfg::kWarps;
+      const int tt = job < tc ? job : job - tc;
+      const int64_t pos = (first + t0 + tt) & (p.L - 1);
       if (job < tc) {
-        const int64_t pos = (first + t0 + job) & (p.L - 1);
-        float x[E];
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-          x[e] = ld_bf16(rawk + pos * K + lane * E + e);
+          r.a[e] = ld_bf16(rawk + pos * K + lane * E + e);
         }
-        l2_normalize_regs<K>(x, 1.0f, false);
-        store_vec<E>(&sm.qk[job][1][lane * E], x);
-      } else {
+      } else if (job < 2 * tc) {
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+          r.a[i] = g[pos * K + lane + 32 * i];
+        }
+#pragma unroll
+        for (int i = 0; i < kUPerLane; ++i) {
+          const int j = lane + 32 * i;
+          r.b[i] = j < BV && it.v0 + j < p.V ? u_rec[pos * p.V + j] : 0.0f;
+        }
+      }
+    };
+    const auto store_job = [&](int q, JobRegs& r) {
+      const int job = warp + q * Cfg::kWarps;
+      if (job < tc) {
+        l2_normalize_regs<K>(r.a, 1.0f, false);
+        store_vec<E>(&sm.qk[job][1][lane * E], r.a);
+      } else if (job < 2 * tc) {
         const int tt = job - tc;
-        const int64_t pos = (first + t0 + tt) & (p.L - 1);
 #pragma unroll
-        for (int k = lane; k < K; k += 32) {
-          sm.decay[tt][k] = kda_exp(g[pos * K + k]);
+        for (int i = 0; i < E; ++i) {
+          sm.decay[tt][lane + 32 * i] = kda_exp(r.a[i]);
         }
 #pragma unroll
-        for (int j = lane; j < BV; j += 32) {
-          if (it.v0 + j < p.V) {
-            sm.v[tt][j] = u_rec[pos * p.V + j];
+        for (int i = 0; i < kUPerLane; ++i) {
+          const int j = lane + 32 * i;
+          if (j < BV && it.v0 + j < p.V) {
+            sm.v[tt][j] = r.b[i];
           }
         }
+      }
+    };
+    if constexpr (kEarlyLoads) {
+      JobRegs r[kJobs];
+#pragma unroll
+      for (int q = 0; q < kJobs; ++q) {
+        load_job(q, r[q]);
+      }
+      if (t0 == 0) {
+        __syncthreads();  // `sm` is free (see above)
+      }
+#pragma unroll
+      for (int q = 0; q < kJobs; ++q) {
+        store_job(q, r[q]);
+      }
+    } else {
+      if (t0 == 0) {
+        __syncthreads();  // a streaming CTA's previous item may still read `sm`
+      }
+#pragma unroll
+      for (int q = 0; q < kJobs; ++q) {
+        JobRegs r;
+        load_job(q, r);
+        store_job(q, r);
       }
     }
     __syncthreads();
