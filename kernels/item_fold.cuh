@@ -167,7 +167,7 @@ __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
     }
     __syncthreads();  // the next chunk (or the item's prologue) overwrites `sm`
   }
-  src.fold_done();
+  src.fold_done(it, slot);
 }
 
 }  // namespace kda::kernels

@@ -52,6 +52,7 @@ template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool 
 struct ItemPrologue {
   using Weight = WeightT;
   static constexpr bool kFused = FUSED;
+  static constexpr bool kDeferredCommit = kDeferred;  ///< a call with ring_pending (item_fold.cuh)
   using Cfg = TileConfig<K, BV, kWide>;
   using Slice = typename Cfg::Slice;
   static constexpr int P = Cfg::P;

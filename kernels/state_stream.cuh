@@ -187,6 +187,39 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 #endif
 }
 
+/// One thread: a bulk copy of `bytes` (a multiple of 16, both ends 16-byte aligned) from shared
+/// memory `src` to global memory `dst` through the TMA engine, committed as one bulk group. The
+/// shared bytes' generic-proxy stores must be ordered before it (fence_proxy_async_shared by
+/// their writers, then a __syncthreads).
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst),
+               "r"(smem_addr(src)), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#else
+  (void)dst;
+  (void)src;
+  (void)bytes;
+  __trap();  // launchers only stream on sm_90+
+#endif
+}
+
+/// The bulk_store thread: waits until its bulk stores have read their shared memory (it may be
+/// overwritten, e.g. refilled).
+__device__ __forceinline__ void bulk_store_wait_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+#endif
+}
+
+/// The bulk_store thread: waits until its bulk stores are complete (before the CTA exits).
+__device__ __forceinline__ void bulk_store_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
+}
+
 /// Orders this thread's generic-proxy global stores before later async-proxy (bulk copy) reads
 /// of the same bytes.
 __device__ __forceinline__ void fence_proxy_async_global() {

@@ -139,7 +139,7 @@ struct GlobalSource : WeightReads<Item> {
   /// After the fold: a bulk-copied tile (kPerItemStagedState) is read through the async proxy,
   /// so the stores are fenced for it and every thread's are done before thread 0 issues the
   /// copy. Register loads re-read their own thread's stores.
-  __device__ __forceinline__ void fold_done() const {
+  __device__ __forceinline__ void fold_done(const Item&, int) const {
     if constexpr (stages_state(kSchedule)) {
       fence_proxy_async_global();
       __syncthreads();
