@@ -571,14 +571,23 @@ TEST_CASE("dispatch: a BV = 128 default below 192 CTAs always runs one CTA per S
 }
 
 TEST_CASE("dispatch: the deferred-commit rule follows its measured table", "[dispatch]") {
-  // H200 (dispatch/commit_policy.cc): no measured shape gains beyond noise, so auto stays eager;
-  // an unmeasured shape (HV = 7) stays eager too.
-  for (const int B : {1, 4, 16, 64, 256}) {
-    for (const int T : {4, 8}) {
-      CAPTURE(B, T);
+  // H200 (dispatch/commit_policy.cc): deferred from B = 16 at Kimi-Linear (T = 4 and 8) and at
+  // B = 64 at K3 TP8; a configured batch between measured rows takes the largest row below it;
+  // unmeasured shapes (HV = 7, other head dims, no batch) stay eager.
+  for (const int T : {4, 8}) {
+    CAPTURE(T);
+    for (const int B : {1, 2, 4, 8, 15}) {
       CHECK_FALSE(deferred_commit_pays({32, 128, 128, B, T}));
+    }
+    for (const int B : {16, 32, 48, 64, 256}) {
+      CHECK(deferred_commit_pays({32, 128, 128, B, T}));
+    }
+    for (const int B : {1, 4, 16, 32, 63}) {
       CHECK_FALSE(deferred_commit_pays({12, 128, 128, B, T}));
     }
+    CHECK(deferred_commit_pays({12, 128, 128, 64, T}));
+    CHECK(deferred_commit_pays({12, 128, 128, 512, T}));
+    CHECK_FALSE(deferred_commit_pays({32, 64, 128, 64, T}));
   }
   CHECK_FALSE(deferred_commit_pays({7, 64, 64, 64, 4}));
   CHECK_FALSE(deferred_commit_pays({32, 128, 128, 0, 4}));
