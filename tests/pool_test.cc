@@ -100,6 +100,14 @@ TEST_CASE("pool: every bad config raises a precise error", "[pool]") {
     CHECK(error_message([&] { KdaStatePool pool(c); }, &code) == bad.message);
     CHECK(code == ErrorCode::kInvalidArgument);
   }
+  SECTION("the deferred commit's u records need ring mode") {
+    PoolConfig c = small_config(/*ring_mode=*/false);
+    c.deferred_commit = true;
+    ErrorCode code = ErrorCode::kInternal;
+    CHECK(error_message([&] { KdaStatePool pool(c); }, &code) ==
+          "PoolConfig.deferred_commit: the deferred commit is ring mode only (ring_mode is off)");
+    CHECK(code == ErrorCode::kInvalidArgument);
+  }
   SECTION("ring-length rules apply in ring mode only") {
     PoolConfig c = small_config(/*ring_mode=*/false);
     c.ring_len = 4;
@@ -259,6 +267,20 @@ TEST_CASE("pool: memory report numbers, both modes", "[pool]") {
 
   KdaStatePool pool(small_config(/*ring_mode=*/true));
   CHECK(pool.memory_report().total_bytes == r.total_bytes);
+  CHECK_FALSE(pool.ring_u(0).defined());  // only deferred pools hold u records
+
+  // The deferred commit's u records: [layers, S, HV, L, V] f32 more per slot, zeroed, per layer.
+  PoolConfig d = small_config(/*ring_mode=*/true);
+  d.deferred_commit = true;
+  const PoolMemoryReport rd = compute_memory_report(d);
+  CHECK(rd.ring_per_slot == r.ring_per_slot + 2 * 4 * 8 * 64 * 4);
+  CHECK(rd.total_bytes == r.total_bytes + 5 * 2 * 4 * 8 * 64 * 4);
+  KdaStatePool deferred(d);
+  CHECK(deferred.memory_report().total_bytes == rd.total_bytes);
+  REQUIRE(deferred.ring_u(1).defined());
+  CHECK(deferred.ring_u(1).dtype() == DType::kF32);
+  CHECK(deferred.ring_u_all().numel() == 2 * 5 * 4 * 8 * 64);
+  CHECK(all_equal<float>(deferred.ring_u_all(), 0.0f));
 }
 
 TEST_CASE("slot allocator: deterministic order, LIFO reuse", "[pool]") {
