@@ -35,9 +35,9 @@ bool deferred_commit_pays(const CommitPolicyShape& shape) {
       best = &m;
     }
   }
-  // On the H200 the deferred round gains from B = 16 at Kimi-Linear (-4..-12%) and at B = 64
-  // at K3 TP8 (-4..-12%); at small B the fold sits in each verify's serial prologue and costs
-  // more than its own kernel. Unmeasured shapes (other heads or head dims) keep the eager commit.
+  // The table: the deferred round gains from B = 16 at Kimi-Linear and at B = 64 at K3 TP8; at
+  // small B the fold sits in each verify's serial prologue and costs more than its own kernel.
+  // Unmeasured shapes (other heads or head dims) keep the eager commit.
   return best != nullptr && shape.K == 128 && shape.V == 128 &&
          best->deferred_vs_eager_pct <= -kMinGainPct;
 }

@@ -56,10 +56,9 @@ __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
   // As FoldItem::run, per chunk: job t < tc normalises key row t, job tc + t fills step t's
   // EXP(g) and u row (in the tile's value rows); warp w takes jobs w and w + kWarps. The
   // per-item kernels (kEarlyLoads) load every job's records into registers before the barrier
-  // that frees `sm` and store them after it, so their latency overlaps that wait: H200 deferred
-  // round -1..-12% on the per-item rows (one row +2%). In the streaming kernel that form was
-  // 4..7% slower (it holds the records through the barrier at the register cap), so there each
-  // job loads after the barrier.
+  // that frees `sm` and store them after it, so their latency overlaps that wait. The streaming
+  // kernel, at its register cap, would hold them through the barrier (slower there: log v49c),
+  // so there each job loads after the barrier.
   constexpr int kJobs = (2 * Cfg::kChunk + Cfg::kWarps - 1) / Cfg::kWarps;
   constexpr int kUPerLane = (BV + 31) / 32;
   struct JobRegs {

@@ -216,8 +216,8 @@ struct StagedSource : WeightReads<Item> {
   }
   /// The stage's generic-proxy stores are fenced for the async proxy and complete for every
   /// thread (load_state's swizzled columns read other threads' stores); then thread 0 writes the
-  /// folded tile to the committed state with one bulk store (16 vector stores per thread cost
-  /// 24 us of a 123 us deferred verify at Kimi-Linear T = 4 B = 64 on the H200). Thread 0 waits
+  /// folded tile to the committed state with one bulk store (the vector stores it replaced were
+  /// the largest part of the deferred verify's fold at large B: log v49e). Thread 0 waits
   /// for it to have read the stage before the stage's refill (load_state) and for its completion
   /// before the CTA exits (verify_stream_kernel).
   __device__ __forceinline__ void fold_done(const Item& it, int slot) const {
