@@ -254,8 +254,11 @@ void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
   }
   if constexpr (BV == 128 && !kTrackedExtend) {
     const size_t stage_bytes = kVerifyStreamSmemBytes<K, BV>;
-    const bool streamable =
-        args.extend == 0 && stream_layout_ok(p, TileConfig<K, BV>::kChunk, FUSED);
+    // A deferred call's folded tiles leave the stage as bulk stores to ssm_fold_out (its pitch
+    // is ssm_state's, checked by stream_layout_ok).
+    const bool streamable = args.extend == 0 &&
+                            stream_layout_ok(p, TileConfig<K, BV>::kChunk, FUSED) &&
+                            (!kDeferred || is_aligned(p.ssm_fold_out, 16));
     // One instantiation per record mode (ItemSchedule::kStreamRing / kStreamSnapshot).
     const auto stream_kernel =
         p.mode == RecordMode::kRing
