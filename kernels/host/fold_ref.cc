@@ -16,19 +16,19 @@ void fold_steps(const RingView& r, int32_t slot, int h, int hv, int K, int V, in
   for (int j = 0; j < n; ++j) {
     const int t = (first + j) & (r.L - 1);  // ring position (first may be negative)
     const bf16_t* rawk = r.rawk + ring_record(r.rawk_slot_stride, slot, h, r.L, t, K);
-    const bf16_t* rawv = r.rawv + ring_record(r.rawv_slot_stride, slot, hv, r.L, t, V);
     const float* g = r.g + ring_record(r.g_slot_stride, slot, hv, r.L, t, K);
-    const float beta = r.beta[ring_record(r.beta_slot_stride, slot, hv, r.L, t, 1)];
     std::transform(rawk, rawk + K, k.begin(), bf16_to_float);
-    std::transform(rawv, rawv + V, v.begin(), bf16_to_float);
     math::l2_normalize(k.data(), K, kn.data());
     math::decay_state(S, g, K, V, decay.data());
-    if (r.u != nullptr) {
+    if (r.u != nullptr) {  // the step's u record: no rawv, beta or key dot
       math::rank1_update(S, kn.data(), r.u + ring_record(r.u_slot_stride, slot, hv, r.L, t, V), K,
                          V);
-    } else {
-      math::delta_update(S, kn.data(), beta, v.data(), K, V, u.data());
+      continue;
     }
+    const bf16_t* rawv = r.rawv + ring_record(r.rawv_slot_stride, slot, hv, r.L, t, V);
+    const float beta = r.beta[ring_record(r.beta_slot_stride, slot, hv, r.L, t, 1)];
+    std::transform(rawv, rawv + V, v.begin(), bf16_to_float);
+    math::delta_update(S, kn.data(), beta, v.data(), K, V, u.data());
   }
 }
 
