@@ -52,6 +52,8 @@ constexpr FlagSpec kFlags[] = {
      "auto|on|off",
      "ring mode: fold the accepted steps inside the next verify (auto: where the benchmark "
      "measured it faster, dispatch/commit_policy.h)"},
+    {"--speculative-eagle-topk", FlagKind::kInt, 1, 16, &EngineFlags::eagle_topk, nullptr, "N",
+     "children per draft-tree node (1: chains; > 1: tree drafts, at most 8 nodes per request)"},
 };
 
 std::string block_v_list() {
@@ -217,6 +219,16 @@ void EngineFlags::validate() const {
             "--speculative-num-draft-tokens {} with --enable-linear-replayssm-spec (expected a "
             "power of two >= 2 * {} = {})",
             replayssm_cache_len, num_draft_tokens, num_draft_tokens, 2 * num_draft_tokens);
+  // A tree's recurrence replays a node's ancestors from one chunk of token inputs.
+  KDA_CHECK(!tree_drafts() || num_draft_tokens <= kMaxTreeNodes,
+            "--speculative-num-draft-tokens: invalid value '{}' with --speculative-eagle-topk {} "
+            "(tree drafts: expected at most {} nodes per request)",
+            num_draft_tokens, eagle_topk, kMaxTreeNodes);
+  // A tree's accepted path is not a contiguous ring range: trees commit eagerly.
+  KDA_CHECK(!tree_drafts() || deferred_commit != static_cast<int>(DeferredCommit::kOn),
+            "--kda-deferred-commit: invalid value 'on' with --speculative-eagle-topk {} (tree "
+            "drafts commit eagerly: expected auto or off)",
+            eagle_topk);
 }
 
 EngineFlags parse_engine_flags(std::vector<std::string>& args, const EngineFlags& defaults) {

@@ -37,6 +37,10 @@ struct EngineFlags {
   int fused_ring_max_batch = 1;   ///< --kda-fused-ring-max-batch
   int verify_block_v = 0;         ///< --kda-verify-block-v; 0 = auto
   int deferred_commit = 0;        ///< --kda-deferred-commit: a DeferredCommit value
+  int eagle_topk = 1;             ///< --speculative-eagle-topk: 1 = chains, > 1 = tree drafts
+
+  /// Tree drafts (contract §8): prepare() takes BatchSpec::parents.
+  bool tree_drafts() const { return eagle_topk > 1; }
 
   RecordMode record_mode() const {
     return replayssm_spec ? RecordMode::kRing : RecordMode::kSnapshot;
@@ -49,9 +53,10 @@ struct EngineFlags {
     return DispatchFlags{fused_verify, fused_ring_max_batch, verify_block_v};
   }
 
-  /// Checks every field against its flag's range and the cross-flag rule (ring mode:
-  /// L >= 2*T). Throws kda::Error(kInvalidArgument) naming the flag, the value and the
-  /// allowed range, exactly as the parser does.
+  /// Checks every field against its flag's range and the cross-flag rules (ring mode:
+  /// L >= 2*T; tree drafts: T <= kMaxTreeNodes and no --kda-deferred-commit on). Throws
+  /// kda::Error(kInvalidArgument) naming the flag, the value and the allowed range, exactly as the
+  /// parser does.
   void validate() const;
 };
 

@@ -18,7 +18,8 @@ namespace {
 // Whether the backend defers its commits (contract §7): ring mode only; on, or auto where
 // dispatch/commit_policy.h's measured rule says it pays for the configured batch.
 bool defers_commit(const ModelConfig& m, const EngineFlags& f) {
-  if (!f.replayssm_spec) {
+  // Trees commit eagerly: an accepted path is not a contiguous ring range (flags reject on).
+  if (!f.replayssm_spec || f.tree_drafts()) {
     return false;
   }
   switch (static_cast<DeferredCommit>(f.deferred_commit)) {
@@ -136,11 +137,12 @@ KdaAttentionBackend::KdaAttentionBackend(const ModelConfig& model, const EngineF
       platform_(platform_for(device_, options)),
       pool_(make_pool_config(model_, flags_, device_, options)),
       weights_(static_cast<size_t>(model.num_layers)),
-      indices_(device_, flags.max_running_requests),
+      indices_(device_, flags.max_running_requests, flags.num_draft_tokens),
       error_flag_(zeroed_flag(device_)),
       round_(model.num_layers),
       deferred_(defers_commit(model_, flags_)),
       verify_ran_(static_cast<size_t>(model.num_layers), 0),
+      checked_accepted_(device_, int64_t{flags.max_running_requests} * 4),
       last_decision_(static_cast<size_t>(model.num_layers)) {
   batch_slots_.reserve(static_cast<size_t>(flags.max_running_requests));
   upload_rows_.reserve(static_cast<size_t>(flags.max_running_requests));
@@ -154,6 +156,18 @@ KdaAttentionBackend::KdaAttentionBackend(const ModelConfig& model, const EngineF
 }
 
 KdaAttentionBackend::~KdaAttentionBackend() = default;
+
+const char* draft_shape_name(DraftShape s) {
+  switch (s) {
+    case DraftShape::kDense:
+      return "dense chain";
+    case DraftShape::kRagged:
+      return "ragged chain";
+    case DraftShape::kTree:
+      return "tree";
+  }
+  return "?";
+}
 
 void KdaAttentionBackend::set_layer_weights(int layer, const LayerWeights& weights) {
   KDA_CHECK(layer >= 0 && layer < model_.num_layers,
@@ -220,8 +234,15 @@ void KdaAttentionBackend::validate_batch(RoundKind kind, const BatchSpec& batch)
     KDA_CHECK(batch.rows.empty(),
               "{}: BatchSpec.rows has {} entries, expected none (extend uses no scratch rows)",
               call, batch.rows.size());
+    KDA_CHECK(batch.lengths.empty() && batch.offsets.empty() && batch.parents.empty(),
+              "{}: BatchSpec.lengths / offsets / parents given (a draft shape is for verify: "
+              "extend runs T prompt tokens per request)",
+              call);
   }
 
+  if (kind == RoundKind::kVerify) {
+    validate_shape(batch);
+  }
   for (int64_t n = 0; n < B; ++n) {
     const int32_t s = batch.slots[static_cast<size_t>(n)];
     KDA_CHECK(s >= -1 && s < S, "{}: slots[{}] = {} out of range [-1, {}) (-1 = padding row)", call,
@@ -245,6 +266,73 @@ void KdaAttentionBackend::validate_batch(RoundKind kind, const BatchSpec& batch)
       KDA_CHECK(batch.rows.empty() || batch.rows[static_cast<size_t>(m)] != r,
                 "{}: rows[{}] and rows[{}] are both {} (one scratch row per request)", call, m, n,
                 r);
+    }
+  }
+}
+
+void KdaAttentionBackend::validate_shape(const BatchSpec& batch) const {
+  const size_t B = batch.slots.size();
+  const int T = batch.T;
+  if (!batch.lengths.empty()) {
+    KDA_CHECK(batch.lengths.size() == B,
+              "prepare: BatchSpec.lengths has {} entries for {} requests (empty = T each)",
+              batch.lengths.size(), B);
+    for (size_t n = 0; n < B; ++n) {
+      KDA_CHECK(batch.lengths[n] >= 1 && batch.lengths[n] <= T,
+                "prepare: lengths[{}] = {} out of range [1, T = {}]", n, batch.lengths[n], T);
+    }
+  }
+  if (!batch.offsets.empty()) {
+    KDA_CHECK(!batch.lengths.empty(),
+              "prepare: BatchSpec.offsets given without lengths (offsets describe a ragged batch)");
+    KDA_CHECK(batch.offsets.size() == B + 1,
+              "prepare: BatchSpec.offsets has {} entries for {} requests (expected B + 1 = {})",
+              batch.offsets.size(), B, B + 1);
+    KDA_CHECK(batch.offsets[0] == 0, "prepare: offsets[0] = {}, expected 0 (packed rows)",
+              batch.offsets[0]);
+    for (size_t n = 0; n < B; ++n) {
+      KDA_CHECK(int64_t{batch.offsets[n + 1]} - batch.offsets[n] == batch.lengths[n],
+                "prepare: offsets[{}] - offsets[{}] = {} - {} does not match lengths[{}] = {}",
+                n + 1, n, batch.offsets[n + 1], batch.offsets[n], n, batch.lengths[n]);
+    }
+  }
+  if (batch.parents.empty()) {
+    return;
+  }
+  KDA_CHECK(
+      flags_.tree_drafts(),
+      "prepare: BatchSpec.parents given with --speculative-eagle-topk {} (trees need topk > 1)",
+      flags_.eagle_topk);
+  KDA_CHECK(batch.lengths.empty(),
+            "prepare: BatchSpec.parents with lengths (a tree batch has T nodes per request)");
+  KDA_CHECK(batch.parents.size() == B * static_cast<size_t>(T),
+            "prepare: BatchSpec.parents has {} entries for {} requests of T = {} nodes (expected "
+            "{})",
+            batch.parents.size(), B, T, B * static_cast<size_t>(T));
+  std::vector<int> children(static_cast<size_t>(T));
+  for (size_t n = 0; n < B; ++n) {
+    if (batch.slots[n] < 0) {
+      continue;  // padding: its parents are not read
+    }
+    const int32_t* par = batch.parents.data() + n * static_cast<size_t>(T);
+    KDA_CHECK(par[0] == -1,
+              "prepare: parents[{}] = {} for node 0 of request {}, expected -1 (the root)",
+              n * static_cast<size_t>(T), par[0], n);
+    std::fill(children.begin(), children.end(), 0);
+    for (int j = 1; j < T; ++j) {
+      const size_t at = n * static_cast<size_t>(T) + static_cast<size_t>(j);
+      KDA_CHECK(par[j] != -1,
+                "prepare: parents[{}] = -1 for node {} of request {}: a second root (only node 0 "
+                "has parent -1)",
+                at, j, n);
+      KDA_CHECK(par[j] >= 0 && par[j] < j,
+                "prepare: parents[{}] = {} for node {} of request {}, expected in [0, {}) (a "
+                "parent comes before its child)",
+                at, par[j], j, n, j);
+      KDA_CHECK(++children[static_cast<size_t>(par[j])] <= flags_.eagle_topk,
+                "prepare: node {} of request {} has more than --speculative-eagle-topk = {} "
+                "children (parents[{}] = {})",
+                par[j], n, flags_.eagle_topk, at, par[j]);
     }
   }
 }
@@ -296,8 +384,24 @@ void KdaAttentionBackend::prepare_round(RoundKind kind, const BatchSpec& batch,
     upload_rows_.push_back(batch.rows.empty() ? n : batch.rows[static_cast<size_t>(n)]);
   }
   const bool tracks = track != nullptr && !track->slots.empty();
+  // A ragged batch's packed offsets (validated against its lengths when given).
+  BatchIndices::Shape shape;
+  int64_t tokens = static_cast<int64_t>(B) * batch.T;
+  if (!batch.lengths.empty()) {
+    upload_offsets_.assign(1, 0);
+    for (const int32_t len : batch.lengths) {
+      upload_offsets_.push_back(upload_offsets_.back() + len);
+    }
+    shape.offsets = upload_offsets_.data();
+    tokens = upload_offsets_.back();
+  }
+  if (!batch.parents.empty()) {
+    shape.parents = batch.parents.data();
+    shape.T = batch.T;
+  }
   indices_.upload(batch.slots.data(), upload_rows_.data(), B, stream,
-                  tracks ? track->slots.data() : nullptr, tracks ? track->steps.data() : nullptr);
+                  tracks ? track->slots.data() : nullptr, tracks ? track->steps.data() : nullptr,
+                  shape);
   batch_slots_.assign(batch.slots.begin(), batch.slots.end());
   batch_tracks_.clear();
   for (size_t n = 0; tracks && n < batch.slots.size(); ++n) {
@@ -307,6 +411,10 @@ void KdaAttentionBackend::prepare_round(RoundKind kind, const BatchSpec& batch,
   }
   batch_B_ = B;
   batch_T_ = batch.T;
+  batch_tokens_ = tokens;
+  batch_shape_ = !batch.parents.empty()   ? DraftShape::kTree
+                 : !batch.lengths.empty() ? DraftShape::kRagged
+                                          : DraftShape::kDense;
   round_.on_prepared(kind);
 }
 
@@ -354,7 +462,7 @@ void KdaAttentionBackend::check_layer_ready(RoundKind kind, int layer) const {
 
 void KdaAttentionBackend::validate_activations(const char* call, int layer, const VerifyInputs& in,
                                                const TensorView& out) const {
-  const int64_t N = static_cast<int64_t>(batch_B_) * batch_T_;
+  const int64_t N = batch_tokens_;  // B*T, or a ragged batch's packed rows
   const int64_t HV = model_.HV;
   try {
     expect_activation(in.mixed_qkv, "mixed_qkv", device_, N, model_.qkv_dim());
@@ -408,6 +516,11 @@ VerifyParams KdaAttentionBackend::make_verify_params(int layer, const VerifyInpu
 
   p.slots = indices_.slots_data();
   p.rows = indices_.rows_data();
+  if (batch_shape_ == DraftShape::kRagged) {
+    p.token_offsets = indices_.offsets_data();
+  } else if (batch_shape_ == DraftShape::kTree) {
+    p.parents = indices_.parents_data();
+  }
 
   p.out = static_cast<bf16_t*>(out.data());
   const TensorView window = pool_.conv_window(layer);
@@ -453,7 +566,7 @@ DispatchProblem KdaAttentionBackend::make_dispatch_problem(int layer,
   d.V = model_.V;
   d.conv_width = kConvWidth;
   d.mode = flags_.record_mode();
-  d.plain_chain = true;  // this API verifies chains only (no tree / ragged layouts)
+  d.plain_chain = batch_shape_ != DraftShape::kTree;  // ragged chains take the fused path too
   d.mixed_qkv = in.mixed_qkv;
   d.a = in.a;
   d.b = in.b;
@@ -526,18 +639,41 @@ void KdaAttentionBackend::extend(int layer, const VerifyInputs& in, const Tensor
 }
 
 void KdaAttentionBackend::commit(const TensorView& accepted_lengths, cudaStream_t stream) {
-  enqueue_commit(accepted_lengths, nullptr, stream);
+  enqueue_commit(accepted_lengths, nullptr, nullptr, stream);
 }
 
 void KdaAttentionBackend::commit(const TensorView& accepted_lengths, const CommitTrack& track,
                                  cudaStream_t stream) {
-  enqueue_commit(accepted_lengths, &track, stream);
+  enqueue_commit(accepted_lengths, nullptr, &track, stream);
+}
+
+void KdaAttentionBackend::commit_tree(const TensorView& accepted_lengths,
+                                      const TensorView& accepted_paths, cudaStream_t stream) {
+  enqueue_commit(accepted_lengths, &accepted_paths, nullptr, stream);
+}
+
+void KdaAttentionBackend::commit_tree(const TensorView& accepted_lengths,
+                                      const TensorView& accepted_paths, const CommitTrack& track,
+                                      cudaStream_t stream) {
+  enqueue_commit(accepted_lengths, &accepted_paths, &track, stream);
 }
 
 void KdaAttentionBackend::enqueue_commit(const TensorView& accepted_lengths,
-                                         const CommitTrack* track, cudaStream_t stream) {
+                                         const TensorView* accepted_paths, const CommitTrack* track,
+                                         cudaStream_t stream) {
+  const char* call = accepted_paths != nullptr ? "commit_tree" : "commit";
   round_.check_can_commit();
+  const bool tree = batch_shape_ == DraftShape::kTree;
+  KDA_CHECK_CODE(tree == (accepted_paths != nullptr), ErrorCode::kLifecycle,
+                 "{}: the prepared round is a {} batch; {}", call, draft_shape_name(batch_shape_),
+                 tree ? "a tree round commits with its accepted paths (commit_tree)"
+                      : "only a tree round commits accepted paths (commit)");
   try {
+    if (accepted_paths != nullptr) {
+      expect_tensor(*accepted_paths, "accepted_paths", DType::kI32, device_, {batch_B_, batch_T_});
+      expect_contiguous(*accepted_paths, "accepted_paths");
+      expect_aligned(*accepted_paths, "accepted_paths", dtype_size(DType::kI32));
+    }
     const std::pair<const TensorView*, const char*> views[] = {
         {&accepted_lengths, "accepted_lengths"},
         {track != nullptr ? &track->slots : nullptr, "track.slots"},
@@ -550,12 +686,21 @@ void KdaAttentionBackend::enqueue_commit(const TensorView& accepted_lengths,
       }
     }
   } catch (const Error& e) {
-    KDA_THROW(e.code(), "commit: {}", e.message());
+    KDA_THROW(e.code(), "{}: {}", call, e.message());
   }
   CommitParams c = make_commit_params(deferred_ ? CommitKind::kDeferred : CommitKind::kEager);
   c.B = batch_B_;
   c.T = batch_T_;
   c.accepted = static_cast<const int32_t*>(accepted_lengths.data());
+  if (batch_shape_ != DraftShape::kDense) {
+    c.checked_accepted = static_cast<int32_t*>(checked_accepted_.data());
+  }
+  if (batch_shape_ == DraftShape::kRagged) {
+    c.token_offsets = indices_.offsets_data();
+  } else if (tree) {
+    c.parents = indices_.parents_data();
+    c.accepted_paths = static_cast<const int32_t*>(accepted_paths->data());
+  }
   if (track != nullptr) {
     c.track_slots = static_cast<const int32_t*>(track->slots.data());
     c.track_steps = static_cast<const int32_t*>(track->steps.data());
@@ -587,22 +732,22 @@ CommitParams KdaAttentionBackend::make_commit_params(CommitKind kind) const {
   c.conv_state = static_cast<bf16_t*>(conv.data());
   c.conv_state_layer_stride = conv.stride(0);
   c.conv_state_slot_stride = conv.stride(1);
-  c.conv_window = static_cast<const bf16_t*>(window.data());
+  c.conv_window = static_cast<bf16_t*>(window.data());
   c.conv_window_layer_stride = window.stride(0);
   c.conv_window_row_stride = window.stride(1);
   if (pool_.ring_mode()) {
     const TensorView rawv = pool_.ring_rawv_all(), rawk = pool_.ring_rawk_all();
     const TensorView g = pool_.ring_g_all(), beta = pool_.ring_beta_all();
-    c.ring_rawv = static_cast<const bf16_t*>(rawv.data());
+    c.ring_rawv = static_cast<bf16_t*>(rawv.data());
     c.ring_rawv_layer_stride = rawv.stride(0);
     c.ring_rawv_slot_stride = rawv.stride(1);
-    c.ring_rawk = static_cast<const bf16_t*>(rawk.data());
+    c.ring_rawk = static_cast<bf16_t*>(rawk.data());
     c.ring_rawk_layer_stride = rawk.stride(0);
     c.ring_rawk_slot_stride = rawk.stride(1);
-    c.ring_g = static_cast<const float*>(g.data());
+    c.ring_g = static_cast<float*>(g.data());
     c.ring_g_layer_stride = g.stride(0);
     c.ring_g_slot_stride = g.stride(1);
-    c.ring_beta = static_cast<const float*>(beta.data());
+    c.ring_beta = static_cast<float*>(beta.data());
     c.ring_beta_layer_stride = beta.stride(0);
     c.ring_beta_slot_stride = beta.stride(1);
   } else {
@@ -712,17 +857,23 @@ void KdaAttentionBackend::check_device_errors(cudaStream_t stream) {
     const int32_t zero = 0;
     error_flag_.upload(&zero, sizeof(zero));
   }
-  const bool bad_length = (flag & kBadAcceptedLength) != 0;
-  const bool bad_track = (flag & kBadTrack) != 0;
-  KDA_THROW(ErrorCode::kInvalidArgument, "commit: {}{}{}",
-            bad_length ? "an accepted length outside [1, T] was passed; the affected requests "
-                         "were skipped and keep their previous committed state"
-                       : "",
-            bad_length && bad_track ? "; " : "",
-            bad_track ? "a track step at or beyond its accepted length, or a track slot out of "
-                        "range, in the batch or claimed twice, was passed; those tracks were not "
-                        "written"
-                      : "");
+  std::vector<std::string> what;
+  if ((flag & kBadPath) != 0) {
+    what.emplace_back(
+        "an accepted path that is not a root path of its request's tree was passed; the affected "
+        "requests were skipped and keep their previous committed state");
+  } else if ((flag & kBadAcceptedLength) != 0) {
+    // (A bad path also skips its request as a zero length: reported above.)
+    what.emplace_back(
+        "an accepted length outside [1, T] (ragged: [1, T_n]) was passed; the affected requests "
+        "were skipped and keep their previous committed state");
+  }
+  if ((flag & kBadTrack) != 0) {
+    what.emplace_back(
+        "a track step at or beyond its accepted length, or a track slot out of range, in the "
+        "batch or claimed twice, was passed; those tracks were not written");
+  }
+  KDA_THROW(ErrorCode::kInvalidArgument, "commit: {}", fmt::format("{}", fmt::join(what, "; ")));
 }
 
 }  // namespace kda

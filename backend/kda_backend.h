@@ -42,6 +42,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/batch_indices.h"
@@ -68,13 +69,39 @@ struct BackendOptions {
   int extra_slots = 0;
 };
 
+/// A verify batch's draft shape (contract §8).
+enum class DraftShape : uint8_t {
+  kDense,   ///< T tokens per request, a chain
+  kRagged,  ///< T_n tokens per request (BatchSpec::lengths), a chain
+  kTree,    ///< T nodes per request, each with a parent (BatchSpec::parents)
+};
+const char* draft_shape_name(DraftShape s);
+
 /// One round's batch, described on the host.
 struct BatchSpec {
+  BatchSpec() = default;
+  /// A dense batch (the draft-shape fields stay empty: set them after for a ragged or tree one).
+  BatchSpec(int T_, std::vector<int32_t> slots_, std::vector<int32_t> rows_ = {})
+      : T(T_), slots(std::move(slots_)), rows(std::move(rows_)) {}
+
   int T = 0;                   ///< tokens per request (verify: 1..T_max; extend: >= 1)
   std::vector<int32_t> slots;  ///< B entries: the request's state slot, or -1 = padding row
   /// Verify only: scratch row per request, distinct in [0, R) over the real requests; empty
   /// = the batch position (row n for request n). Extend uses no scratch: must be empty.
   std::vector<int32_t> rows;
+
+  // ---- draft shape (contract §8, verify only; all empty: a dense chain of T per request) ----
+  /// Ragged chain: B entries, request n verifies lengths[n] tokens in [1, T]; its token t is
+  /// row offsets[n] + t of the activations (N = the sum of the lengths rows).
+  std::vector<int32_t> lengths;
+  /// With lengths, optional: B + 1 start rows (SGLang's query_start_loc), the packed prefix
+  /// sums of lengths (offsets[0] = 0, offsets[n+1] - offsets[n] = lengths[n]); empty = those.
+  std::vector<int32_t> offsets;
+  /// Tree (--speculative-eagle-topk > 1; T nodes per request, lengths empty): B*T entries,
+  /// parents[n*T + j] is node j's parent within request n: -1 for node 0 (the root, its
+  /// parent the committed state) and only there, else in [0, j); at most topk children per
+  /// node. Node j's outputs are row n*T + j. Commit with the accepted paths (commit_tree).
+  std::vector<int32_t> parents;
 };
 
 /// An extend round's prefix-cache tracks (contract §9), on the host, B entries each: request n
@@ -193,6 +220,19 @@ class KdaAttentionBackend {
   /// inside the fold, snapshot mode copies snapshot k. Graph-capturable.
   void commit(const TensorView& accepted_lengths, const CommitTrack& track, cudaStream_t stream);
 
+  /// Commits a tree round (BatchSpec::parents): request i's accepted path is
+  /// accepted_paths[i][0..n) ([B, T] int32 on the backend's device, contiguous, read on the
+  /// device), node indices root first (node 0, then each node a child of the one before), n =
+  /// accepted_lengths[i]. The state becomes the path's last node's; snapshot mode copies its
+  /// snapshot and window, ring mode folds the path's ring records in order. A path that is not
+  /// a root path of the request's tree, or a length outside [1, T], skips the request and raises
+  /// the device error flag (check_device_errors). Trees commit eagerly. Graph-capturable.
+  void commit_tree(const TensorView& accepted_lengths, const TensorView& accepted_paths,
+                   cudaStream_t stream);
+  /// The same, with prefix-cache tracks: track step k is the path's node k.
+  void commit_tree(const TensorView& accepted_lengths, const TensorView& accepted_paths,
+                   const CommitTrack& track, cudaStream_t stream);
+
   /// Runs the prepared extend round on layer `layer`: out [N, HV, V] bf16 for N = B*T prompt
   /// tokens, and the state after the last token is committed in place. Each layer once;
   /// the round ends with the last layer. Enqueues on `stream`.
@@ -224,6 +264,10 @@ class KdaAttentionBackend {
   /// B and T of the prepared batch (0 when idle).
   int batch_size() const { return round_.kind() == RoundKind::kNone ? 0 : batch_B_; }
   int tokens_per_request() const { return round_.kind() == RoundKind::kNone ? 0 : batch_T_; }
+  /// The prepared batch's activation rows: B*T, or the sum of a ragged batch's lengths.
+  int64_t batch_tokens() const { return round_.kind() == RoundKind::kNone ? 0 : batch_tokens_; }
+  /// The prepared verify batch's draft shape.
+  DraftShape draft_shape() const { return batch_shape_; }
 
   // ---- dispatch statistics ----
   DispatchStats stats() const;
@@ -245,8 +289,9 @@ class KdaAttentionBackend {
   DispatchProblem make_dispatch_problem(int layer, const VerifyInputs& in) const;
   void record_decision(int layer, const DispatchDecision& d);
   CommitParams make_commit_params(CommitKind kind) const;
-  void enqueue_commit(const TensorView& accepted_lengths, const CommitTrack* track,
-                      cudaStream_t stream);
+  void enqueue_commit(const TensorView& accepted_lengths, const TensorView* accepted_paths,
+                      const CommitTrack* track, cudaStream_t stream);
+  void validate_shape(const BatchSpec& batch) const;
   void validate_tracks(const BatchSpec& batch, const ExtendTrack& track) const;
 
   ModelConfig model_;
@@ -264,9 +309,13 @@ class KdaAttentionBackend {
   // so it folds the layer's pending steps; abort_round drops those layers' counts only.
   std::vector<uint8_t> verify_ran_;
   int batch_B_ = 0, batch_T_ = 0;
-  std::vector<int32_t> batch_slots_;   // host copy of the prepared slots (capacity R)
-  std::vector<int32_t> batch_tracks_;  // an extend round's track slots (release_slot checks)
-  std::vector<int32_t> upload_rows_;   // prepare's scratch for the resolved rows (capacity R)
+  int64_t batch_tokens_ = 0;
+  DraftShape batch_shape_ = DraftShape::kDense;
+  std::vector<int32_t> upload_offsets_;  // prepare's packed offsets of a ragged batch
+  Buffer checked_accepted_;              // [R] int32 on the device: CommitParams::checked_accepted
+  std::vector<int32_t> batch_slots_;     // host copy of the prepared slots (capacity R)
+  std::vector<int32_t> batch_tracks_;    // an extend round's track slots (release_slot checks)
+  std::vector<int32_t> upload_rows_;     // prepare's scratch for the resolved rows (capacity R)
 
   int64_t fused_calls_ = 0, unfused_calls_ = 0;
   std::vector<std::optional<DispatchDecision>> last_decision_;

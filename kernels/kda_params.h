@@ -19,6 +19,9 @@ constexpr int kConvWidth = 4;                 ///< W: conv taps (tap 0 oldest, t
 constexpr int kConvHistory = kConvWidth - 1;  ///< W-1 raw inputs kept per channel
 constexpr float kNormEps = 1e-6f;             ///< inside the sqrt of the q/k L2 norms
 constexpr float kSoftplusThreshold = 20.0f;   ///< softplus(x) = x above this (x <= 20 uses log)
+/// Most nodes a tree draft request may have: the recurrence keeps a tree's inputs in one token
+/// chunk (TileConfig::kChunk) to replay a node's ancestors from the committed state.
+constexpr int kMaxTreeNodes = 8;
 
 /// Conv weight / bias element type (contract §3 step 1 rounds differently for each).
 enum class ConvWeightType : uint8_t { kF32, kBF16 };
@@ -37,8 +40,9 @@ enum class RecordMode : uint8_t {
 
 /// One layer's verify (or extend) call.
 ///
-/// Token t of request n is row n*T + t of qkv / a / b / out. A request with slots[n] < 0 is a
-/// padding row: its T output rows are written as zeros and nothing else of it is read
+/// Token t of request n is row n*T + t of qkv / a / b / out (a dense chain), or row
+/// token_offsets[n] + t of a ragged batch (contract §8). A request with slots[n] < 0 is a
+/// padding row: its T (T_n) output rows are written as zeros and nothing else of it is read
 /// (inputs may be NaN, rows[n] may be garbage) or written.
 struct VerifyParams {
   // ---- problem ----
@@ -79,6 +83,20 @@ struct VerifyParams {
   // Read by the verify kernels before their PDL wait (kda_kernels.h): complete at enqueue.
   const int32_t* slots = nullptr;  ///< [B] slot per request; -1 = padding row
   const int32_t* rows = nullptr;   ///< [B] scratch row per request (windows, snapshots)
+
+  // ---- draft shape (contract §8; both null: a dense chain of T tokens per request) ----
+  // Device memory for CUDA, complete at enqueue like slots / rows (read before the PDL wait).
+  /// [B+1] ragged chain: request n verifies T_n = token_offsets[n+1] - token_offsets[n] tokens
+  /// (1 <= T_n <= T), its step t at row token_offsets[n] + t (token_offsets[0] = 0, packed).
+  /// Window, snapshot and ring index: the step t within the request, as for a dense chain;
+  /// nothing is written at steps t >= T_n.
+  const int32_t* token_offsets = nullptr;
+  /// [B*T] tree (token_offsets null: T nodes per request, T <= kMaxTreeNodes): parents[n*T + j]
+  /// is node j's parent within request n: -1 for the root (j = 0 only), else in [0, j). Node
+  /// j's state is its parent's state stepped on j's inputs, its conv window its ancestors' raw
+  /// inputs (the committed conv state beyond the root), taps summed oldest -> node j as for a
+  /// chain; its output, window, snapshot and ring records sit at step j. Unfused path only.
+  const int32_t* parents = nullptr;
 
   // ---- outputs ----
   bf16_t* out = nullptr;          ///< [N, HV, V] packed
@@ -161,6 +179,7 @@ enum class CommitKind : uint8_t {
 enum CommitError : int32_t {
   kBadAcceptedLength = 1,  ///< an accepted length outside [1, T]: the request was skipped
   kBadTrack = 2,           ///< a track step >= the accepted length, or a bad track slot
+  kBadPath = 4,            ///< a tree's accepted path is not a root path: the request was skipped
 };
 
 /// Commit of all layers after sampling: make the state after the n-th accepted token the
@@ -195,17 +214,19 @@ struct CommitParams {
   int64_t ssm_layer_stride = 0, ssm_slot_stride = 0;
   bf16_t* conv_state = nullptr;  ///< [layers, S, W-1, D]
   int64_t conv_state_layer_stride = 0, conv_state_slot_stride = 0;
-  const bf16_t* conv_window = nullptr;  ///< [layers, R, T_max, W-1, D]
+  /// [layers, R, T_max, W-1, D]; ring records and windows are written only by a tree commit's
+  /// stage 1 (checked_accepted), which moves the accepted path's to steps 0..n-1.
+  bf16_t* conv_window = nullptr;
   int64_t conv_window_layer_stride = 0, conv_window_row_stride = 0;
   const float* snapshots = nullptr;  ///< snapshot mode: [layers, R, T_max, HV, V, K]
   int64_t snapshot_layer_stride = 0, snapshot_row_stride = 0;
-  const bf16_t* ring_rawv = nullptr;  ///< ring mode: [layers, S, HV, L, V]
+  bf16_t* ring_rawv = nullptr;  ///< ring mode: [layers, S, HV, L, V]
   int64_t ring_rawv_layer_stride = 0, ring_rawv_slot_stride = 0;
-  const bf16_t* ring_rawk = nullptr;  ///< [layers, S, H, L, K]
+  bf16_t* ring_rawk = nullptr;  ///< [layers, S, H, L, K]
   int64_t ring_rawk_layer_stride = 0, ring_rawk_slot_stride = 0;
-  const float* ring_g = nullptr;  ///< [layers, S, HV, L, K]
+  float* ring_g = nullptr;  ///< [layers, S, HV, L, K]
   int64_t ring_g_layer_stride = 0, ring_g_slot_stride = 0;
-  const float* ring_beta = nullptr;  ///< [layers, S, HV, L]
+  float* ring_beta = nullptr;  ///< [layers, S, HV, L]
   int64_t ring_beta_layer_stride = 0, ring_beta_slot_stride = 0;
   /// [layers, S, HV, L, V] f32 u records (VerifyParams::ring_u): required by the folds of
   /// deferred records (kMaterialize, kDeferred with tracks), which replay them as decay + rank-1
@@ -224,6 +245,27 @@ struct CommitParams {
   const int32_t* track_steps = nullptr;  ///< [B] accepted step to track, -1 = none
 
   int32_t* error_flag = nullptr;  ///< optional [1]; CommitError bits
+
+  // ---- draft shape of the round (contract §8; all null: a dense chain) ----
+  /// [B+1] ragged round (VerifyParams::token_offsets): request i's accepted length must be at
+  /// most its T_i, else the request is skipped (kBadAcceptedLength).
+  const int32_t* token_offsets = nullptr;
+  /// [B*T] tree round (VerifyParams::parents), with accepted_paths.
+  const int32_t* parents = nullptr;
+  /// [B, T] tree round: request i's accepted path, node indices root first: entries k < n_i
+  /// with paths[i*T] = 0 and parents[i*T + paths[i*T + k]] = paths[i*T + k - 1]; else the
+  /// request is skipped (kBadPath). Step k of the commit is node paths[i*T + k]: snapshot mode
+  /// copies the snapshot and window of the path's node n-1 (of node k for a track), ring mode
+  /// folds the ring records of the path's nodes in order (eager commits only).
+  const int32_t* accepted_paths = nullptr;
+  /// [B] int32 scratch, required with a draft shape. The kernel set's commit runs in two
+  /// stages: the shape check (commit_shape) writes each request's length there (0 for a bad
+  /// length or path) and moves a tree's accepted windows and (ring mode) ring records from
+  /// their nodes to steps 0..n-1 (path nodes increase, so in place); then the commit proper
+  /// runs as for a dense chain, with accepted = checked_accepted, token_offsets and parents
+  /// null, and (snapshot mode) accepted_paths still set: its snapshot copies take node
+  /// paths[i*T + k] for step k (accepted_paths without parents: the checked second stage).
+  int32_t* checked_accepted = nullptr;
 };
 
 KDA_HD int32_t qkv_dim(const CommitParams& p) { return 2 * p.H * p.K + p.HV * p.V; }

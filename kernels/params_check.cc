@@ -152,6 +152,14 @@ void check_verify(const VerifyParams& p, const char* op, uint32_t needs) {
     check_pitch(p.ring_u_slot_stride, p.HV * static_cast<int64_t>(p.L) * p.V, op,
                 "ring_u_slot_stride", "HV x L x V");
   }
+  if (p.parents != nullptr) {
+    KDA_CHECK(p.token_offsets == nullptr,
+              "{}: parents (a tree) with token_offsets (ragged): a tree batch has T nodes per "
+              "request",
+              op);
+    KDA_CHECK(p.T <= kMaxTreeNodes, "{}: T={} for a tree batch, expected at most {} nodes", op, p.T,
+              kMaxTreeNodes);
+  }
   if (records) {
     KDA_CHECK(p.ring_u == nullptr || p.ring_pending != nullptr,
               "{}: ring_u is given without ring_pending (u records belong to the deferred commit)",
@@ -159,8 +167,18 @@ void check_verify(const VerifyParams& p, const char* op, uint32_t needs) {
   }
 }
 
+void check_fused_shape(const VerifyParams& p, const char* op) {
+  KDA_CHECK(p.parents == nullptr,
+            "{}: parents given (a tree batch): the fused path verifies chains, trees take the "
+            "unfused path",
+            op);
+}
+
 void check_extend(const ExtendParams& e, const char* op) {
   check_verify(e.v, op, kConv | kRecurrence | kOut | kWritesSlots);
+  KDA_CHECK(
+      e.v.token_offsets == nullptr && e.v.parents == nullptr,
+      "{}: extend takes no draft shape (token_offsets / parents): T prompt tokens per request", op);
   check_present(e.ssm_state_out, op, "ssm_state_out", "[S, HV, V, K] f32, may alias ssm_state");
   check_present(e.conv_state_out, op, "conv_state_out", "[S, W-1, D] bf16, may alias conv_state");
   KDA_CHECK((e.track_slots == nullptr) == (e.track_steps == nullptr),
@@ -208,6 +226,25 @@ void check_commit(const CommitParams& p, const char* op, uint32_t needs) {
   } else if (p.kind == CommitKind::kEager) {
     KDA_CHECK(p.ring_u == nullptr,
               "{}: an eager commit takes no ring_u (u records are the deferred commit's)", op);
+  }
+  const bool shaped = p.token_offsets != nullptr || p.parents != nullptr;
+  if (shaped) {
+    KDA_CHECK(reads_accepted, "{}: kind={} takes no draft shape (token_offsets / parents)", op,
+              static_cast<int>(p.kind));
+    check_present(p.checked_accepted, op, "checked_accepted",
+                  "[B] int32 scratch, with a draft shape");
+  }
+  KDA_CHECK(p.parents == nullptr || p.accepted_paths != nullptr,
+            "{}: parents without accepted_paths (a tree round commits its accepted paths)", op);
+  if (p.parents != nullptr) {
+    KDA_CHECK(p.token_offsets == nullptr,
+              "{}: parents (a tree) with token_offsets (ragged): a tree batch has T nodes per "
+              "request",
+              op);
+    KDA_CHECK(p.kind == CommitKind::kEager,
+              "{}: a tree round commits eagerly (its accepted path is not a contiguous ring "
+              "range), got kind={}",
+              op, static_cast<int>(p.kind));
   }
   KDA_CHECK((p.track_slots == nullptr) == (p.track_steps == nullptr),
             "{}: track_slots and track_steps go together ([B] each, or both null = no track)", op);

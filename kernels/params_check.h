@@ -34,6 +34,8 @@ enum CommitNeeds : uint32_t {
 };
 
 void check_verify(const VerifyParams& p, const char* op, uint32_t needs);
+/// The fused verify's draft shapes: dense or ragged chains (parents null).
+void check_fused_shape(const VerifyParams& p, const char* op);
 void check_extend(const ExtendParams& e, const char* op);
 void check_commit(const CommitParams& p, const char* op, uint32_t needs);
 /// block_v is one of kernels::kFusedBlockVs (tile_policy.h), e.g.

@@ -203,11 +203,34 @@ uint64_t pool_checksum(const KdaStatePool& pool) {
   return h;
 }
 
-Harness::Harness(const ModelCase& mc, bool ring, const Platform& platform, bool fused,
-                 bool deferred)
-    : model(model_for(mc)), counts(std::make_shared<KernelCounts>()) {
+namespace {
+EngineFlags harness_flags(bool ring, bool fused, bool deferred) {
   EngineFlags flags = flags_for(ring, deferred);
   flags.fused_verify = fused;
+  return flags;
+}
+}  // namespace
+
+Harness::Harness(const ModelCase& mc, bool ring, const Platform& platform, bool fused,
+                 bool deferred)
+    : Harness(mc, harness_flags(ring, fused, deferred), platform) {}
+
+void Harness::fill_scratch(uint64_t seed) {
+  Rng rng(seed);
+  const KdaStatePool& p = pool();
+  from_host_vector(rng.bf16s(p.conv_window_all().numel(), 2.0f), p.conv_window_all());
+  if (p.ring_mode()) {
+    from_host_vector(rng.bf16s(p.ring_rawv_all().numel(), 2.0f), p.ring_rawv_all());
+    from_host_vector(rng.bf16s(p.ring_rawk_all().numel(), 2.0f), p.ring_rawk_all());
+    from_host_vector(rng.floats(p.ring_g_all().numel(), 2.0f), p.ring_g_all());
+    from_host_vector(rng.floats(p.ring_beta_all().numel(), 2.0f), p.ring_beta_all());
+  } else {
+    from_host_vector(rng.floats(p.snapshots_all().numel(), 2.0f), p.snapshots_all());
+  }
+}
+
+Harness::Harness(const ModelCase& mc, const EngineFlags& flags, const Platform& platform)
+    : model(model_for(mc)), counts(std::make_shared<KernelCounts>()) {
   BackendOptions options;
   options.platform_override = platform;
   options.extra_slots = 1;

@@ -94,6 +94,13 @@ uint64_t pool_checksum(const KdaStatePool& pool);
 struct Harness {
   Harness(const ModelCase& mc, bool ring, const Platform& platform, bool fused = true,
           bool deferred = false);
+  /// The same with these flags (max_running_requests = kMaxRunning is kept by the helpers'
+  /// batches; every other flag is the caller's).
+  Harness(const ModelCase& mc, const EngineFlags& flags, const Platform& platform);
+
+  /// Fills the scratch (conv windows, snapshots) and rings with seeded random values (never
+  /// zeros), so that a test can see what a round wrote and what it left alone.
+  void fill_scratch(uint64_t seed);
 
   const KdaStatePool& pool() const { return backend->pool(); }
 

@@ -212,7 +212,8 @@ TEST_CASE("backend: a bad accepted length is flagged on the device and skips the
   CHECK(same_bits(h.pool().ssm_state(0).select(0, 0), slot0_before));        // skipped
   CHECK_FALSE(same_bits(h.pool().ssm_state(0).select(0, 1), slot1_before));  // committed
   CHECK(error_of([&] { h.backend->check_device_errors(nullptr); }, ErrorCode::kInvalidArgument) ==
-        "commit: an accepted length outside [1, T] was passed; the affected requests were "
+        "commit: an accepted length outside [1, T] (ragged: [1, T_n]) was passed; the affected "
+        "requests were "
         "skipped and keep their previous committed state");
   CHECK_NOTHROW(h.backend->check_device_errors(nullptr));  // the flag was cleared
 }

@@ -243,12 +243,12 @@ TEST_CASE("host commit: all layers, each at its own layer pitch", "[host][commit
   };
   auto ssm = stack_f32(Tensor::kSsmState);
   auto conv = stack_bf16(Tensor::kConvState);
-  const auto window = stack_bf16(Tensor::kConvWindow);
+  auto window = stack_bf16(Tensor::kConvWindow);
   const auto snapshots = stack_f32(Tensor::kSnapshots);
-  const auto rawv = stack_bf16(Tensor::kRingRawv);
-  const auto rawk = stack_bf16(Tensor::kRingRawk);
-  const auto g = stack_f32(Tensor::kRingG);
-  const auto beta = stack_f32(Tensor::kRingBeta);
+  auto rawv = stack_bf16(Tensor::kRingRawv);
+  auto rawk = stack_bf16(Tensor::kRingRawk);
+  auto g = stack_f32(Tensor::kRingG);
+  auto beta = stack_f32(Tensor::kRingBeta);
 
   CommitParams q = layers[0].commit_params(acc, mode);
   q.num_layers = 3;

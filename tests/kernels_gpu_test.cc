@@ -424,19 +424,19 @@ struct LayeredPool {
     p.ssm_layer_stride = per(ssm) / 4;
     p.conv_state = static_cast<bf16_t*>(conv_state.data());
     p.conv_state_layer_stride = per(conv_state) / 2;
-    p.conv_window = static_cast<const bf16_t*>(conv_window.data());
+    p.conv_window = static_cast<bf16_t*>(conv_window.data());
     p.conv_window_layer_stride = per(conv_window) / 2;
     if (mode == RecordMode::kSnapshot) {
       p.snapshots = static_cast<const float*>(snapshots.data());
       p.snapshot_layer_stride = per(snapshots) / 4;
     } else {
-      p.ring_rawv = static_cast<const bf16_t*>(rawv.data());
+      p.ring_rawv = static_cast<bf16_t*>(rawv.data());
       p.ring_rawv_layer_stride = per(rawv) / 2;
-      p.ring_rawk = static_cast<const bf16_t*>(rawk.data());
+      p.ring_rawk = static_cast<bf16_t*>(rawk.data());
       p.ring_rawk_layer_stride = per(rawk) / 2;
-      p.ring_g = static_cast<const float*>(g.data());
+      p.ring_g = static_cast<float*>(g.data());
       p.ring_g_layer_stride = per(g) / 4;
-      p.ring_beta = static_cast<const float*>(beta.data());
+      p.ring_beta = static_cast<float*>(beta.data());
       p.ring_beta_layer_stride = per(beta) / 4;
     }
     return p;

@@ -514,7 +514,7 @@ CommitParams VerifyProblem::commit_params(const Buffer& accepted, RecordMode mod
   q.conv_state = static_cast<bf16_t*>(ptr(Tensor::kConvState));
   q.conv_state_layer_stride = layer(Tensor::kConvState);
   q.conv_state_slot_stride = pitch(Tensor::kConvState);
-  q.conv_window = static_cast<const bf16_t*>(ptr(Tensor::kConvWindow));
+  q.conv_window = static_cast<bf16_t*>(ptr(Tensor::kConvWindow));
   q.conv_window_layer_stride = layer(Tensor::kConvWindow);
   q.conv_window_row_stride = pitch(Tensor::kConvWindow);
   if (mode == RecordMode::kSnapshot) {
@@ -522,16 +522,16 @@ CommitParams VerifyProblem::commit_params(const Buffer& accepted, RecordMode mod
     q.snapshot_layer_stride = layer(Tensor::kSnapshots);
     q.snapshot_row_stride = pitch(Tensor::kSnapshots);
   } else {
-    q.ring_rawv = static_cast<const bf16_t*>(ptr(Tensor::kRingRawv));
+    q.ring_rawv = static_cast<bf16_t*>(ptr(Tensor::kRingRawv));
     q.ring_rawv_layer_stride = layer(Tensor::kRingRawv);
     q.ring_rawv_slot_stride = pitch(Tensor::kRingRawv);
-    q.ring_rawk = static_cast<const bf16_t*>(ptr(Tensor::kRingRawk));
+    q.ring_rawk = static_cast<bf16_t*>(ptr(Tensor::kRingRawk));
     q.ring_rawk_layer_stride = layer(Tensor::kRingRawk);
     q.ring_rawk_slot_stride = pitch(Tensor::kRingRawk);
-    q.ring_g = static_cast<const float*>(ptr(Tensor::kRingG));
+    q.ring_g = static_cast<float*>(ptr(Tensor::kRingG));
     q.ring_g_layer_stride = layer(Tensor::kRingG);
     q.ring_g_slot_stride = pitch(Tensor::kRingG);
-    q.ring_beta = static_cast<const float*>(ptr(Tensor::kRingBeta));
+    q.ring_beta = static_cast<float*>(ptr(Tensor::kRingBeta));
     q.ring_beta_layer_stride = layer(Tensor::kRingBeta);
     q.ring_beta_slot_stride = pitch(Tensor::kRingBeta);
   }

@@ -1,6 +1,7 @@
 // conv_update_ref.cc: contract §3 step 1 (causal conv + SiLU + bf16) on the host, and the
 // unfused conv-update op built from it.
 #include <algorithm>
+#include <vector>
 
 #include "kernels/host/host_common.h"
 #include "kernels/host/kda_host.h"
@@ -40,7 +41,18 @@ void conv_request(const VerifyParams& p, int n, int32_t slot, bf16_t* act, int64
     for (int j = 0; j < kConvHistory; ++j) {
       win[j] = history[j * D + ch];
     }
-    for (int t = 0; t < p.T; ++t) {
+    // A tree keeps every node's window: node t's starts from its parent's (the history for
+    // the root). A chain's parent is the previous token, whose window `win` holds.
+    const int T = tokens_of(p, n);
+    std::vector<bf16_t> node_windows(p.parents != nullptr ? static_cast<size_t>(T) * 3 : 0);
+    for (int t = 0; t < T; ++t) {
+      if (p.parents != nullptr) {
+        const int parent = parent_of(p, n, t);
+        for (int j = 0; j < kConvHistory; ++j) {
+          win[j] = parent < 0 ? history[j * D + ch]
+                              : node_windows[static_cast<size_t>(parent) * kConvHistory + j];
+        }
+      }
       const bf16_t x = p.mixed_qkv[qkv_row(p, n, t) * p.mixed_qkv_stride + ch];
       const float taps_in[kConvWidth] = {bf16_to_float(win[0]), bf16_to_float(win[1]),
                                          bf16_to_float(win[2]), bf16_to_float(x)};
@@ -48,6 +60,9 @@ void conv_request(const VerifyParams& p, int n, int32_t slot, bf16_t* act, int64
       win[0] = win[1];
       win[1] = win[2];
       win[2] = x;
+      if (p.parents != nullptr) {
+        std::copy(win, win + kConvHistory, &node_windows[static_cast<size_t>(t) * kConvHistory]);
+      }
       if (windows != nullptr) {
         bf16_t* dst = windows + window_step_offset(t, D) + ch;
         for (int j = 0; j < kConvHistory; ++j) {
@@ -66,7 +81,7 @@ void conv_request(const VerifyParams& p, int n, int32_t slot, bf16_t* act, int64
 void zero_out_rows(const VerifyParams& p, int n) {
   const int64_t row_elems = static_cast<int64_t>(p.HV) * p.V;
   bf16_t* out = p.out + qkv_row(p, n, 0) * row_elems;
-  std::fill(out, out + p.T * row_elems, bf16_t{0});
+  std::fill(out, out + tokens_of(p, n) * row_elems, bf16_t{0});
 }
 
 }  // namespace detail

@@ -48,8 +48,20 @@ void for_each_committed(const CommitParams& p, F&& f) {
 
 // ---- offsets (elements) ----
 
+/// Token row of step t of request n: n*T + t, or token_offsets[n] + t (ragged, contract §8).
 inline int64_t qkv_row(const VerifyParams& p, int n, int t) {
-  return static_cast<int64_t>(n) * p.T + t;
+  return (p.token_offsets != nullptr ? int64_t{p.token_offsets[n]}
+                                     : static_cast<int64_t>(n) * p.T) +
+         t;
+}
+/// The tokens request n verifies: T_n of a ragged batch, else T.
+inline int tokens_of(const VerifyParams& p, int n) {
+  return p.token_offsets != nullptr ? p.token_offsets[n + 1] - p.token_offsets[n] : p.T;
+}
+/// The step that step t of request n follows: its parent node in a tree, else t - 1 (-1: the
+/// committed state).
+inline int parent_of(const VerifyParams& p, int n, int t) {
+  return p.parents != nullptr ? p.parents[static_cast<int64_t>(n) * p.T + t] : t - 1;
 }
 inline int64_t q_channel(const VerifyParams& p, int h) { return static_cast<int64_t>(h) * p.K; }
 inline int64_t k_channel(const VerifyParams& p, int h) {
@@ -78,13 +90,14 @@ inline int64_t ring_record(int64_t slot_stride, int64_t slot, int head, int L, i
 /// Conv weights and bias of channel ch as f32.
 math::ConvTaps load_conv_taps(const VerifyParams& p, int64_t ch);
 
-/// Conv + SiLU of all D channels of request n over its T tokens, history from conv_state of
-/// `slot`. Writes act[t * act_stride + ch]; if `windows` is set, the window after token t at
-/// windows[t * (W-1) * D + j * D + ch]; if `last_window` is set, the final window [W-1, D].
+/// Conv + SiLU of all D channels of request n over its T_n tokens, history from conv_state of
+/// `slot` (a tree: each node's window from its parent's). Writes act[t * act_stride + ch]; if
+/// `windows` is set, the window after token t at windows[t * (W-1) * D + j * D + ch]; if
+/// `last_window` is set, the final window [W-1, D].
 void conv_request(const VerifyParams& p, int n, int32_t slot, bf16_t* act, int64_t act_stride,
                   bf16_t* windows, bf16_t* last_window);
 
-/// Zeroes the T output rows of padding request n (the only write a padding request gets).
+/// Zeroes the T_n output rows of padding request n (the only write a padding request gets).
 void zero_out_rows(const VerifyParams& p, int n);
 
 // ---- steps 2-6 of one token for one (request, v-head) ----
@@ -184,8 +197,9 @@ void run_token(const VerifyParams& p, int64_t r, int hv, HeadStep<R>& w) {
 }
 
 /// Runs every v-head and token of real request n over its bf16 conv outputs
-/// act[t * act_stride + ch], starting from ssm_state[slot]. Calls on_token(hv, t, w) after
-/// each token and on_head(hv, w) after a head's last token.
+/// act[t * act_stride + ch], starting from ssm_state[slot] (a tree: each node from its
+/// parent's state). Calls on_token(hv, t, w) after each token and on_head(hv, w) after a
+/// head's last token.
 template <typename R, typename OnToken, typename OnHead>
 void recur_request(const VerifyParams& p, int n, int32_t slot, const bf16_t* act,
                    int64_t act_stride, OnToken&& on_token, OnHead&& on_head) {
@@ -196,10 +210,22 @@ void recur_request(const VerifyParams& p, int n, int32_t slot, const bf16_t* act
     if constexpr (std::is_same_v<R, float>) {
       fold_pending(p, slot, hv, w.S);
     }
-    for (int t = 0; t < p.T; ++t) {
+    const int T = tokens_of(p, n);
+    // A tree: node t starts from its parent's state (kept per node), the root from the
+    // committed one; a chain's parent is the previous step, whose state w.S holds.
+    const std::vector<R> committed = p.parents != nullptr ? w.S : std::vector<R>{};
+    std::vector<std::vector<R>> nodes(p.parents != nullptr ? T : 0);
+    for (int t = 0; t < T; ++t) {
+      if (p.parents != nullptr) {
+        const int parent = parent_of(p, n, t);
+        w.S = parent < 0 ? committed : nodes[static_cast<size_t>(parent)];
+      }
       load_qkv(p, act + t * act_stride, hv / group, hv, w);
       run_token(p, qkv_row(p, n, t), hv, w);
       on_token(hv, t, w);
+      if (p.parents != nullptr) {
+        nodes[static_cast<size_t>(t)] = w.S;
+      }
     }
     on_head(hv, w);
   }

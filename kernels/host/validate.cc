@@ -40,6 +40,37 @@ void check_indices(const char* op, int B, const int32_t* slots, int num_slots, c
   }
 }
 
+// The draft shape's index arrays (contract §8): ragged lengths 1..T packed from row 0; each
+// real request's tree rooted at node 0 alone, every other node's parent before it.
+void check_shape(const VerifyParams& p, const char* op) {
+  if (p.token_offsets != nullptr) {
+    KDA_CHECK(p.token_offsets[0] == 0, "{}: token_offsets[0]={}, expected 0 (packed rows)", op,
+              p.token_offsets[0]);
+    for (int n = 0; n < p.B; ++n) {
+      const int32_t len = p.token_offsets[n + 1] - p.token_offsets[n];
+      KDA_CHECK(len >= 1 && len <= p.T,
+                "{}: token_offsets[{}]={} - token_offsets[{}]={} gives T_{}={}, expected 1..T={}",
+                op, n + 1, p.token_offsets[n + 1], n, p.token_offsets[n], n, len, p.T);
+    }
+  }
+  if (p.parents != nullptr) {
+    for (int n = 0; n < p.B; ++n) {
+      if (p.slots[n] < 0) {
+        continue;  // padding: its parents are not read
+      }
+      const int32_t* par = p.parents + static_cast<int64_t>(n) * p.T;
+      KDA_CHECK(par[0] == -1, "{}: parents[{}]={} for node 0 of request {}, expected -1 (the root)",
+                op, n * p.T, par[0], n);
+      for (int j = 1; j < p.T; ++j) {
+        KDA_CHECK(par[j] >= 0 && par[j] < j,
+                  "{}: parents[{}]={} for node {} of request {}, expected in [0, {}) (one root, "
+                  "every parent before its child)",
+                  op, n * p.T + j, par[j], j, n, j);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void validate_verify(const VerifyParams& p, const char* op, uint32_t needs) {
@@ -51,6 +82,7 @@ void validate_verify(const VerifyParams& p, const char* op, uint32_t needs) {
   check_indices(op, p.B, p.slots, p.num_slots, uses_rows ? p.rows : nullptr, p.num_rows,
                 /*distinct_slots=*/ring || (needs & params::kWritesSlots) != 0,
                 /*distinct_rows=*/uses_rows);
+  check_shape(p, op);
 }
 
 void validate_extend(const ExtendParams& e, const char* op) {

@@ -192,6 +192,7 @@ void verify_fused(const VerifyParams& p) {
   detail::validate_verify(
       p, "kda::host::verify_fused",
       params::kConv | params::kWindows | params::kRecurrence | params::kOut | params::kRecords);
+  params::check_fused_shape(p, "kda::host::verify_fused");
   for (int n = 0; n < p.B; ++n) {
     const int32_t slot = p.slots[n];
     if (slot < 0) {
@@ -205,7 +206,7 @@ void verify_fused(const VerifyParams& p) {
       detail::HeadStep<float> w(p.K, p.V);
       detail::load_state(p.ssm_state, p.ssm_slot_stride, slot, hv, p.V, p.K, w.S);
       detail::fold_pending(p, slot, hv, w.S);
-      for (int t = 0; t < p.T; ++t) {
+      for (int t = 0; t < detail::tokens_of(p, n); ++t) {
         conv.step(n, t, windows, w);
         detail::run_token(p, detail::qkv_row(p, n, t), hv, w);
         detail::write_out(p, detail::qkv_row(p, n, t), hv, w);

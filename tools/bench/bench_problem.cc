@@ -265,7 +265,7 @@ CommitParams Problem::commit_params(int T, RecordMode mode, int layers) const {
   p.conv_state = pools_.conv_state.as<bf16_t>(0);
   p.conv_state_layer_stride = pools_.conv_state.pitch;
   p.conv_state_slot_stride = v.conv_state_slot_stride;
-  p.conv_window = o.conv_window.as<const bf16_t>(0);
+  p.conv_window = o.conv_window.as<bf16_t>(0);
   p.conv_window_layer_stride = o.conv_window.pitch;
   p.conv_window_row_stride = v.conv_window_row_stride;
   if (mode == RecordMode::kSnapshot) {
@@ -273,16 +273,16 @@ CommitParams Problem::commit_params(int T, RecordMode mode, int layers) const {
     p.snapshot_layer_stride = o.snapshots.pitch;
     p.snapshot_row_stride = v.snapshot_row_stride;
   } else {
-    p.ring_rawv = o.rawv.as<const bf16_t>(0);
+    p.ring_rawv = o.rawv.as<bf16_t>(0);
     p.ring_rawv_layer_stride = o.rawv.pitch;
     p.ring_rawv_slot_stride = v.ring_rawv_slot_stride;
-    p.ring_rawk = o.rawk.as<const bf16_t>(0);
+    p.ring_rawk = o.rawk.as<bf16_t>(0);
     p.ring_rawk_layer_stride = o.rawk.pitch;
     p.ring_rawk_slot_stride = v.ring_rawk_slot_stride;
-    p.ring_g = o.g.as<const float>(0);
+    p.ring_g = o.g.as<float>(0);
     p.ring_g_layer_stride = o.g.pitch;
     p.ring_g_slot_stride = v.ring_g_slot_stride;
-    p.ring_beta = o.beta.as<const float>(0);
+    p.ring_beta = o.beta.as<float>(0);
     p.ring_beta_layer_stride = o.beta.pitch;
     p.ring_beta_slot_stride = v.ring_beta_slot_stride;
   }
