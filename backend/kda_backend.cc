@@ -567,6 +567,7 @@ DispatchProblem KdaAttentionBackend::make_dispatch_problem(int layer,
   d.conv_width = kConvWidth;
   d.mode = flags_.record_mode();
   d.plain_chain = batch_shape_ != DraftShape::kTree;  // ragged chains take the fused path too
+  d.tokens = batch_tokens_;
   d.mixed_qkv = in.mixed_qkv;
   d.a = in.a;
   d.b = in.b;

@@ -59,7 +59,8 @@ void check_matrix(FusedSupportCheck& c, const TensorView& t, int64_t rows, int64
   if (!c.require(t.ndim() == 2, DispatchReason::kUnsupportedShape, ndim_subject, "2", t.ndim())) {
     return;
   }
-  c.require(t.size(0) == rows, DispatchReason::kUnsupportedShape, rows_subject, "B*T", t.size(0));
+  c.require(t.size(0) == rows, DispatchReason::kUnsupportedShape, rows_subject,
+            "the batch's tokens (B*T, or the ragged total)", t.size(0));
   c.require(t.size(1) == cols, DispatchReason::kUnsupportedShape, cols_subject, cols_expectation,
             t.size(1));
   c.require(t.size(1) <= 1 || t.stride(1) == 1, DispatchReason::kUnsupportedStrides, stride_subject,
@@ -158,7 +159,7 @@ DispatchDecision choose_verify_path(const DispatchProblem& p, const Platform& pl
   if (c.failed()) {
     return d;
   }
-  const int64_t N = static_cast<int64_t>(p.B) * p.T;
+  const int64_t N = p.tokens > 0 ? p.tokens : static_cast<int64_t>(p.B) * p.T;
   const int64_t D = 2 * static_cast<int64_t>(p.H) * p.K + static_cast<int64_t>(p.HV) * p.V;
   check_matrix(c, p.mixed_qkv, N, D, "mixed_qkv ndim", "mixed_qkv rows", "mixed_qkv columns",
                "D = 2*H*K + HV*V", "mixed_qkv strides");
@@ -270,7 +271,7 @@ std::string DispatchDecision::describe() const {
     case DispatchReason::kFusedDisabled:
       return fmt::format("{}: fused verify switched off (--kda-fused-verify)", path_text);
     case DispatchReason::kNotPlainChain:
-      return fmt::format("{}: not a plain chain verify (tree or ragged drafts)", path_text);
+      return fmt::format("{}: a tree draft (the fused kernels verify chains)", path_text);
     case DispatchReason::kUnsupportedShape:
     case DispatchReason::kUnsupportedDtype:
     case DispatchReason::kUnsupportedStrides:

@@ -67,15 +67,18 @@ struct DispatchProblem {
   int H = 0, HV = 0, K = 0, V = 0;
   int conv_width = kConvWidth;  ///< W of the model's conv
   RecordMode mode = RecordMode::kSnapshot;
-  bool plain_chain = true;  ///< false: tree or ragged verify (never fused)
-  TensorView mixed_qkv;     ///< [B*T, D]
-  TensorView a;             ///< [B*T, HV*K]
-  TensorView b;             ///< [B*T, HV]
-  TensorView conv_weight;   ///< [D, W]
-  TensorView conv_bias;     ///< [D] or undefined
-  TensorView slots, rows;   ///< [B] int32 index tensors
-  RingViews rings;          ///< ring mode: this layer's rings
-  int64_t num_slots = 0;    ///< S of the state (ring slot-count check)
+  /// false: a tree verify (never fused: the fused kernels verify chains; contract §8). Dense
+  /// and ragged chains are plain chains.
+  bool plain_chain = true;
+  int64_t tokens = 0;      ///< activation rows: B*T, or a ragged batch's packed total (0: B*T)
+  TensorView mixed_qkv;    ///< [tokens, D]
+  TensorView a;            ///< [B*T, HV*K]
+  TensorView b;            ///< [B*T, HV]
+  TensorView conv_weight;  ///< [D, W]
+  TensorView conv_bias;    ///< [D] or undefined
+  TensorView slots, rows;  ///< [B] int32 index tensors
+  RingViews rings;         ///< ring mode: this layer's rings
+  int64_t num_slots = 0;   ///< S of the state (ring slot-count check)
 };
 
 /// The outcome: path, reason and what the reason refers to. A value; describe() builds the

@@ -39,9 +39,10 @@ __global__ void __launch_bounds__(kCopyThreads)
     return;
   }
   const int64_t per_step = static_cast<int64_t>(p.HV) * p.V * p.K;  // multiple of 4 (K % 4 == 0)
-  const float4* src = reinterpret_cast<const float4*>(
-      p.snapshots + layer * p.snapshot_layer_stride +
-      static_cast<int64_t>(p.rows[n]) * p.snapshot_row_stride + (steps - 1) * per_step);
+  const float4* src =
+      reinterpret_cast<const float4*>(p.snapshots + layer * p.snapshot_layer_stride +
+                                      static_cast<int64_t>(p.rows[n]) * p.snapshot_row_stride +
+                                      snapshot_node(p, n, steps - 1) * per_step);
   float4* dst = reinterpret_cast<float4*>(p.ssm_state + layer * p.ssm_layer_stride +
                                           slot * p.ssm_slot_stride);
   copy_share(dst, src, per_step / 4, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
@@ -87,7 +88,8 @@ __global__ void __launch_bounds__(kCopyThreads)
     copy_share(reinterpret_cast<float4*>(p.ssm_state + layer * p.ssm_layer_stride +
                                          track * p.ssm_slot_stride),
                reinterpret_cast<const float4*>(p.snapshots + layer * p.snapshot_layer_stride +
-                                               row * p.snapshot_row_stride + k * state),
+                                               row * p.snapshot_row_stride +
+                                               snapshot_node(p, n, k) * state),
                state / 4, part, parts);
   }
   if (p.ring_pending != nullptr && part == 0 && threadIdx.x == 0) {
@@ -139,6 +141,87 @@ __global__ void __launch_bounds__(kCopyThreads)
   }
 }
 
+/// Elements [0, count) of `rec` + from * pitch -> `rec` + to * pitch, this thread's share.
+template <typename E>
+__device__ __forceinline__ void move_step(E* rec, int64_t pitch, int from, int to, int64_t count) {
+  for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
+    rec[to * pitch + e] = rec[from * pitch + e];
+  }
+}
+
+/// grid (B, layers): stage 1 of a shaped commit (CommitParams::checked_accepted). Request n's
+/// length if in [1, T_n] and, for a tree, its path a root path, else 0 (a bad path reports
+/// kBadPath; the dense stage reports every 0 as a bad length); a valid tree path's windows and
+/// (ring mode) ring records of every head move from node path[k] to step k, k < n. Path nodes
+/// increase, so node path[k] >= k: no move overwrites a later one's source, and each thread
+/// moves the same elements of every step (no barrier).
+__global__ void __launch_bounds__(kCopyThreads)
+    commit_shape_kernel(const __grid_constant__ CommitParams p) {
+  const int n = blockIdx.x;
+  const int layer = blockIdx.y;
+  pdl_wait();
+  pdl_launch_dependents();
+  const int slot = p.slots[n];
+  const int acc = p.accepted[n];
+  int steps = acc;
+  const int32_t* path = p.accepted_paths + static_cast<int64_t>(n) * p.T;
+  if (slot >= 0) {
+    const int len = p.token_offsets != nullptr ? p.token_offsets[n + 1] - p.token_offsets[n] : p.T;
+    steps = acc >= 1 && acc <= len ? acc : 0;
+    if (steps > 0 && p.parents != nullptr) {
+      const int32_t* par = p.parents + static_cast<int64_t>(n) * p.T;
+      bool ok = path[0] == 0;
+      for (int k = 1; k < steps && ok; ++k) {
+        ok = path[k] > 0 && path[k] < p.T && par[path[k]] == path[k - 1];
+      }
+      if (!ok) {
+        if (layer == 0 && threadIdx.x == 0 && p.error_flag != nullptr) {
+          atomicOr(p.error_flag, kBadPath);
+        }
+        steps = 0;
+      }
+    }
+  }
+  if (layer == 0 && threadIdx.x == 0) {
+    p.checked_accepted[n] = steps;
+  }
+  if (slot < 0 || p.parents == nullptr) {
+    return;
+  }
+  const int64_t D = qkv_dim(p);
+  const int64_t L = p.L;
+  for (int k = 1; k < steps; ++k) {
+    const int from = path[k];
+    if (from == k) {
+      continue;
+    }
+    move_step(p.conv_window + layer * p.conv_window_layer_stride +
+                  static_cast<int64_t>(p.rows[n]) * p.conv_window_row_stride,
+              3 * D, from, k, 3 * D);
+    if (p.mode != RecordMode::kRing) {
+      continue;
+    }
+    for (int h = 0; h < p.H; ++h) {
+      move_step(p.ring_rawk + layer * p.ring_rawk_layer_stride + slot * p.ring_rawk_slot_stride +
+                    h * L * p.K,
+                p.K, from, k, p.K);
+    }
+    for (int hv = 0; hv < p.HV; ++hv) {
+      move_step(p.ring_rawv + layer * p.ring_rawv_layer_stride + slot * p.ring_rawv_slot_stride +
+                    hv * L * p.V,
+                p.V, from, k, p.V);
+      move_step(
+          p.ring_g + layer * p.ring_g_layer_stride + slot * p.ring_g_slot_stride + hv * L * p.K,
+          p.K, from, k, p.K);
+    }
+    for (int hv = threadIdx.x; hv < p.HV; hv += blockDim.x) {
+      float* beta =
+          p.ring_beta + layer * p.ring_beta_layer_stride + slot * p.ring_beta_slot_stride + hv * L;
+      beta[k] = beta[from];
+    }
+  }
+}
+
 /// A copy kernel taking only the params (the conv commit's own launch).
 template <typename Kernel>
 void launch(Kernel kernel, dim3 grid, const CommitParams& p, cudaStream_t stream) {
@@ -172,6 +255,11 @@ void launch_commit_track(const CommitParams& p, cudaStream_t stream) {
                   static_cast<unsigned>(p.B), static_cast<unsigned>(p.num_layers));
   launch_pdl(commit_track_kernel, grid, dim3(kCopyThreads), 0, stream, pdl_enabled(), p,
              conv_commit_vec8(p));
+}
+
+void launch_commit_shape(const CommitParams& p, cudaStream_t stream) {
+  launch(commit_shape_kernel, dim3(static_cast<unsigned>(p.B), static_cast<unsigned>(p.num_layers)),
+         p, stream);
 }
 
 void launch_drop_pending(const CommitParams& p, cudaStream_t stream) {

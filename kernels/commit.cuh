@@ -59,5 +59,8 @@ void launch_commit_snapshot(const CommitParams& p, cudaStream_t stream, bool wit
 void launch_commit_conv(const CommitParams& p, cudaStream_t stream);
 /// ring_pending[layer][slots[n]] <- 0 for layers 0..num_layers-1.
 void launch_drop_pending(const CommitParams& p, cudaStream_t stream);
+/// Stage 1 of a shaped commit (commit_shape_kernel, commit.cu): checked_accepted, and a tree's
+/// accepted windows and ring records moved to steps 0..n-1.
+void launch_commit_shape(const CommitParams& p, cudaStream_t stream);
 
 }  // namespace kda::kernels

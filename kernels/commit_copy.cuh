@@ -23,6 +23,12 @@ __device__ __forceinline__ int accepted_or_flag(const CommitParams& p, int n, bo
   return acc;
 }
 
+/// The snapshot of commit step k of request n: node accepted_paths[n*T + k] of a checked tree
+/// commit (CommitParams::checked_accepted), else step k.
+__device__ __forceinline__ int64_t snapshot_node(const CommitParams& p, int n, int k) {
+  return p.accepted_paths != nullptr ? p.accepted_paths[static_cast<int64_t>(n) * p.T + k] : k;
+}
+
 /// dst[i] = src[i] for this CTA's share i = part*kCopyThreads + tid (+ parts*kCopyThreads per
 /// round) of `count` vectors. kInFlight loads are in flight per thread before their stores:
 /// one load per thread at a time leaves a small-B copy well below the copy rate.

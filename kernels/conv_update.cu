@@ -69,6 +69,58 @@ __global__ void __launch_bounds__(kConvThreads)
   }
 }
 
+/// conv_update_kernel for a ragged or tree call (contract §8): request n's T_n tokens from row
+/// token_offsets[n]; a tree node's window is its parent's (read back from conv_window, which
+/// this thread wrote for the parent: same addresses, program order), slid by its own input.
+/// The taps and their order are conv_update_kernel's: a chain gives its bits.
+template <typename WeightT>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_update_shaped_kernel(const __grid_constant__ VerifyParams p) {
+  const int64_t D = qkv_dim(p);
+  const int64_t ch = 2 * (static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x);
+  const int n = blockIdx.y;
+  ConvTaps taps0{}, taps1{};
+  if (ch < D) {
+    taps0 = load_conv_taps<WeightT>(p.conv_weight, p.conv_bias, ch);
+    taps1 = load_conv_taps<WeightT>(p.conv_weight, p.conv_bias, ch + 1);
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  const int slot = p.slots[n];
+  if (slot < 0 || ch >= D) {
+    return;
+  }
+  const int64_t row0 = p.token_offsets != nullptr ? p.token_offsets[n] : int64_t{n} * p.T;
+  const int T = p.token_offsets != nullptr ? p.token_offsets[n + 1] - p.token_offsets[n] : p.T;
+  const int32_t* parents = p.parents != nullptr ? p.parents + int64_t{n} * p.T : nullptr;
+  const bf16_t* cs = p.conv_state + slot * p.conv_state_slot_stride + ch;
+  bf16_t* win = p.conv_window + p.rows[n] * p.conv_window_row_stride + ch;
+  float2 c0 = ld_bf16x2(cs);
+  float2 c1 = ld_bf16x2(cs + D);
+  float2 c2 = ld_bf16x2(cs + 2 * D);
+  for (int t = 0; t < T; ++t) {
+    const int parent = parents != nullptr ? parents[t] : t - 1;
+    if (parents != nullptr && parent != t - 1) {
+      const bf16_t* from = parent < 0 ? cs : win + static_cast<int64_t>(parent) * 3 * D;
+      c0 = ld_bf16x2(from);
+      c1 = ld_bf16x2(from + D);
+      c2 = ld_bf16x2(from + 2 * D);
+    }
+    const int64_t r = row0 + t;
+    const float2 x = ld_bf16x2(p.mixed_qkv + r * p.mixed_qkv_stride + ch);
+    const float a0 = conv_acc<WeightT>(taps0, c0.x, c1.x, c2.x, x.x);
+    const float a1 = conv_acc<WeightT>(taps1, c0.y, c1.y, c2.y, x.y);
+    c0 = c1;
+    c1 = c2;
+    c2 = x;
+    st_bf16x2(p.qkv_act + r * D + ch, silu_bf16(a0), silu_bf16(a1));
+    bf16_t* w = win + static_cast<int64_t>(t) * 3 * D;
+    st_bf16x2(w, c0.x, c0.y);
+    st_bf16x2(w + D, c1.x, c1.y);
+    st_bf16x2(w + 2 * D, c2.x, c2.y);
+  }
+}
+
 __global__ void __launch_bounds__(kConvThreads)
     conv_state_roll_kernel(const __grid_constant__ ExtendParams e) {
   const VerifyParams& p = e.v;
@@ -122,6 +174,10 @@ void launch_per_request(Kernel kernel, const Args& args, int64_t threads, int B,
 
 template <typename WeightT>
 void launch_conv_update(const VerifyParams& p, cudaStream_t stream) {
+  if (p.token_offsets != nullptr || p.parents != nullptr) {
+    launch_per_request(conv_update_shaped_kernel<WeightT>, p, qkv_dim(p) / 2, p.B, stream);
+    return;
+  }
   launch_per_request(conv_update_kernel<WeightT>, p, qkv_dim(p) / 2, p.B, stream);  // pairs
 }
 template void launch_conv_update<float>(const VerifyParams&, cudaStream_t);

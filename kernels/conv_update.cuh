@@ -8,6 +8,8 @@
 //   W-1 raw inputs of concat(conv_state[slot], x[0:T]); each thread owns one (slot, ch), so
 //   the in-place update reads everything before it writes. A track (ExtendParams) also gets
 //   the window after its prompt token k in conv_state_out[track slot].
+// conv_update_shaped_kernel: the same for a ragged or tree call (contract §8), one token at a
+//   time: request n's tokens from row token_offsets[n], a tree node's window from its parent's.
 // slot < 0: nothing read or written.
 #pragma once
 

@@ -167,6 +167,7 @@ void invoke_verify_unfused(const VerifyParams& p, cudaStream_t stream) {
 
 void invoke_verify_fused(const VerifyParams& p, int block_v, cudaStream_t stream) {
   check_verify_launch(p, "invoke_verify_fused", kFusedNeeds);
+  params::check_fused_shape(p, "invoke_verify_fused");
   params::check_block_v(block_v, "invoke_verify_fused");
   const TileArgs args{p, nullptr, 0, {}};  // divisors: set by launch_verify_tile
   dispatch_weight(p.conv_weight_type, [&](auto w) {
@@ -240,6 +241,27 @@ void invoke_commit_conv(const CommitParams& p, cudaStream_t stream) {
 }
 
 void invoke_commit(const CommitParams& p, cudaStream_t stream) {
+  if (p.token_offsets != nullptr || p.parents != nullptr) {
+    // A shaped round (CommitParams::checked_accepted): every check of both stages before the
+    // first launch, then stage 1, then the dense commit from the checked lengths.
+    const uint32_t state = p.kind == CommitKind::kDeferred
+                               ? (p.track_slots != nullptr ? params::kFold : 0u)
+                               : (p.mode == RecordMode::kRing ? params::kFold : params::kSnapshot);
+    check_commit_launch(p, "invoke_commit", state | params::kConvCommit);
+    KDA_CHECK(p.num_layers <= kMaxGridDim,
+              "invoke_commit: num_layers={} must be <= {} (grid dimension)", p.num_layers,
+              kMaxGridDim);
+    launch_commit_shape(p, stream);
+    CommitParams dense = p;
+    dense.accepted = p.checked_accepted;
+    dense.token_offsets = nullptr;
+    dense.parents = nullptr;
+    if (p.mode == RecordMode::kRing) {
+      dense.accepted_paths = nullptr;  // the records now sit at steps 0..n-1
+    }
+    invoke_commit(dense, stream);
+    return;
+  }
   switch (p.kind) {
     case CommitKind::kEager:
       break;

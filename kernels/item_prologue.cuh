@@ -48,10 +48,25 @@ struct WeightReads {
 /// GlobalSource). Both hand the same values to the same arithmetic, so the bits are equal.
 /// is_streamed(Src::kSchedule): the state tile is copied to registers after the prologue (it is not
 /// live through it) and the kernel runs one token chunk (T <= kChunk).
-template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool kDeferred = false>
-struct ItemPrologue {
+/// A draft-shaped item's first token row and token count (ItemPrologue::first_row, tokens);
+/// empty for the dense instantiations, whose items keep their layout.
+template <bool kShaped>
+struct ShapedRows {
+  int32_t shaped_row0, shaped_tokens;
+};
+template <>
+struct ShapedRows<false> {};
+
+/// kShaped: a ragged or tree call (VerifyParams::token_offsets / parents, contract §8): the
+/// request's first token row and token count come from token_offsets (first_row, tokens), and
+/// (unfused only) a tree node starts from its parent's state (ItemSteps::steps_per_item). The
+/// dense instantiations carry none of that code.
+template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool kDeferred = false,
+          bool kShaped = false>
+struct ItemPrologue : ShapedRows<kShaped> {
   using Weight = WeightT;
   static constexpr bool kFused = FUSED;
+  static constexpr bool kDraftShape = kShaped;
   static constexpr bool kDeferredCommit = kDeferred;  ///< a call with ring_pending (item_fold.cuh)
   using Cfg = TileConfig<K, BV, kWide>;
   using Slice = typename Cfg::Slice;
@@ -76,6 +91,23 @@ struct ItemPrologue {
   float dt_bias;
   float a_log;      ///< A_log[hv] as loaded (load_constants)
   float exp_a_log;  ///< EXP(A_log[hv]): load_constants, or run() with wide registers
+
+  /// The request's first token row: n * T, or token_offsets[n] (kShaped, ragged).
+  __device__ __forceinline__ int64_t first_row() const {
+    if constexpr (kShaped) {
+      return this->shaped_row0;
+    } else {
+      return static_cast<int64_t>(n) * p.T;
+    }
+  }
+  /// The request's tokens: T, or T_n (kShaped, ragged).
+  __device__ __forceinline__ int tokens() const {
+    if constexpr (kShaped) {
+      return this->shaped_tokens;
+    } else {
+      return p.T;
+    }
+  }
 
   // Gate work: thread owns key channel gate_key = tid % K for tokens tid/K, +kGateStep, ...
   static constexpr int kGateStep = Cfg::kThreads / K;
@@ -133,6 +165,11 @@ struct ItemPrologue {
     gate_key = tid % K;
     gate_token0 = tid / K;
     gate_index = static_cast<int64_t>(hv) * K + gate_key;
+    if constexpr (kShaped) {  // index arrays: complete at enqueue, read before the PDL wait
+      this->shaped_row0 = p.token_offsets != nullptr ? p.token_offsets[n] : n * p.T;
+      this->shaped_tokens =
+          p.token_offsets != nullptr ? p.token_offsets[n + 1] - this->shaped_row0 : p.T;
+    }
   }
 
   /// The gate constants, and the pair's conv taps in the per-item kernel (before the PDL
@@ -186,9 +223,12 @@ struct ItemPrologue {
 
   /// The padding row (slot < 0): zero outputs, touch nothing else.
   __device__ __forceinline__ void zero_outputs() const {
-    const int T = p.T;
+    const int T = tokens();
     for (int t = 0; t < T; ++t) {
-      bf16_t* out_row = p.out + ((static_cast<int64_t>(n) * T + t) * p.HV + hv) * p.V;
+      // (The dense row in its own form: through first_row() it made the unfused K = 64 ring
+      // streaming kernel spill.)
+      const int64_t r = kShaped ? first_row() + t : static_cast<int64_t>(n) * T + t;
+      bf16_t* out_row = p.out + (r * p.HV + hv) * p.V;
       for (int j = tid; j < BV && v0 + j < p.V; j += Cfg::kThreads) {
         out_row[v0 + j] = bf16_t{0};
       }

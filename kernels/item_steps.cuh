@@ -16,11 +16,12 @@ namespace kda::kernels {
 /// kTrackedExtend: the extend instantiation with prefix-cache tracks (TileArgs::track_steps);
 /// every other instantiation carries none of the track code.
 template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool kDeferred = false,
-          bool kTrackedExtend = false>
-struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
-  using Prologue = ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred>;
-  using Prologue::args, Prologue::c, Prologue::col0, Prologue::CPT, Prologue::group, Prologue::hv,
-      Prologue::kSnapshotStores, Prologue::n, Prologue::P, Prologue::p;
+          bool kTrackedExtend = false, bool kShaped = false>
+struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred, kShaped> {
+  using Prologue = ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred, kShaped>;
+  using Prologue::args, Prologue::c, Prologue::col0, Prologue::CPT, Prologue::first_row,
+      Prologue::group, Prologue::hv, Prologue::kSnapshotStores, Prologue::n, Prologue::P,
+      Prologue::p;
   using Prologue::Prologue;
   using typename Prologue::Cfg, typename Prologue::Slice;
 
@@ -226,9 +227,17 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
   __device__ __forceinline__ void steps_per_item(const TileSmem<Cfg>& sm, ColRegs<Slice> (&S)[CPT],
                                                  const bool (&col_ok)[CPT], bool holds_tile, int T,
                                                  int64_t row, bool snap, int t0, int tc,
-                                                 float* u_row, int cursor) const {
+                                                 float* u_row, int cursor, int slot = 0) const {
     constexpr int kStepGroup = kWide ? 4 : 1;
-    const uint32_t out_item = (static_cast<uint32_t>(n) * T * p.HV + hv) * p.V + col0;
+    static_assert(!(kShaped && kWide),
+                  "draft-shaped calls run the 128-register form (steps one "
+                  "at a time: a tree node may restart)");
+    uint32_t out_item = 0;
+    if constexpr (kShaped) {
+      out_item = (static_cast<uint32_t>(first_row()) * p.HV + hv) * p.V + col0;
+    } else {
+      out_item = (static_cast<uint32_t>(n) * T * p.HV + hv) * p.V + col0;
+    }
     const uint32_t out_token = static_cast<uint32_t>(p.HV) * p.V;
     float vv[CPT];
     const auto step = [&](int tt, float(&o)[CPT]) {
@@ -271,6 +280,11 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
     }
     for (; tt < tc; ++tt) {
       float o[CPT];
+      if constexpr (kShaped && !FUSED) {
+        if (p.parents != nullptr) {
+          tree_parent_state<Src>(sm, S, col_ok, t0 + tt, slot);
+        }
+      }
       step(tt, o);
       store_outputs<Src>(t0 + tt, o, col_ok, T, out_item, out_token);
       store_snapshot<Src>(t0 + tt, S, col_ok, row, snap);
@@ -284,6 +298,38 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred> {
           }
         }
       }
+    }
+  }
+
+  /// A tree node t (kShaped, unfused; T <= kMaxTreeNodes <= kChunk, so t is the chunk's step and
+  /// its ancestors' inputs are in shared memory): S holds step t - 1's state; a node whose parent
+  /// is another one restarts from the committed state and replays its ancestors, root first,
+  /// with the step's own arithmetic (no output, no record), so S becomes its parent's state
+  /// bitwise. A chain-shaped tree never restarts. (The committed state: ssm_state, which a tree
+  /// call never folds into: trees commit eagerly.)
+  template <typename Src>
+  __device__ __forceinline__ void tree_parent_state(const TileSmem<Cfg>& sm,
+                                                    ColRegs<Slice> (&S)[CPT],
+                                                    const bool (&col_ok)[CPT], int t,
+                                                    int slot) const {
+    const int32_t* parents = p.parents + static_cast<int64_t>(n) * p.T;
+    const int parent = parents[t];
+    if (t == 0 || parent == t - 1) {
+      return;
+    }
+    load_state_columns<Slice>(
+        S, col_ok, p.ssm_state + slot * p.ssm_slot_stride + static_cast<int64_t>(hv) * p.V * K,
+        col0, c);
+    int path[kMaxTreeNodes];
+    int depth = 0;
+    for (int a = parent; a >= 0; a = parents[a]) {
+      path[depth++] = a;
+    }
+    float vv[CPT], u[CPT];
+    for (int i = depth - 1; i >= 0; --i) {
+      const int a = path[i];
+      this->template v_of<Src>(sm, col_ok, a, vv);
+      delta_rule_step<Slice>(S, sm.qk[a][1], sm.decay[a], vv, sm.beta[a], c, u);
     }
   }
 

@@ -37,9 +37,9 @@ namespace kda::kernels {
 /// TMA bulk copy, the rest as GlobalSource). Both hand the same values to the same arithmetic,
 /// so the bits are equal. Sources take the item as its ItemPrologue.
 template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool kDeferred = false,
-          bool kTrackedExtend = false>
-struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedExtend> {
-  using Steps = ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedExtend>;
+          bool kTrackedExtend = false, bool kShaped = false>
+struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedExtend, kShaped> {
+  using Steps = ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedExtend, kShaped>;
   using Steps::a_log, Steps::args, Steps::c, Steps::col0, Steps::convolve_chunk, Steps::CPT,
       Steps::exp_a_log, Steps::gates_chunk, Steps::h, Steps::hv, Steps::is_qk, Steps::kConvWarps,
       Steps::kSpareWarps, Steps::lane, Steps::load_chunk, Steps::p, Steps::pair_channel,
@@ -62,7 +62,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
   template <typename Src>
   __device__ __forceinline__ void run(TileSmem<Cfg>& sm, Src& src) {
     constexpr bool kWideRegisters = kWide;
-    const int T = p.T;
+    const int T = this->tokens();
     const int slot = src.slot(*this);
     if (slot < 0) {  // padding row: zero outputs, touch nothing else
       zero_outputs();
@@ -270,7 +270,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
         }
       } else {
         this->template steps_per_item<Src>(sm, S, col_ok, holds_tile, T, row, snap, t0, tc, u_row,
-                                           cursor);
+                                           cursor, slot);
       }
       // The next chunk overwrites shared memory. The streaming kernel runs one chunk per item,
       // and its next live item passes a barrier before it writes shared memory (after its

@@ -59,7 +59,7 @@ struct GlobalSource : WeightReads<Item> {
 
   static __device__ __forceinline__ GlobalSource for_item(const Item& it) {
     const VerifyParams& p = it.p;
-    const int64_t row0 = static_cast<int64_t>(it.n) * p.T;            // the request's first row
+    const int64_t row0 = it.first_row();                              // the request's first row
     const int64_t pair = it.pair_channel >= 0 ? it.pair_channel : 0;  // no pair: never read
     GlobalSource s{};
     if constexpr (Item::kFused) {
@@ -174,10 +174,11 @@ struct GlobalSource : WeightReads<Item> {
 /// eager instantiation carries none of that code.
 /// kTrackedExtend: extend with prefix-cache tracks (launch_extend_tracked).
 template <typename WeightT, int K, int BV, bool FUSED, int kCtasPerSm, bool kDeferred = false,
-          bool kTrackedExtend = false>
+          bool kTrackedExtend = false, bool kShaped = false>
 __global__ void __launch_bounds__(256, TileConfig<K, BV, kCtasPerSm == 1>::kMinCtasPerSm)
     verify_tile_kernel(const __grid_constant__ TileArgs args) {
-  using Item = VerifyItem<WeightT, K, BV, FUSED, kCtasPerSm == 1, kDeferred, kTrackedExtend>;
+  using Item =
+      VerifyItem<WeightT, K, BV, FUSED, kCtasPerSm == 1, kDeferred, kTrackedExtend, kShaped>;
   using Stage = ItemStateStage<K, BV, kCtasPerSm>;
   static_assert(sizeof(TileSmem<typename Item::Cfg>) + sizeof(Stage) + 128 <= 48 * 1024,
                 "static shared memory (tile + state stage, with alignment) over 48 KiB");
@@ -225,7 +226,10 @@ namespace kda::kernels {
 
 /// One of the instantiation sets: kDeferred for calls with ring_pending, kTrackedExtend for
 /// extends with tracks.
-template <typename WeightT, int K, int BV, bool FUSED, bool kDeferred, bool kTrackedExtend = false>
+/// kShaped: a ragged or tree call (contract §8), always the two-per-SM per-item kernel (its
+/// steps run one at a time, and the streaming kernels index dense rows).
+template <typename WeightT, int K, int BV, bool FUSED, bool kDeferred, bool kTrackedExtend = false,
+          bool kShaped = false>
 void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
   const VerifyParams& p = call.p;
   const dim3 block(TileConfig<K, BV>::kThreads);
@@ -246,6 +250,11 @@ void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
   // The narrower fused tiles in snapshot mode: one per SM only where that fills the waves
   // better.
   const bool by_wave_fill = FUSED && BV < 128 && !gains;
+  if constexpr (kShaped) {
+    launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 2, kDeferred, false, true>, grid, block, 0,
+               stream, pdl_enabled(), args);
+    return;
+  }
   if (by_wave_fill ? one_cta_per_sm_by_wave_fill(ctas)
                    : one_cta_per_sm_tiles(ctas, gains, kMaxWaves)) {
     launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1, kDeferred, kTrackedExtend>, grid, block,
@@ -280,7 +289,14 @@ void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
 
 template <typename WeightT, int K, int BV, bool FUSED>
 void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
-  if (call.p.ring_pending != nullptr) {
+  const bool shaped = call.p.token_offsets != nullptr || call.p.parents != nullptr;
+  if (shaped) {
+    if (call.p.ring_pending != nullptr) {
+      launch_verify_tile_as<WeightT, K, BV, FUSED, true, false, true>(call, stream);
+    } else {
+      launch_verify_tile_as<WeightT, K, BV, FUSED, false, false, true>(call, stream);
+    }
+  } else if (call.p.ring_pending != nullptr) {
     launch_verify_tile_as<WeightT, K, BV, FUSED, true>(call, stream);
   } else {
     launch_verify_tile_as<WeightT, K, BV, FUSED, false>(call, stream);

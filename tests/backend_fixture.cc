@@ -230,7 +230,10 @@ void Harness::fill_scratch(uint64_t seed) {
 }
 
 Harness::Harness(const ModelCase& mc, const EngineFlags& flags, const Platform& platform)
-    : model(model_for(mc)), counts(std::make_shared<KernelCounts>()) {
+    : Harness(model_for(mc), flags, platform) {}
+
+Harness::Harness(const ModelConfig& m, const EngineFlags& flags, const Platform& platform)
+    : model(m), counts(std::make_shared<KernelCounts>()) {
   BackendOptions options;
   options.platform_override = platform;
   options.extra_slots = 1;

@@ -97,6 +97,8 @@ struct Harness {
   /// The same with these flags (max_running_requests = kMaxRunning is kept by the helpers'
   /// batches; every other flag is the caller's).
   Harness(const ModelCase& mc, const EngineFlags& flags, const Platform& platform);
+  /// The same with this model (any head dims).
+  Harness(const ModelConfig& m, const EngineFlags& flags, const Platform& platform);
 
   /// Fills the scratch (conv windows, snapshots) and rings with seeded random values (never
   /// zeros), so that a test can see what a round wrote and what it left alone.

@@ -79,8 +79,11 @@ Acts upload_rows(const ModelConfig& m, const HostRows& src, const std::vector<in
     a.insert(a.end(), src.a.begin() + r * HVK, src.a.begin() + (r + 1) * HVK);
     b.insert(b.end(), src.b.begin() + r * m.HV, src.b.begin() + (r + 1) * m.HV);
   }
-  Acts x{Buffer(kTestDevice, N * D * 2), Buffer(kTestDevice, N * HVK * 2),
-         Buffer(kTestDevice, N * m.HV * 2), Buffer(kTestDevice, N * out_row * 2), VerifyInputs{},
+  Acts x{Buffer(kTestDevice, N * D * 2),
+         Buffer(kTestDevice, N * HVK * 2),
+         Buffer(kTestDevice, N * m.HV * 2),
+         Buffer(kTestDevice, N * out_row * 2),
+         VerifyInputs{},
          TensorView{}};
   x.qkv.upload(qkv.data(), x.qkv.bytes());
   x.a.upload(a.data(), x.a.bytes());
@@ -212,8 +215,7 @@ TEST_CASE("ragged: lengths all T is the dense batch, bitwise", "[shape]") {
   }
 }
 
-TEST_CASE("ragged: each request is its own dense verify; nothing past T_n is written",
-          "[shape]") {
+TEST_CASE("ragged: each request is its own dense verify; nothing past T_n is written", "[shape]") {
   for (const bool ring : {false, true}) {
     for (const bool fused : {true, false}) {
       CAPTURE(ring, fused);
@@ -425,8 +427,8 @@ TEST_CASE("tree: ring-mode commits equal snapshot-mode commits", "[shape]") {
   Harness ring(kGqaCase, shape_flags(true, kTreeT, 3), fake_platform(9, 0));
   for (int round = 0; round < 4; ++round) {
     CAPTURE(round);
-    BatchSpec batch(kTreeT, round % 2 == 0 ? std::vector<int32_t>{0, 4, 2}
-                                           : std::vector<int32_t>{3, -1, 1});
+    BatchSpec batch(
+        kTreeT, round % 2 == 0 ? std::vector<int32_t>{0, 4, 2} : std::vector<int32_t>{3, -1, 1});
     std::vector<int32_t> accepted, paths;
     for (int n = 0; n < 3; ++n) {
       const auto t = random_tree(rng, kTreeT, 3);
@@ -461,8 +463,8 @@ TEST_CASE("ragged: deferred rounds equal eager ones after materialize", "[shape]
   for (int round = 0; round < 6; ++round) {
     CAPTURE(round);
     const int T = 2 + round % 3;
-    std::vector<int32_t> slots = round % 2 == 0 ? std::vector<int32_t>{1, 3, 0, -1}
-                                                : std::vector<int32_t>{4, 0, 2};
+    std::vector<int32_t> slots =
+        round % 2 == 0 ? std::vector<int32_t>{1, 3, 0, -1} : std::vector<int32_t>{4, 0, 2};
     BatchSpec batch(T, slots);
     std::vector<int32_t> accepted;
     int64_t N = 0;
@@ -494,8 +496,8 @@ TEST_CASE("draft shapes: bad input is a kda::Error naming it, nothing changes",
   Harness h(kGqaCase, shape_flags(true, kTreeT, 2), fake_platform(9, 0));
   const uint64_t sum = pool_checksum(h.pool());
   const auto bad = [&](BatchSpec b, const char* want) {
-    const std::string msg = error_of([&] { h.backend->prepare(b, nullptr); },
-                                     ErrorCode::kInvalidArgument);
+    const std::string msg =
+        error_of([&] { h.backend->prepare(b, nullptr); }, ErrorCode::kInvalidArgument);
     CAPTURE(msg);
     CHECK(msg.find(want) != std::string::npos);
     CHECK(h.backend->round_kind() == RoundKind::kNone);
@@ -550,7 +552,11 @@ TEST_CASE("draft shapes: bad input is a kda::Error naming it, nothing changes",
   t.lengths.clear();
   verify_rows(h, t, inputs, iota_rows(0, 6));
   const uint64_t verified = pool_checksum(h.pool());
-  CHECK(error_of([&] { commit(h, {1, 1}); }, ErrorCode::kLifecycle)
+  CHECK(error_of(
+            [&] {
+              commit(h, {1, 1});
+            },
+            ErrorCode::kLifecycle)
             .find("a tree round commits with its accepted paths") != std::string::npos);
   Buffer acc = device_ints({1, 1}), path = device_ints({0, 0, 0, 0});
   CHECK(error_of(
@@ -575,10 +581,84 @@ TEST_CASE("draft shapes: bad input is a kda::Error naming it, nothing changes",
   chain.lengths = {1, 3};
   verify_rows(h, chain, inputs, iota_rows(0, 4));
   const std::vector<uint8_t> s0 = bytes_of(h.pool().ssm_state(0).select(0, 0));
-  CHECK(error_of([&] { commit_tree(h, {1, 1}, {0, 0, 0, 0, 0, 0}); }, ErrorCode::kLifecycle)
+  CHECK(error_of(
+            [&] {
+              commit_tree(h, {1, 1}, {0, 0, 0, 0, 0, 0});
+            },
+            ErrorCode::kLifecycle)
             .find("only a tree round commits accepted paths") != std::string::npos);
   commit(h, {2, 3});  // n_0 = 2 > T_0 = 1
   CHECK(error_of([&] { h.backend->check_device_errors(nullptr); }, ErrorCode::kInvalidArgument)
             .find("[1, T_n]") != std::string::npos);
   CHECK(same_bits(h.pool().ssm_state(0).select(0, 0), s0));
+}
+
+TEST_CASE("draft shapes: every fused tile and both head dims, against the dense chain", "[shape]") {
+  // K = V = 64 and 128 (the Kimi tiles); every fused V tile (the GPU's kShaped instantiations)
+  // and the unfused path: a ragged batch of lengths T is the dense batch, a mixed ragged
+  // batch's requests are their own dense verifies (outputs), and a chain-shaped tree is the chain
+  // (unfused).
+  for (const int K : {64, 128}) {
+    ModelConfig m = model_for(kGqaCase);
+    m.K = K;
+    m.V = K;
+    for (const bool ring : {false, true}) {
+      for (const int bv : {8, 16, 32, 64, 128, 0}) {
+        CAPTURE(K, ring, bv);
+        EngineFlags f = shape_flags(ring, kT, 2);
+        f.fused_ring_max_batch = 64;
+        f.fused_verify = bv != 0;  // 0: the unfused pair
+        f.verify_block_v = bv;
+        Harness dense(m, f, fake_platform(9, 0));
+        Harness ragged(m, f, fake_platform(9, 0));
+        dense.fill_scratch(17);
+        ragged.fill_scratch(17);
+        BatchSpec batch(kT, {2, 0, -1, 4});
+        const auto inputs = layer_inputs(m, 4 * kT, 91);
+        const auto a = verify_rows(dense, batch, inputs, iota_rows(0, 4 * kT));
+        batch.lengths = {kT, kT, kT, kT};
+        const auto b = verify_rows(ragged, batch, inputs, iota_rows(0, 4 * kT));
+        for (int layer = 0; layer < kLayers; ++layer) {
+          CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
+                          bytes_of(b[static_cast<size_t>(layer)].out_view)));
+        }
+        CHECK(pool_checksum(dense.pool()) == pool_checksum(ragged.pool()));
+        CHECK(ragged.backend->stats().last_decision[0]->fused() == (bv != 0));
+        dense.backend->abort_round();
+        ragged.backend->abort_round();
+
+        // Mixed lengths: request i's rows are a dense verify of it alone (T = T_i).
+        BatchSpec mixed(kT, {2, 0, -1, 4});
+        mixed.lengths = {3, 1, 2, 4};
+        const std::vector<int64_t> first = {0, 3, 4, 6};
+        const auto r = verify_rows(ragged, mixed, inputs, iota_rows(0, 10));
+        for (const size_t i : {size_t{0}, size_t{1}, size_t{3}}) {
+          const int len = mixed.lengths[i];
+          const auto s =
+              verify_rows(dense, BatchSpec(len, {mixed.slots[i]}, {static_cast<int32_t>(i)}),
+                          inputs, iota_rows(first[i], len));
+          for (int layer = 0; layer < kLayers; ++layer) {
+            CHECK(same_bits(r[static_cast<size_t>(layer)].out_view.narrow(0, first[i], len),
+                            bytes_of(s[static_cast<size_t>(layer)].out_view)));
+          }
+          dense.backend->abort_round();
+        }
+        ragged.backend->abort_round();
+
+        // A chain-shaped tree (unfused) is the dense chain's outputs.
+        BatchSpec tree(kT, {2, 0, -1, 4});
+        for (int n = 0; n < 4; ++n) {
+          for (int j = 0; j < kT; ++j) {
+            tree.parents.push_back(j - 1);
+          }
+        }
+        const auto t = verify_rows(ragged, tree, inputs, iota_rows(0, 4 * kT));
+        for (int layer = 0; layer < kLayers; ++layer) {
+          CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
+                          bytes_of(t[static_cast<size_t>(layer)].out_view)));
+        }
+        ragged.backend->abort_round();
+      }
+    }
+  }
 }

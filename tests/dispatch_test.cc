@@ -218,10 +218,17 @@ TEST_CASE("dispatch: inputs outside the fused kernel fall back with a reason", "
   DispatchReason want = DispatchReason::kSnapshotFused;  // kept: the fused path is expected
   std::string text;
 
-  SECTION("not a plain chain") {
+  SECTION("a tree draft") {
     p.plain_chain = false;
     want = DispatchReason::kNotPlainChain;
-    text = "unfused: not a plain chain verify (tree or ragged drafts)";
+    text = "unfused: a tree draft (the fused kernels verify chains)";
+  }
+  SECTION("a ragged chain's rows are its packed total") {
+    p.tokens = p.B * p.T - 1;  // the views still have B*T rows
+    want = DispatchReason::kUnsupportedShape;
+    text =
+        "unfused: outside the fused kernel (unsupported_shape): mixed_qkv rows is 4, fused needs "
+        "the batch's tokens (B*T, or the ragged total)";
   }
   SECTION("K") {
     p.K = 96;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kda::demo {
 
@@ -27,6 +28,27 @@ struct AcceptSpec {
 
 /// Parses "uniform|geometric:P|all|one" (P in [0, 1]); false on anything else.
 bool parse_accept_spec(const std::string& text, AcceptSpec& out);
+
+/// The demo's draft shape (contract §8): every request T tokens (a chain), its own T_n
+/// (ragged), or a tree of T nodes.
+enum class DraftShapeKind : uint8_t { kChain, kRagged, kTree };
+
+const char* draft_shape_kind_name(DraftShapeKind k);
+/// Parses "chain|ragged|tree"; false on anything else.
+bool parse_draft_shape(const std::string& text, DraftShapeKind& out);
+
+/// A ragged request's verify length T_n in [1, T] (uniform). Depends only on the arguments.
+int draft_length(uint64_t seed, int round, int request, int T);
+
+/// A random tree of T nodes (node 0 the root, parents before children, at most `topk`
+/// children per node) for `request` in `round`: parents[j], -1 for the root.
+std::vector<int32_t> draft_tree(uint64_t seed, int round, int request, int T, int topk);
+
+/// The accepted root path of a tree (node indices, root first) whose length follows `spec`
+/// as accepted_length does for a chain, clipped to the tree's depth: from the root, each step
+/// goes to a (seeded) child.
+std::vector<int32_t> accepted_path(const AcceptSpec& spec, uint64_t seed, int round, int request,
+                                   const std::vector<int32_t>& parents);
 
 /// The accepted length n in [1, T] of `request` in `round` (T = tokens per verify; the
 /// verified token counts, so n - 1 draft tokens were accepted). Depends only on the arguments.

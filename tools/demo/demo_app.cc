@@ -132,6 +132,15 @@ int run(const DemoArgs& args, std::ostream& out, std::ostream& err) {
   spec.seed = args.seed;
   spec.accept = args.accept;
   spec.prefix = resolve_prefix(args, spec.prompt_len);
+  spec.draft_shape = args.draft_shape;
+  if (spec.prefix.enabled && spec.draft_shape != DraftShapeKind::kChain) {
+    throw UsageError(fmt::format("--draft-shape {}: --prefix-cache runs chain drafts only",
+                                 draft_shape_kind_name(spec.draft_shape)));
+  }
+  if (spec.draft_shape == DraftShapeKind::kTree && !args.flags.tree_drafts()) {
+    throw UsageError(
+        "--draft-shape tree: needs --speculative-eagle-topk > 1 (children per tree node)");
+  }
   if (args.cuda_graph.value_or(false) && !device.is_cuda()) {
     throw UsageError(
         "--cuda-graph: needs a CUDA device; this run is on the host (use --device cuda)");

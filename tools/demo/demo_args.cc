@@ -147,6 +147,16 @@ const DemoFlag kDemoFlags[] = {
          reject(f, v, "uniform, geometric:P with P in [0, 1], all or one");
        }
      }},
+    {"--draft-shape", "SHAPE",
+     "the rounds' drafts (contract §8): chain (T tokens per request), ragged (each request a "
+     "seeded T_n in 1..T, packed rows) or tree (a seeded tree of T nodes per request, at most "
+     "--speculative-eagle-topk children per node, committed along a seeded root path whose "
+     "length follows --accept); default chain",
+     [](DemoArgs& a, const std::string& f, const std::string& v) {
+       if (!parse_draft_shape(v, a.draft_shape)) {
+         reject(f, v, "chain, ragged or tree");
+       }
+     }},
     {"--seed", "N", "seed of the weights, inputs and acceptance draws (default 1)",
      [](DemoArgs& a, const std::string& f, const std::string& v) {
        const char* end = v.data() + v.size();

@@ -58,6 +58,7 @@ struct DemoArgs {
   std::optional<int> requests, prompt_len, rounds;
   uint64_t seed = 1;
   AcceptSpec accept;
+  DraftShapeKind draft_shape = DraftShapeKind::kChain;
 
   // ---- prefix caching (demo_prefix.h) ----
   bool prefix_cache = false;

@@ -46,6 +46,12 @@ const RunSpec& checked(const RunSpec& s) {
             "{}: prefix cache: shared_len {} outside [1, prompt_len = {}], group_size {} or "
             "track_interval {} below 1",
             s.label, p.shared_len, s.prompt_len, p.group_size, p.track_interval);
+  KDA_CHECK(!p.enabled || s.draft_shape == DraftShapeKind::kChain,
+            "{}: prefix caching runs chain drafts only (draft shape {})", s.label,
+            draft_shape_kind_name(s.draft_shape));
+  KDA_CHECK(s.draft_shape != DraftShapeKind::kTree || s.flags.tree_drafts(),
+            "{}: tree drafts need --speculative-eagle-topk > 1 (got {})", s.label,
+            s.flags.eagle_topk);
   return s;
 }
 
@@ -62,6 +68,7 @@ DemoRun::DemoRun(RunSpec spec)
       backend_(std::make_unique<KdaAttentionBackend>(
           spec_.model, spec_.flags, make_kernel_set(spec_.device), backend_options(spec_))),
       accepted_(spec_.device, spec_.requests),
+      paths_(spec_.device, spec_.requests * spec_.flags.num_draft_tokens),
       round_index_(spec_.device, 1),
       track_slots_(spec_.device, spec_.requests),
       track_steps_(spec_.device, spec_.requests),
@@ -245,10 +252,16 @@ void DemoRun::stage_decode_tracks(int round) {
 void DemoRun::capture_round(const BatchSpec& batch) {
   // verify() needs a prepared round; the captured calls only enqueue, so the round they
   // filled is dropped afterwards and every replay is recorded with record_graph_verify_round.
+  // A ragged run captures with every T_n = T (B*T rows): the replays' shorter batches read the
+  // same buffers through the uploaded offsets.
   const int L = spec_.model.num_layers, B = spec_.requests, T = batch.T;
   const int64_t rows = int64_t{B} * T;
   const ActivationKey key{spec_.seed, Phase::kVerify, round_index_.device_data()};
-  backend_->prepare(batch, stream_.get());
+  BatchSpec capture = batch;
+  if (!capture.lengths.empty()) {
+    capture.lengths.assign(capture.lengths.size(), T);
+  }
+  backend_->prepare(capture, stream_.get());
   graph_decisions_.clear();
   try {
     graph_.capture(stream_.get(), [&] {
@@ -276,8 +289,41 @@ RoundRecord DemoRun::run_round(int round) {
 
   // The simulated sampler's verdict and the round number, staged in pinned memory (the
   // previous round has finished: run_round ends with a synchronisation).
+  BatchSpec batch;
+  batch.T = T;
+  batch.slots = slots_;
+  int64_t tokens = rows;  // this round's activation rows (ragged: the sum of the T_n)
+  if (spec_.draft_shape == DraftShapeKind::kRagged) {
+    tokens = 0;
+    for (int n = 0; n < B; ++n) {
+      batch.lengths.push_back(draft_length(spec_.seed, round, n, T));
+      tokens += batch.lengths.back();
+    }
+  }
+  rec.drafted_tokens = tokens;
   for (int n = 0; n < B; ++n) {
-    const int len = accepted_length(spec_.accept, spec_.seed, round, n, T);
+    int len = 0;
+    switch (spec_.draft_shape) {
+      case DraftShapeKind::kChain:
+        len = accepted_length(spec_.accept, spec_.seed, round, n, T);
+        break;
+      case DraftShapeKind::kRagged:
+        len = accepted_length(spec_.accept, spec_.seed, round, n,
+                              batch.lengths[static_cast<size_t>(n)]);
+        break;
+      case DraftShapeKind::kTree: {
+        const std::vector<int32_t> parents =
+            draft_tree(spec_.seed, round, n, T, spec_.flags.eagle_topk);
+        batch.parents.insert(batch.parents.end(), parents.begin(), parents.end());
+        const std::vector<int32_t> path =
+            accepted_path(spec_.accept, spec_.seed, round, n, parents);
+        len = static_cast<int>(path.size());
+        for (int k = 0; k < T; ++k) {
+          paths_.staging()[n * T + k] = k < len ? path[static_cast<size_t>(k)] : -1;
+        }
+        break;
+      }
+    }
     accepted_.staging()[n] = len;
     rec.accepted_tokens += len;
   }
@@ -285,9 +331,6 @@ RoundRecord DemoRun::run_round(int round) {
   if (spec_.prefix.enabled) {
     stage_decode_tracks(round);
   }
-  BatchSpec batch;
-  batch.T = T;
-  batch.slots = slots_;
   // Every round verifies the same batch (B, T, slots), so one capture serves the whole run.
   if (spec_.cuda_graph && !graph_.captured()) {
     capture_round(batch);
@@ -313,12 +356,16 @@ RoundRecord DemoRun::run_round(int round) {
       acts.fill(key, l, B, T, stream_.get());
       clock_.mark(mark++);
       round_decisions_.push_back(
-          backend_->verify(l, acts.inputs(rows), acts.out(rows), stream_.get()));
+          backend_->verify(l, acts.inputs(tokens), acts.out(tokens), stream_.get()));
       clock_.mark(mark++);
     }
   }
   const int verified = mark - 1;
   accepted_.upload(B, stream_.get());
+  const bool tree = spec_.draft_shape == DraftShapeKind::kTree;
+  if (tree) {
+    paths_.upload(B * T, stream_.get());
+  }
   if (spec_.prefix.enabled) {
     track_slots_.upload(B, stream_.get());
     track_steps_.upload(B, stream_.get());
@@ -327,6 +374,10 @@ RoundRecord DemoRun::run_round(int round) {
   if (spec_.prefix.enabled) {
     const CommitTrack track{track_slots_.device_view(B), track_steps_.device_view(B)};
     backend_->commit(accepted_.device_view(B), track, stream_.get());
+  } else if (tree) {
+    const TensorView paths(const_cast<int32_t*>(paths_.device_data()), DType::kI32, spec_.device,
+                           {B, T}, {T, 1});
+    backend_->commit_tree(accepted_.device_view(B), paths, stream_.get());
   } else {
     backend_->commit(accepted_.device_view(B), stream_.get());
   }

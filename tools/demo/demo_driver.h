@@ -49,6 +49,10 @@ struct RunSpec {
   bool cuda_graph = false;
   /// Prefix caching (demo_prefix.h): needs prompt_len >= shared_len >= 1.
   PrefixSpec prefix;
+  /// Each round's draft shape (contract §8): chain, ragged (T_n per request, draft_length) or
+  /// tree (draft_tree; needs --speculative-eagle-topk > 1; committed along accepted_path).
+  /// Ragged and tree runs take no prefix caching.
+  DraftShapeKind draft_shape = DraftShapeKind::kChain;
 };
 
 /// One inputs -> verify -> commit round. Times: CUDA events on the stream, or steady_clock on
@@ -137,6 +141,7 @@ class DemoRun {
   std::vector<int32_t> slots_;                   // per request
   std::vector<LayerActivations> verify_inputs_;  // per layer, B*T rows
   StagedInts accepted_;                          // [B] accepted lengths of the round
+  StagedInts paths_;                             // [B, T] a tree round's accepted paths
   StagedInts round_index_;  // [1] the round the generator keys on (0 in prefill)
   // Prefix caching: per group its cache slot; the decode track slots, one per track, used in
   // order; per request its committed length (prompt + accepted tokens); the round's tracks.

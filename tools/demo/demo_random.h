@@ -38,6 +38,7 @@ enum class StreamTag : uint64_t {
   kGateA,
   kBetaB,
   kAccept,
+  kDraftShape,
 };
 
 /// Phase of the run an activation belongs to (part of its key).
