@@ -30,6 +30,20 @@ const char* variant_name(Variant v) {
   return "?";
 }
 
+const char* draft_shape_name(DraftShape s) {
+  switch (s) {
+    case DraftShape::kDense:
+      return "dense";
+    case DraftShape::kRagged:
+      return "ragged";
+    case DraftShape::kMixed:
+      return "mixed";
+    case DraftShape::kTree:
+      return "tree";
+  }
+  return "?";
+}
+
 const char* preset_name(Preset p) {
   switch (p) {
     case Preset::kNone:
@@ -128,6 +142,9 @@ Sweep:
   --batch-sizes LIST     comma list of B (default 1,2,4,8,16,32,64)
   --draft-tokens LIST    comma list of T (default 4,8)
   --variants LIST        unfused,unfused+ring,fused,fused+ring or all (default all)
+  --draft-shapes LIST    verify phase: dense,ragged,mixed,tree (default dense); ragged = every
+                         T_n = T through the ragged kernels, mixed = T_n = T - n % T, tree = T
+                         nodes per request, breadth-first binary (unfused variants only)
   --block-v BV|auto      fused V tile: one of {} or auto (default: the dispatcher's
                          kernels::default_block_v per B, as --kda-verify-block-v=auto)
   --sweep-bv             time every fused BV and report the best
@@ -315,19 +332,26 @@ struct FlagSpec {
 };
 // Every flag bench_usage() documents (the handlers below must cover the same set).
 constexpr FlagSpec kFlags[] = {
-    {"--preset", true},       {"--heads", true},          {"--hv-heads", true},
-    {"--head-k-dim", true},   {"--head-v-dim", true},     {"--lower-bound", true},
-    {"--conv-weight", true},  {"--conv-bias", false},     {"--batch-sizes", true},
-    {"--draft-tokens", true}, {"--variants", true},       {"--block-v", true},
-    {"--sweep-bv", false},    {"--phases", true},         {"--layers", true},
-    {"--accepted", true},     {"--commit-tracks", false}, {"--calls", true},
-    {"--warmup", true},       {"--iters", true},          {"--reps", true},
-    {"--round-iters", true},  {"--commit-iters", true},   {"--l2-cold", false},
-    {"--max-copies", true},   {"--hbm-gbps", true},       {"--copy-mib", true},
-    {"--ring-len", true},     {"--seed", true},           {"--skip-guard", false},
-    {"--brief", false},       {"--dry-run", false},       {"--no-pdl", false},
-    {"--device", true},       {"--state-stream", true},   {"--tile-occupancy", true},
-    {"--out", true},          {"--help", false},          {"-h", false},
+    {"--preset", true},         {"--heads", true},
+    {"--hv-heads", true},       {"--head-k-dim", true},
+    {"--head-v-dim", true},     {"--lower-bound", true},
+    {"--conv-weight", true},    {"--conv-bias", false},
+    {"--batch-sizes", true},    {"--draft-tokens", true},
+    {"--variants", true},       {"--block-v", true},
+    {"--draft-shapes", true},   {"--sweep-bv", false},
+    {"--phases", true},         {"--layers", true},
+    {"--accepted", true},       {"--commit-tracks", false},
+    {"--calls", true},          {"--warmup", true},
+    {"--iters", true},          {"--reps", true},
+    {"--round-iters", true},    {"--commit-iters", true},
+    {"--l2-cold", false},       {"--max-copies", true},
+    {"--hbm-gbps", true},       {"--copy-mib", true},
+    {"--ring-len", true},       {"--seed", true},
+    {"--skip-guard", false},    {"--brief", false},
+    {"--dry-run", false},       {"--no-pdl", false},
+    {"--device", true},         {"--state-stream", true},
+    {"--tile-occupancy", true}, {"--out", true},
+    {"--help", false},          {"-h", false},
 };
 
 }  // namespace
@@ -431,6 +455,20 @@ std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
       {"--batch-sizes", [&](auto& n, auto& v) { a.batch_sizes = parse_int_list(n, v, 1, 65535); }},
       {"--draft-tokens", [&](auto& n, auto& v) { a.draft_tokens = parse_int_list(n, v, 1, 64); }},
       {"--variants", [&](auto& n, auto& v) { a.variants = parse_variants(n, v); }},
+      {"--draft-shapes",
+       [&](auto& n, auto& v) {
+         a.draft_shapes.clear();
+         size_t start = 0;
+         while (start <= v.size()) {
+           const size_t comma = std::min(v.find(',', start), v.size());
+           a.draft_shapes.push_back(parse_choice<DraftShape>(n, v.substr(start, comma - start),
+                                                             {{"dense", DraftShape::kDense},
+                                                              {"ragged", DraftShape::kRagged},
+                                                              {"mixed", DraftShape::kMixed},
+                                                              {"tree", DraftShape::kTree}}));
+           start = comma + 1;
+         }
+       }},
       {"--block-v",
        [&](auto& n, auto& v) {
          if (v == "auto") {

@@ -41,6 +41,13 @@ inline RecordMode variant_mode(Variant v) {
                                                                 : RecordMode::kSnapshot;
 }
 
+/// A verify draft shape the verify phase times beside the dense batch (contract §8):
+/// ragged = every T_n = T through the ragged kernels (the dense batch's tokens); mixed = T_n =
+/// T - n % T (fewer tokens); tree = T nodes per request in breadth-first binary-tree order
+/// (parent of node j: (j - 1) / 2; the unfused variants only).
+enum class DraftShape : uint8_t { kDense, kRagged, kMixed, kTree };
+const char* draft_shape_name(DraftShape s);
+
 /// A named shape preset; its targets (contract §6) apply only while the shape is unchanged.
 enum class Preset : uint8_t { kNone, kKimiLinear, kK3Tp8 };
 const char* preset_name(Preset p);
@@ -52,6 +59,7 @@ struct BenchArgs {
   std::vector<int> batch_sizes{1, 2, 4, 8, 16, 32, 64};
   std::vector<int> draft_tokens{4, 8};  ///< T list
   std::vector<Variant> variants{std::begin(kAllVariants), std::end(kAllVariants)};
+  std::vector<DraftShape> draft_shapes{DraftShape::kDense};  ///< verify phase
   int block_v = 0;  ///< fused V tile; 0 = auto (kernels::default_block_v per B, as the engine)
   int sms = 0;      ///< the device's SM count (kda_bench sets it; 0 before a device is known)
   bool sweep_bv = false;

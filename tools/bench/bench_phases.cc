@@ -108,6 +108,93 @@ void print_group(const BenchArgs& args, std::vector<Row>& group) {
   }
 }
 
+/// A draft shape's index arrays (contract §8) on the device: offsets [B + 1] (ragged, mixed)
+/// or parents [B * T] (tree).
+struct ShapeIndices {
+  Buffer buf;
+  int64_t tokens = 0;
+  const int32_t* offsets = nullptr;
+  const int32_t* parents = nullptr;
+};
+
+ShapeIndices shape_indices(DraftShape shape, int B, int T, int device) {
+  std::vector<int32_t> host;
+  ShapeIndices s;
+  if (shape == DraftShape::kTree) {
+    for (int n = 0; n < B; ++n) {
+      for (int j = 0; j < T; ++j) {
+        host.push_back(j == 0 ? -1 : (j - 1) / 2);
+      }
+    }
+    s.tokens = int64_t{B} * T;
+  } else {
+    host.push_back(0);
+    for (int n = 0; n < B; ++n) {
+      host.push_back(host.back() + (shape == DraftShape::kMixed ? T - n % T : T));
+    }
+    s.tokens = host.back();
+  }
+  s.buf = Buffer(Device::cuda(device), static_cast<int64_t>(host.size()) * 4);
+  s.buf.upload(host.data(), s.buf.bytes());
+  (shape == DraftShape::kTree ? s.parents : s.offsets) = static_cast<const int32_t*>(s.buf.data());
+  return s;
+}
+
+/// The byte model of a shaped batch of `tokens` rows: the per-token terms scaled from B*T.
+void scale_tokens(Row& r, const Shape& shape, int B, int T, int64_t tokens) {
+  VerifyBytes vb = verify_bytes(shape, B, T, r.mode);
+  const int64_t bt = int64_t{B} * T;
+  for (int64_t* term :
+       {&vb.mixed_qkv, &vb.a, &vb.b, &vb.windows, &vb.out, &vb.records, &vb.qkv_act_trip}) {
+    *term = *term / bt * tokens;
+  }
+  r.model_bytes = vb.model();
+  r.moved_bytes = vb.moved(!r.fused);
+}
+
+/// The verify phase's shaped rows of (T, B): every variant (trees: unfused only) on the dense
+/// batch's problem through the shape's index arrays. Printed after the dense group, not in
+/// the recommendations.
+void time_shapes(BenchContext& ctx, const Problem& problem, int T, int B, int copies, int calls) {
+  const BenchArgs& a = ctx.args;
+  for (const DraftShape shape : a.draft_shapes) {
+    if (shape == DraftShape::kDense) {
+      continue;
+    }
+    const ShapeIndices idx = shape_indices(shape, B, T, problem.config().device);
+    for (Variant v : a.variants) {
+      if (shape == DraftShape::kTree && variant_is_fused(v)) {
+        continue;  // the fused kernels verify chains
+      }
+      std::vector<VerifyParams> params;
+      for (int c = 0; c < copies; ++c) {
+        VerifyParams p = problem.verify_params(c, T, variant_mode(v));
+        p.token_offsets = idx.offsets;
+        p.parents = idx.parents;
+        params.push_back(p);
+      }
+      const std::vector<int> bvs =
+          variant_is_fused(v) ? a.fused_block_vs(B, T, variant_mode(v)) : std::vector<int>{0};
+      for (int bv : bvs) {
+        Row r = verify_row(ctx, Phase::kVerify, v, bv, T, B);
+        r.what =
+            fmt::format("{} {} ({} tok)", variant_name(v), draft_shape_name(shape), idx.tokens);
+        r.target_us.reset();
+        scale_tokens(r, a.shape, B, T, idx.tokens);
+        r.copies = copies;
+        r.timing = time_in_graph(
+            ctx.stream, calls,
+            [&](int i) {
+              enqueue_verify(v, bv, params[static_cast<size_t>(i % copies)], ctx.stream);
+            },
+            ctx.timer);
+        finish_floor_row(r, a.hbm_gbps);
+        print_row(r);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // ---- verify: one layer, every variant and BV ----
@@ -173,6 +260,7 @@ void run_verify_phase(BenchContext& ctx) {
       }
       print_group(a, group);
       add_rows(ctx, group);
+      time_shapes(ctx, problem, T, B, copies, calls);
     }
   }
 }
