@@ -219,6 +219,60 @@ TEST_CASE("replay: host replay of written files is bitwise equal to the direct h
   CHECK(fs::exists(out + "/summary.json"));
 }
 
+TEST_CASE("replay: ragged and tree captures (contract §8) replay with the bitwise contract",
+          "[tools][replay]") {
+  // A ragged capture: fused and unfused give the same bits (every tensor, the commit's too). A
+  // tree capture: the fused path refuses it, and ring-mode and snapshot-mode commits of the
+  // same accepted paths give the same committed state. A dense capture's files replayed as a
+  // ragged one with every length T give the dense bits.
+  const std::string shape = GENERATE(as<std::string>{}, "ragged", "tree");
+  CAPTURE(shape);
+  const std::string ex = temp_dir("sh_ex"), o1 = temp_dir("sh_o1"), o2 = temp_dir("sh_o2");
+  ExampleOptions eo;
+  eo.B = 3;
+  eo.T = 4;
+  eo.prefill = true;
+  eo.pad_request = true;
+  eo.draft_shape = shape;
+  make_example(ex, eo);
+  if (shape == "ragged") {
+    CHECK(npy::read_npy(ex + "/mixed_qkv.npy").shape[0] == 4 + 3 + 2);
+    REQUIRE(cli({"--in", ex, "--out", o1, "--device", "host", "--path", "unfused"}).code == 0);
+    const CliResult r =
+        cli({"--in", ex, "--out", o2, "--device", "host", "--path", "fused", "--compare", o1});
+    INFO(r.out << r.err);
+    CHECK(r.code == kExitOk);
+    CHECK_THAT(r.out, Contains("bitwise equal") && Contains("-> OK"));
+  } else {
+    const CliResult fused = cli({"--in", ex, "--out", o1, "--device", "host", "--path", "fused"});
+    CHECK(fused.code != kExitOk);
+    CHECK_THAT(fused.err, Contains("the fused path verifies chains"));
+    const CliResult ring =
+        cli({"--in", ex, "--out", o1, "--device", "host", "--path", "auto", "--mode", "ring"});
+    INFO(ring.out << ring.err);
+    REQUIRE(ring.code == kExitOk);
+    CHECK_THAT(ring.out, Contains("a tree draft"));
+    REQUIRE(cli({"--in", ex, "--out", o2, "--device", "host", "--mode", "snapshot"}).code == 0);
+    for (const char* t : {"ssm_state", "conv_state", "output"}) {
+      CAPTURE(t);
+      CHECK(npy::read_npy(o1 + "/" + t + ".npy").bytes ==
+            npy::read_npy(o2 + "/" + t + ".npy").bytes);
+    }
+  }
+  // Dense files plus query_start_loc = [0, T, 2T, ...]: the dense replay's bits.
+  const std::string dense = temp_dir("sh_dense"), d1 = temp_dir("sh_d1"), d2 = temp_dir("sh_d2");
+  eo.draft_shape = "chain";
+  make_example(dense, eo);
+  REQUIRE(cli({"--in", dense, "--out", d1, "--device", "host"}).code == 0);
+  Manifest m = read_manifest(dense);
+  npy::write_npy(dense + "/query_start_loc.npy", {4}, std::vector<int32_t>{0, 4, 8, 12});
+  m.tensors["query_start_loc"] = "query_start_loc.npy";
+  std::ofstream(dense + "/" + kManifestFile) << manifest_to_json(m);
+  const CliResult r = cli({"--in", dense, "--out", d2, "--device", "host", "--compare", d1});
+  INFO(r.out << r.err);
+  CHECK(r.code == kExitOk);
+}
+
 TEST_CASE("replay: --compare reports a planted single-element difference and its index",
           "[tools][replay]") {
   const std::string ex = temp_dir("cmp_ex"), o1 = temp_dir("cmp_o1"), o2 = temp_dir("cmp_o2");
@@ -374,7 +428,7 @@ TEST_CASE("replay: bad inputs fail before any kernel runs, naming the file", "[t
     const CliResult r = run();
     CHECK(r.code == kExitError);
     CHECK_THAT(r.err, Contains(ex + "/mixed_qkv.npy: shape is [8, 500], expected [8, 512] "
-                                    "(N = B*T, D = 2*H*K + HV*V)"));
+                                    "(N = B*T (ragged: qsl[B]), D = 2*H*K + HV*V)"));
   }
   SECTION("wrong dtype of an input") {
     npy::write_npy(ex + "/A_log.npy", {4}, std::vector<bf16_t>(4));

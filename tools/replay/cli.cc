@@ -61,6 +61,7 @@ constexpr OptionSpec kOptions[] = {
     {"no-accepted", false, Group::kExample},
     {"pad-request", false, Group::kExample},
     {"prefill", false, Group::kExample},
+    {"draft-shape", true, Group::kExample},
 };
 
 const OptionSpec* find_option(const std::string& name) {
@@ -280,6 +281,9 @@ int make_example_cmd(const Args& args, std::ostream& out) {
   o.accepted = !args.has("no-accepted");
   o.pad_request = args.has("pad-request");
   o.prefill = args.has("prefill");
+  if (args.has("draft-shape")) {
+    o.draft_shape = args.str("draft-shape");
+  }
   o.mode = parse_mode(args);
   o.bf16 = parse_bf16_descr(args);
   const std::string dir = args.str("make-example");
@@ -439,6 +443,9 @@ MAKE EXAMPLE
                     --conv-layout SWD|SDW  --mode ring|snapshot  --bf16-descr u2|bfloat16
                     --no-bias  --no-rows  --no-accepted
                     --pad-request (request 1 is a padding request: slot -1, NaN inputs)
+                    --draft-shape chain|ragged|tree (contract section 8: ragged lengths
+                    T - n % T, query_start_loc; a breadth-first binary tree, parents and
+                    accepted_paths)
                     --prefill (garbage conv_window, snapshots and rings templates)
 
 MANIFEST (DIR/manifest.json)

@@ -57,7 +57,7 @@ std::vector<bf16_t> to_bf16(const std::vector<float>& v) {
 
 // Overwrites the rows of request `n` (T rows of `row` elements) with NaN.
 template <typename T>
-void poison_request(std::vector<T>& v, int n, int T_, int64_t row) {
+void poison_rows(std::vector<T>& v, int64_t first, int64_t count, int64_t row) {
   const T nan = [] {
     if constexpr (std::is_same_v<T, bf16_t>) {
       return float_to_bf16(std::numeric_limits<float>::quiet_NaN());
@@ -65,8 +65,7 @@ void poison_request(std::vector<T>& v, int n, int T_, int64_t row) {
       return std::numeric_limits<float>::quiet_NaN();
     }
   }();
-  std::fill(v.begin() + static_cast<int64_t>(n) * T_ * row,
-            v.begin() + static_cast<int64_t>(n + 1) * T_ * row, nan);
+  std::fill(v.begin() + first * row, v.begin() + (first + count) * row, nan);
 }
 
 }  // namespace
@@ -101,7 +100,17 @@ Manifest make_example(const std::string& dir, const ExampleOptions& o) {
   m.comment = "kda_replay --make-example (seed " + std::to_string(o.seed) + ")";
 
   const int64_t B = o.B, T = o.T, H = o.H, HV = o.HV, K = o.K, V = o.V;
-  const int64_t N = B * T, D = m.D(), S = B + o.extra_slots, W1 = kConvHistory;
+  KDA_CHECK(o.draft_shape == "chain" || o.draft_shape == "ragged" || o.draft_shape == "tree",
+            "make-example: --draft-shape {} unknown, expected chain, ragged or tree",
+            o.draft_shape);
+  KDA_CHECK(o.draft_shape != "tree" || T <= kMaxTreeNodes,
+            "make-example: a tree has at most {} nodes, got --T {}", kMaxTreeNodes, T);
+  const bool ragged = o.draft_shape == "ragged", tree = o.draft_shape == "tree";
+  std::vector<int32_t> qsl = {0};  // ragged: request n's first row
+  for (int64_t n = 0; n < B; ++n) {
+    qsl.push_back(qsl.back() + static_cast<int32_t>(ragged ? T - n % T : T));
+  }
+  const int64_t N = qsl.back(), D = m.D(), S = B + o.extra_slots, W1 = kConvHistory;
   const int64_t Ta = o.T_max > 0 ? o.T_max : T;
   const int64_t L = o.L, R = o.rows ? B + 1 : B;
   const int pad = o.pad_request ? (o.B > 1 ? 1 : 0) : -1;
@@ -117,9 +126,11 @@ Manifest make_example(const std::string& dir, const ExampleOptions& o) {
   std::vector<bf16_t> a = to_bf16(randn(rng, N * HV * K, 0.5f));
   std::vector<bf16_t> b = to_bf16(randn(rng, N * HV, 1.0f));
   if (pad >= 0) {  // a padding request's inputs may be anything: NaN proves they are not read
-    poison_request(qkv, pad, o.T, D);
-    poison_request(a, pad, o.T, HV * K);
-    poison_request(b, pad, o.T, HV);
+    const int64_t first = qsl[static_cast<size_t>(pad)];
+    const int64_t count = qsl[static_cast<size_t>(pad) + 1] - first;
+    poison_rows(qkv, first, count, D);
+    poison_rows(a, first, count, HV * K);
+    poison_rows(b, first, count, HV);
   }
   write("mixed_qkv", {N, D}, qkv);
   write("a", {N, HV * K}, a);
@@ -163,6 +174,31 @@ Manifest make_example(const std::string& dir, const ExampleOptions& o) {
   if (o.rows) {
     write("rows", {B}, rows);
     m.R = static_cast<int>(R);
+  }
+  if (ragged) {
+    write("query_start_loc", {B + 1}, qsl);
+    for (int64_t n = 0; n < B; ++n) {  // n_i <= T_i
+      int32_t& acc = accepted[static_cast<size_t>(n)];
+      acc = 1 + (acc - 1) % (qsl[static_cast<size_t>(n) + 1] - qsl[static_cast<size_t>(n)]);
+    }
+  }
+  if (tree) {
+    std::vector<int32_t> parents, paths(static_cast<size_t>(B * T), -1);
+    for (int64_t n = 0; n < B; ++n) {
+      for (int64_t j = 0; j < T; ++j) {
+        parents.push_back(j == 0 ? -1 : static_cast<int32_t>((j - 1) / 2));
+      }
+      std::vector<int32_t> path;
+      for (int64_t j = T - 1 - n % T; j >= 0; j = j == 0 ? -1 : (j - 1) / 2) {
+        path.insert(path.begin(), static_cast<int32_t>(j));
+      }
+      std::copy(path.begin(), path.end(), paths.begin() + n * T);
+      accepted[static_cast<size_t>(n)] = static_cast<int32_t>(path.size());
+    }
+    write("parents", {B, T}, parents);
+    if (o.accepted) {
+      write("accepted_paths", {B, T}, paths);
+    }
   }
   if (o.accepted) {
     write("accepted", {B}, accepted);

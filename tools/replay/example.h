@@ -26,6 +26,10 @@ struct ExampleOptions {
   bool prefill = false;              ///< write garbage conv_window, snapshots and rings
   std::optional<RecordMode> mode;    ///< the manifest's "mode"
   ConvLayout conv_layout = ConvLayout::kSWD;
+  /// Draft shape (contract §8): "chain"; "ragged" (request n verifies T - n % T tokens, packed:
+  /// query_start_loc); "tree" (T nodes per request, node j's parent (j - 1) / 2; with accepted,
+  /// request n accepts the root path of node T - 1 - n % T: accepted_paths).
+  std::string draft_shape = "chain";
   npy::Bf16Descr bf16 = npy::Bf16Descr::kU2;
 };
 

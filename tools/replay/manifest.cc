@@ -108,7 +108,8 @@ RecordMode parse_record_mode(const std::string& value, const std::string& what) 
 
 const std::vector<TensorSpec>& tensor_specs() {
   static const std::vector<TensorSpec> specs = {
-      {"mixed_qkv", true, "bf16", "[N, D]", "channels q|k|v, row n*T+t = token t of request n"},
+      {"mixed_qkv", true, "bf16", "[N, D]",
+       "channels q|k|v, row n*T+t (ragged: qsl[n]+t) = token t of request n"},
       {"a", true, "bf16", "[N, HV*K]", "gate logits"},
       {"b", true, "bf16", "[N, HV]", "beta logits"},
       {"A_log", true, "f32", "[HV]", ""},
@@ -120,6 +121,13 @@ const std::vector<TensorSpec>& tensor_specs() {
       {"slots", true, "i32", "[B]", "slot per request; -1 = padding request"},
       {"rows", false, "i32", "[B]", "scratch row per request; absent: arange(B)"},
       {"accepted", false, "i32", "[B]", "accepted lengths 1..T; present: commit runs"},
+      {"query_start_loc", false, "i32", "[B+1]",
+       "ragged chain (contract §8): request n's tokens are rows qsl[n]..qsl[n+1]-1, packed "
+       "from 0, T_n in 1..T; mixed_qkv / a / b then have N = qsl[B] rows"},
+      {"parents", false, "i32", "[B, T]",
+       "tree (contract §8): node j's parent within its request, -1 for node 0 only"},
+      {"accepted_paths", false, "i32", "[B, T]",
+       "tree with accepted: each request's accepted root path, node 0 first"},
       {"conv_window", false, "bf16", "[R, T_max, W-1, D] | [R, T_max, D, W-1]",
        "pre-filled scratch; layout \"conv_window_layout\"; absent: zeros"},
       {"snapshots", false, "f32", "[R, T_max, HV, V, K]",

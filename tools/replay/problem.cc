@@ -74,6 +74,33 @@ ReplayProblem load_problem(const std::string& dir, std::optional<RecordMode> mod
   p.V = m.V;
   p.D = m.D();
   p.N = m.N();
+  // ---- draft shape (contract §8): a ragged capture's rows are its packed total ----
+  if (m.has("query_start_loc")) {
+    KDA_CHECK(!m.has("parents"), "replay: {} and {}: a tree has T nodes per request (not ragged)",
+              in.path("query_start_loc"), in.path("parents"));
+    p.query_start_loc = in.read_as<int32_t>("query_start_loc", {int64_t{p.B} + 1}, "B+1");
+    const std::vector<int32_t>& q = *p.query_start_loc;
+    KDA_CHECK(q[0] == 0, "replay: {}: entry 0 is {}, expected 0 (packed rows)",
+              in.path("query_start_loc"), q[0]);
+    for (int n = 0; n < p.B; ++n) {
+      const int32_t len = q[static_cast<size_t>(n) + 1] - q[static_cast<size_t>(n)];
+      KDA_CHECK(len >= 1 && len <= p.T, "replay: {}: request {} has {} tokens, expected 1..T = {}",
+                in.path("query_start_loc"), n, len, p.T);
+    }
+    p.N = q.back();
+  }
+  if (m.has("parents")) {
+    KDA_CHECK(p.T <= kMaxTreeNodes, "replay: {}: T = {}, a tree has at most {} nodes",
+              in.path("parents"), p.T, kMaxTreeNodes);
+    p.parents = in.read_as<int32_t>("parents", {p.B, p.T}, "B, T");
+  }
+  KDA_CHECK(m.has("accepted_paths") == (m.has("parents") && m.has("accepted")),
+            "replay: accepted_paths goes with parents and accepted (a tree's commit), got "
+            "parents {}, accepted {}, accepted_paths {}",
+            m.has("parents"), m.has("accepted"), m.has("accepted_paths"));
+  if (m.has("accepted_paths")) {
+    p.accepted_paths = in.read_as<int32_t>("accepted_paths", {p.B, p.T}, "B, T");
+  }
   const int64_t N = p.N, D = p.D, HV = p.HV, K = p.K, V = p.V, H = p.H;
   constexpr int64_t W1 = kConvHistory;
 
@@ -94,9 +121,10 @@ ReplayProblem load_problem(const std::string& dir, std::optional<RecordMode> mod
   }
 
   // ---- activations and weights ----
-  p.mixed_qkv = in.read_as<bf16_t>("mixed_qkv", {N, D}, "N = B*T, D = 2*H*K + HV*V");
-  p.a = in.read_as<bf16_t>("a", {N, HV * K}, "N = B*T, HV*K");
-  p.b = in.read_as<bf16_t>("b", {N, HV}, "N = B*T, HV");
+  p.mixed_qkv =
+      in.read_as<bf16_t>("mixed_qkv", {N, D}, "N = B*T (ragged: qsl[B]), D = 2*H*K + HV*V");
+  p.a = in.read_as<bf16_t>("a", {N, HV * K}, "N = B*T (ragged: qsl[B]), HV*K");
+  p.b = in.read_as<bf16_t>("b", {N, HV}, "N = B*T (ragged: qsl[B]), HV");
   p.A_log = in.read_as<float>("A_log", {HV}, "HV");
   p.dt_bias = in.read_as<float>("dt_bias", {HV * K}, "HV*K");
   {
@@ -187,6 +215,13 @@ ReplayProblem load_problem(const std::string& dir, std::optional<RecordMode> mod
       KDA_CHECK(p.rows[static_cast<size_t>(k)] != row,
                 "replay: rows[{}] and rows[{}] are both {}: two requests on one scratch row", k, n,
                 row);
+    }
+    // A real request's tree: node 0 the one root, every parent before its child.
+    for (int j = 0; p.parents && j < p.T; ++j) {
+      const int32_t par = (*p.parents)[static_cast<size_t>(n) * p.T + j];
+      KDA_CHECK(j == 0 ? par == -1 : (par >= 0 && par < j),
+                "replay: {}: [{}, {}] = {}, expected {}", in.path("parents"), n, j, par,
+                j == 0 ? "-1 (node 0 is the root)" : fmt::format("in [0, {})", j));
     }
   }
 

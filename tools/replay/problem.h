@@ -43,6 +43,9 @@ struct ReplayProblem {
   std::vector<int32_t> slots;                    ///< [B]
   std::vector<int32_t> rows;                     ///< [B]
   std::optional<std::vector<int32_t>> accepted;  ///< [B]; present: commit runs
+  /// Draft shape (contract §8): [B+1] ragged rows (N = its last entry), or [B, T] tree parents
+  /// and (with accepted) [B, T] accepted paths.
+  std::optional<std::vector<int32_t>> query_start_loc, parents, accepted_paths;
 
   // Output buffer templates (pre-filled from files, else zeros). Only the mode's record
   // buffers are allocated: snapshots in snapshot mode, rings in ring mode.

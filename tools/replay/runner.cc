@@ -77,6 +77,7 @@ OutputTensor make_output(const std::string& name, std::vector<int64_t> shape,
 struct DeviceTensors {
   Buffer mixed_qkv, a, b, A_log, dt_bias, conv_weight, conv_bias, conv_state, ssm_state;
   Buffer slots, rows, accepted, error_flag;
+  Buffer query_start_loc, parents, accepted_paths, checked_accepted;  // draft shape (§8)
   Buffer out, conv_window, snapshots, rawv, rawk, g, beta, qkv_act;
 };
 
@@ -169,6 +170,16 @@ DeviceTensors upload_problem(const ReplayProblem& p, const Device& dev) {
   if (p.accepted) {
     t.accepted = upload(*p.accepted, dev);
     t.error_flag = upload(std::vector<int32_t>{0}, dev);
+    t.checked_accepted = upload(std::vector<int32_t>(static_cast<size_t>(p.B), 0), dev);
+  }
+  if (p.query_start_loc) {
+    t.query_start_loc = upload(*p.query_start_loc, dev);
+  }
+  if (p.parents) {
+    t.parents = upload(*p.parents, dev);
+  }
+  if (p.accepted_paths) {
+    t.accepted_paths = upload(*p.accepted_paths, dev);
   }
   return t;
 }
@@ -224,6 +235,8 @@ VerifyParams make_verify_params(const ReplayProblem& p, const DeviceTensors& t) 
     v.snapshot_row_stride = int64_t{p.T_max} * p.state_elems();
   }
   v.qkv_act = static_cast<bf16_t*>(t.qkv_act.data());
+  v.token_offsets = static_cast<const int32_t*>(t.query_start_loc.data());  // null: dense
+  v.parents = static_cast<const int32_t*>(t.parents.data());                // null: a chain
   return v;
 }
 
@@ -240,7 +253,8 @@ DispatchProblem make_dispatch_problem(const ReplayProblem& p, const DeviceTensor
   dp.K = p.K;
   dp.V = p.V;
   dp.mode = p.mode;
-  dp.plain_chain = true;  // captured verify steps are chains: [B*T] rows, T per request
+  dp.plain_chain = !p.parents;  // trees take the unfused path
+  dp.tokens = N;
   dp.mixed_qkv = TensorView::contiguous(t.mixed_qkv.data(), DType::kBF16, dev, {N, D});
   dp.a = TensorView::contiguous(t.a.data(), DType::kBF16, dev, {N, HV * K});
   dp.b = TensorView::contiguous(t.b.data(), DType::kBF16, dev, {N, HV});
@@ -343,6 +357,12 @@ CommitParams make_commit_params(const ReplayProblem& p, const VerifyParams& v,
   c.ring_beta = v.ring_beta;
   c.ring_beta_slot_stride = v.ring_beta_slot_stride;
   c.error_flag = static_cast<int32_t*>(t.error_flag.data());
+  c.token_offsets = v.token_offsets;
+  c.parents = v.parents;
+  c.accepted_paths = static_cast<const int32_t*>(t.accepted_paths.data());
+  if (v.token_offsets != nullptr || v.parents != nullptr) {
+    c.checked_accepted = static_cast<int32_t*>(t.checked_accepted.data());
+  }
   return c;
 }
 
