@@ -12,6 +12,16 @@ namespace kda::kernels {
 
 namespace {
 
+/// The taps of channel pair (ch, ch + 1), when ch < D (else left zero).
+template <typename WeightT>
+__device__ __forceinline__ void load_pair_taps(const VerifyParams& p, int64_t ch, int64_t D,
+                                               ConvTaps& taps0, ConvTaps& taps1) {
+  if (ch < D) {
+    taps0 = load_conv_taps<WeightT>(p.conv_weight, p.conv_bias, ch);
+    taps1 = load_conv_taps<WeightT>(p.conv_weight, p.conv_bias, ch + 1);
+  }
+}
+
 /// Tokens whose inputs one thread loads before computing any of them (memory parallelism).
 constexpr int kConvChunk = 4;
 
@@ -23,10 +33,7 @@ __global__ void __launch_bounds__(kConvThreads)
   const int64_t ch = 2 * (static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x);
   const int n = blockIdx.y;
   ConvTaps taps0{}, taps1{};
-  if (ch < D) {  // layer weights: before the PDL wait
-    taps0 = load_conv_taps<WeightT>(p.conv_weight, p.conv_bias, ch);
-    taps1 = load_conv_taps<WeightT>(p.conv_weight, p.conv_bias, ch + 1);
-  }
+  load_pair_taps<WeightT>(p, ch, D, taps0, taps1);  // layer weights: before the PDL wait
   pdl_wait();
   pdl_launch_dependents();
   const int slot = p.slots[n];
@@ -80,10 +87,7 @@ __global__ void __launch_bounds__(kConvThreads)
   const int64_t ch = 2 * (static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x);
   const int n = blockIdx.y;
   ConvTaps taps0{}, taps1{};
-  if (ch < D) {
-    taps0 = load_conv_taps<WeightT>(p.conv_weight, p.conv_bias, ch);
-    taps1 = load_conv_taps<WeightT>(p.conv_weight, p.conv_bias, ch + 1);
-  }
+  load_pair_taps<WeightT>(p, ch, D, taps0, taps1);  // layer weights: before the PDL wait
   pdl_wait();
   pdl_launch_dependents();
   const int slot = p.slots[n];

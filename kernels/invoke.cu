@@ -244,10 +244,7 @@ void invoke_commit(const CommitParams& p, cudaStream_t stream) {
   if (p.token_offsets != nullptr || p.parents != nullptr) {
     // A shaped round (CommitParams::checked_accepted): every check of both stages before the
     // first launch, then stage 1, then the dense commit from the checked lengths.
-    const uint32_t state = p.kind == CommitKind::kDeferred
-                               ? (p.track_slots != nullptr ? params::kFold : 0u)
-                               : (p.mode == RecordMode::kRing ? params::kFold : params::kSnapshot);
-    check_commit_launch(p, "invoke_commit", state | params::kConvCommit);
+    check_commit_launch(p, "invoke_commit", params::commit_needs(p));
     KDA_CHECK(p.num_layers <= kMaxGridDim,
               "invoke_commit: num_layers={} must be <= {} (grid dimension)", p.num_layers,
               kMaxGridDim);

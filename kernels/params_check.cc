@@ -185,6 +185,20 @@ void check_extend(const ExtendParams& e, const char* op) {
             "{}: track_slots and track_steps go together ([B] each, or both null = no track)", op);
 }
 
+uint32_t commit_needs(const CommitParams& p) {
+  switch (p.kind) {
+    case CommitKind::kEager:
+      return (p.mode == RecordMode::kRing ? kFold : kSnapshot) | kConvCommit;
+    case CommitKind::kDeferred:
+      return kConvCommit | (p.track_slots != nullptr ? kFold : 0u);
+    case CommitKind::kMaterialize:
+      return kFold;
+    case CommitKind::kDropPending:
+      return 0u;
+  }
+  return 0u;
+}
+
 void check_commit(const CommitParams& p, const char* op, uint32_t needs) {
   check_sizes(op, p.B, p.T, p.H, p.HV, p.K, p.V);
   check_positive(p.num_layers, op, "num_layers");

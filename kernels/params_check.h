@@ -38,6 +38,10 @@ void check_verify(const VerifyParams& p, const char* op, uint32_t needs);
 void check_fused_shape(const VerifyParams& p, const char* op);
 void check_extend(const ExtendParams& e, const char* op);
 void check_commit(const CommitParams& p, const char* op, uint32_t needs);
+/// What a commit of p.kind reads and writes (CommitNeeds): eager: the fold (ring) or snapshot
+/// copy, and the conv commit; deferred: the conv commit (and the fold, with tracks);
+/// materialize: the fold; drop-pending: nothing beyond the pending counts.
+uint32_t commit_needs(const CommitParams& p);
 /// block_v is one of kernels::kFusedBlockVs (tile_policy.h), e.g.
 ///   "invoke_verify_fused: block_v=12 unsupported, expected one of 8, 16, 32, 64, 128".
 void check_block_v(int block_v, const char* op);

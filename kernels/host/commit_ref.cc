@@ -197,11 +197,7 @@ void commit(const CommitParams& p) {
   if (p.token_offsets != nullptr || p.parents != nullptr) {
     // A shaped round: everything is validated before stage 1 writes (the dense stage 2
     // validates its own view again).
-    const uint32_t state_part =
-        p.kind == CommitKind::kDeferred
-            ? (p.track_slots != nullptr ? params::kFold : 0u)
-            : (p.mode == RecordMode::kRing ? params::kFold : params::kSnapshot);
-    detail::validate_commit(p, "kda::host::commit", state_part | params::kConvCommit);
+    detail::validate_commit(p, "kda::host::commit", params::commit_needs(p));
     check_shape(p, "kda::host::commit");
     commit_shape(p);
     CommitParams dense = p;

@@ -93,6 +93,19 @@ void finish_floor_row(Row& r, double hbm_gbps) {
   r.pct = 100.0 * r.floor_us / r.timing.median_us;
 }
 
+/// Times row `r` (variant v, tile bv): `calls` verifies per graph, rotating through `params`
+/// (one per layer copy), then its floor columns.
+void time_verify_row(const BenchContext& ctx, Row& r, Variant v, int bv,
+                     const std::vector<VerifyParams>& params, int calls) {
+  const size_t copies = params.size();
+  r.copies = static_cast<int>(copies);
+  r.timing = time_in_graph(
+      ctx.stream, calls,
+      [&](int i) { enqueue_verify(v, bv, params[static_cast<size_t>(i) % copies], ctx.stream); },
+      ctx.timer);
+  finish_floor_row(r, ctx.args.hbm_gbps);
+}
+
 void print_group(const BenchArgs& args, std::vector<Row>& group) {
   mark_best_bv(group);
   int printed = 0;
@@ -181,14 +194,7 @@ void time_shapes(BenchContext& ctx, const Problem& problem, int T, int B, int co
             fmt::format("{} {} ({} tok)", variant_name(v), draft_shape_name(shape), idx.tokens);
         r.target_us.reset();
         scale_tokens(r, a.shape, B, T, idx.tokens);
-        r.copies = copies;
-        r.timing = time_in_graph(
-            ctx.stream, calls,
-            [&](int i) {
-              enqueue_verify(v, bv, params[static_cast<size_t>(i % copies)], ctx.stream);
-            },
-            ctx.timer);
-        finish_floor_row(r, a.hbm_gbps);
+        time_verify_row(ctx, r, v, bv, params, calls);
         print_row(r);
       }
     }
@@ -247,14 +253,7 @@ void run_verify_phase(BenchContext& ctx) {
             variant_is_fused(v) ? a.fused_block_vs(B, T, variant_mode(v)) : std::vector<int>{0};
         for (int bv : bvs) {
           Row r = verify_row(ctx, Phase::kVerify, v, bv, T, B);
-          r.copies = copies;
-          r.timing = time_in_graph(
-              ctx.stream, calls,
-              [&](int i) {
-                enqueue_verify(v, bv, params[static_cast<size_t>(i % copies)], ctx.stream);
-              },
-              ctx.timer);
-          finish_floor_row(r, a.hbm_gbps);
+          time_verify_row(ctx, r, v, bv, params, calls);
           group.push_back(r);
         }
       }
