@@ -550,6 +550,9 @@ VerifyParams KdaAttentionBackend::make_verify_params(int layer, const VerifyInpu
     const TensorView u = pool_.ring_u(layer);
     p.ring_u = static_cast<float*>(u.data());
     p.ring_u_slot_stride = u.stride(0);
+    // After the round's first verify the commit has ended (VerifyParams::fold_before_wait),
+    // and the previous verify wrote another layer.
+    p.fold_before_wait = round_.layers_done() > 0 ? 1 : 0;
   }
   return p;
 }

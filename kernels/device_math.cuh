@@ -358,5 +358,12 @@ __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 }
+/// The kernels' PDL entry: wait for the previous kernel, then let the next one launch. Every
+/// kernel of this module triggers only after its wait, so when a kernel starts, every kernel
+/// but the one just before it has completed (VerifyParams::fold_before_wait relies on it).
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_launch_dependents();
+}
 
 }  // namespace kda::kernels

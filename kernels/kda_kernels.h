@@ -12,7 +12,9 @@
 // layer weights (conv_weight, conv_bias, dt_bias, A_log) and the index arrays (slots, rows), so
 // those must not be written by the kernel launched just before the call on the same stream
 // (write them earlier, or with a copy: the backend uploads the indices with a cudaMemcpyAsync in
-// prepare(); weights do not change between calls).
+// prepare(); weights do not change between calls). With VerifyParams::fold_before_wait a
+// deferred verify also folds its pending steps before the wait (the caller's guarantee is
+// stated there). Every kernel here triggers its dependents only after its own wait.
 #pragma once
 
 #include <cuda_runtime_api.h>

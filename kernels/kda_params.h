@@ -132,6 +132,14 @@ struct VerifyParams {
   /// deferred track fold.
   float* ring_u = nullptr;
   int64_t ring_u_slot_stride = 0;
+  /// Nonzero: the per-item kernels fold the pending steps before their PDL wait, overlapping the
+  /// previous kernel (the streaming kernel folds each item after its wait, as without it). The
+  /// caller guarantees that the kernel launched just before on the stream writes none of
+  /// ring_cursor, ring_pending, this layer's records and u records and state, and that every kernel
+  /// before that one has completed (true on every verify of a deferred round but the first, which
+  /// may follow the commit: each of this module's kernels waits before it lets its dependents
+  /// launch, so a verify of a later layer starts after the commit ended).
+  int32_t fold_before_wait = 0;
 
   // ---- unfused path only: conv output handed from the conv kernel to the recurrence ----
   bf16_t* qkv_act = nullptr;  ///< [N, D] bf16 q|k|v after conv + SiLU, packed rows

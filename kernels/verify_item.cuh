@@ -64,7 +64,14 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
     constexpr bool kWideRegisters = kWide;
     const int T = this->tokens();
     const int slot = src.slot(*this);
+    // kDeferred per-item kernels enter the PDL dependency here (verify_tile_kernel leaves it to
+    // run()): after the pending fold with p.fold_before_wait, else before it. Every thread
+    // enters exactly once.
+    constexpr bool kEntersPdl = kDeferred && !is_streamed(Src::kSchedule);
     if (slot < 0) {  // padding row: zero outputs, touch nothing else
+      if constexpr (kEntersPdl) {
+        pdl_enter();
+      }
       zero_outputs();
       return;
     }
@@ -83,14 +90,24 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
     // kDeferred (a call with ring_pending, contract §7): the slot's ring base, and its pending
     // steps folded onto the tile and written back before anything else reads the state
     // (item_fold.cuh). The eager instantiation has none of this code.
+    // With p.fold_before_wait the per-item kernel folds before its PDL wait, overlapping the
+    // previous kernel (the caller guarantees that no unfinished kernel writes what the fold
+    // reads and writes: VerifyParams::fold_before_wait).
     int cursor = 0;
     if constexpr (kDeferred && Src::kSchedule != ItemSchedule::kStreamSnapshot) {
+      const bool before = kEntersPdl && ring && p.fold_before_wait != 0;
+      if (kEntersPdl && !before) {
+        pdl_enter();
+      }
       if (ring) {
         cursor = ring_cursor(p, slot);
         const int pending = pending_steps(p, slot);
         if (pending > 0) {
           fold_pending(*this, src, sm, slot, pending, cursor - pending);
         }
+      }
+      if (before) {
+        pdl_enter();
       }
     }
 

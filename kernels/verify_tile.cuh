@@ -170,7 +170,8 @@ struct GlobalSource : WeightReads<Item> {
 /// grid fits one CTA per SM, or kWideFusedMaxWaves of them for the fused BV = 128 tile, ahead
 /// of the streaming kernel): the ring-mode steps grouped and the other wide-register choices of
 /// VerifyItem::run, up to 255 registers (the BV = 32 tile: 128, TileConfig::kMinCtasPerSm).
-/// kDeferred: a call with ring_pending (the deferred commit's fold first, item_fold.cuh); the
+/// kDeferred: a call with ring_pending (the deferred commit's fold first, item_fold.cuh, before
+/// the PDL wait with VerifyParams::fold_before_wait: run() enters PDL around it); the
 /// eager instantiation carries none of that code.
 /// kTrackedExtend: extend with prefix-cache tracks (launch_extend_tracked).
 template <typename WeightT, int K, int BV, bool FUSED, int kCtasPerSm, bool kDeferred = false,
@@ -203,9 +204,11 @@ __global__ void __launch_bounds__(256, TileConfig<K, BV, kCtasPerSm == 1>::kMinC
     // two-per-SM form; without it racecheck flags the copy's arrive against the init.
     __syncthreads();
   }
-  // The committed state and the activations come from earlier kernels: wait for them.
-  pdl_wait();
-  pdl_launch_dependents();
+  // The committed state and the activations come from earlier kernels: wait for them (a
+  // kDeferred item waits in run(), around its pending fold).
+  if constexpr (!kDeferred) {
+    pdl_enter();
+  }
   item.run(sm, src);
 }
 

@@ -1,8 +1,10 @@
 // deferred_gpu_test.cc: the deferred commit on the CUDA kernels (contract §7), bitwise against
 // the eager fold, for every verify path: every fused tile in both register budgets, the
 // persistent streaming kernels (forced, with few CTAs so that each walks many items), the
-// per-item form of the BV = 128 tile, and the unfused pair. Each case runs two rounds on two
-// copies of one problem (garbage-filled records and outputs, reversed slots, a padding row):
+// per-item forms of the BV = 128 tile, and the unfused pair; the one-per-SM fused tiles fold after
+// their prologue (item_fold.cuh LateFoldJobs), first where more than a chunk of steps is pending.
+// Each case runs two rounds on two copies of one problem (garbage-filled records and outputs,
+// reversed slots, a padding row):
 //   eager:    verify (cursor 0) -> fold of n accepted steps -> verify of new inputs;
 //   deferred: verify at random per-slot cursors (records wrap around the ring) -> deferred
 //             commit (pending n, cursor + n) -> verify of the same new inputs, which folds first.
@@ -81,6 +83,15 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
       make_case(/*B=*/5, /*T=*/4, /*H=*/2, /*HV=*/4, /*K=*/128, /*V=*/128, RecordMode::kRing, 3),
       make_case(/*B=*/4, /*T=*/8, /*H=*/1, /*HV=*/2, /*K=*/64, /*V=*/64, RecordMode::kRing, 4),
       make_case(/*B=*/3, /*T=*/3, /*H=*/2, /*HV=*/2, /*K=*/128, /*V=*/96, RecordMode::kRing, 5),
+      // Eight pending steps at K = 128 (the late fold's spare warps take two batches each).
+      make_case(/*B=*/3, /*T=*/8, /*H=*/1, /*HV=*/2, /*K=*/128, /*V=*/128, RecordMode::kRing, 6),
+      // More pending steps than one chunk (the late-fold tiles fold those first) beside fewer.
+      [] {
+        VerifyCase x = make_case(/*B=*/3, /*T=*/12, /*H=*/1, /*HV=*/2, /*K=*/64, /*V=*/64,
+                                 RecordMode::kRing, 7);
+        x.L = 32;
+        return x;
+      }(),
   }));
   c.neg_slot = true;
   c.reversed = true;
@@ -94,6 +105,8 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
       {"BV=64 two per SM", 64, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kTwoPerSm},
       {"BV=64 one per SM", 64, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kOnePerSm},
       {"BV=128 per item", 128, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kTwoPerSm},
+      {"BV=128 one per SM", 128, kernels::StateStreamMode::kNever,
+       kernels::TileOccupancy::kOnePerSm},
       {"BV=128 streamed", 128, kernels::StateStreamMode::kAlways,
        kernels::TileOccupancy::kTwoPerSm},
       {"unfused per item", 0, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kTwoPerSm},
@@ -119,6 +132,10 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
   for (int32_t& n : accepted) {
     n = 1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(T));
   }
+  if (T >= 8) {
+    accepted.front() = T;  // the most pending steps a verify can see
+    accepted.back() = 3;
+  }
   const Buffer acc = make_buffer(accepted, gpu);
   // The u records, garbage-filled (never zero): the verify writes exactly its steps' records.
   const int64_t u_slot = static_cast<int64_t>(c.HV) * L * c.V;
@@ -136,6 +153,9 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
   pd.ssm_fold_out = static_cast<float*>(deferred.view(Tensor::kSsmState).data());
   pd.ring_u = static_cast<float*>(u_rec.data());
   pd.ring_u_slot_stride = u_slot;
+  // The per-item kernels fold before their PDL wait or after it (the streaming kernels ignore it).
+  pd.fold_before_wait = GENERATE(0, 1);
+  CAPTURE(pd.fold_before_wait);
 
   // Round 1 and the commits.
   verify(eager.params(), path);

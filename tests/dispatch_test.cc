@@ -578,22 +578,34 @@ TEST_CASE("dispatch: a BV = 128 default below 192 CTAs always runs one CTA per S
 }
 
 TEST_CASE("dispatch: the deferred-commit rule follows its measured table", "[dispatch]") {
-  // H200 (dispatch/commit_policy.cc): deferred from B = 16 at Kimi-Linear (T = 4 and 8) and at
-  // B = 64 at K3 TP8; a configured batch between measured rows takes the largest row below it;
-  // unmeasured shapes (HV = 7, other head dims, no batch) stay eager.
+  // H200 (dispatch/commit_policy.cc): deferred at T = 4 from B = 4 (Kimi-Linear) and B = 8 (K3
+  // TP8), at T = 8 from B = 16 (Kimi-Linear) and B = 64 (K3 TP8); a configured batch between
+  // measured rows takes the largest row below it; unmeasured shapes (HV = 7, other head dims, no
+  // batch) stay eager.
+  for (const int B : {1, 2, 3}) {
+    CHECK_FALSE(deferred_commit_pays({32, 128, 128, B, 4}));
+  }
+  for (const int B : {4, 7, 8, 16, 64, 256}) {
+    CHECK(deferred_commit_pays({32, 128, 128, B, 4}));
+  }
+  for (const int B : {1, 4, 8, 15}) {
+    CHECK_FALSE(deferred_commit_pays({32, 128, 128, B, 8}));
+  }
+  for (const int B : {16, 32, 48, 64, 256}) {
+    CHECK(deferred_commit_pays({32, 128, 128, B, 8}));
+  }
+  for (const int B : {1, 2, 4, 7}) {
+    CHECK_FALSE(deferred_commit_pays({12, 128, 128, B, 4}));
+  }
+  for (const int B : {8, 16, 32, 64, 512}) {
+    CHECK(deferred_commit_pays({12, 128, 128, B, 4}));
+  }
+  for (const int B : {1, 8, 16, 32, 63}) {
+    CHECK_FALSE(deferred_commit_pays({12, 128, 128, B, 8}));
+  }
+  CHECK(deferred_commit_pays({12, 128, 128, 64, 8}));
+  CHECK(deferred_commit_pays({12, 128, 128, 512, 8}));
   for (const int T : {4, 8}) {
-    CAPTURE(T);
-    for (const int B : {1, 2, 4, 8, 15}) {
-      CHECK_FALSE(deferred_commit_pays({32, 128, 128, B, T}));
-    }
-    for (const int B : {16, 32, 48, 64, 256}) {
-      CHECK(deferred_commit_pays({32, 128, 128, B, T}));
-    }
-    for (const int B : {1, 4, 16, 32, 63}) {
-      CHECK_FALSE(deferred_commit_pays({12, 128, 128, B, T}));
-    }
-    CHECK(deferred_commit_pays({12, 128, 128, 64, T}));
-    CHECK(deferred_commit_pays({12, 128, 128, 512, T}));
     CHECK_FALSE(deferred_commit_pays({32, 64, 128, 64, T}));
   }
   CHECK_FALSE(deferred_commit_pays({7, 64, 64, 64, 4}));

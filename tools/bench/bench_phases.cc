@@ -327,6 +327,7 @@ class DeferredState {
     p.ssm_fold_out = const_cast<float*>(p.ssm_state);
     p.ring_u = u(layer);
     p.ring_u_slot_stride = u_slot_;
+    p.fold_before_wait = layer > 0 ? 1 : 0;  // the round's layers in order after the commit
     return p;
   }
   /// `p` (a ring-mode commit of every layer) as the kDeferred commit over these counts.
