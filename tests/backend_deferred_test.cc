@@ -215,6 +215,21 @@ TEST_CASE("backend deferred: abort_round, extend and slot reuse with pending ste
   }
 }
 
+TEST_CASE("backend deferred: only a round's first verify folds after its PDL wait",
+          "[backend][deferred]" KDA_HOST_ONLY) {
+  // VerifyParams::fold_before_wait: the first verify of a round may follow the commit (which
+  // writes the cursors and counts), so it folds after its wait; the later ones follow another
+  // layer's verify. An aborted round starts over; the eager backend never sets it.
+  Pair p(kGqaCase);
+  const BatchSpec batch{kT, {1, 2}, {}};
+  round_on_both(p, batch, {3, 2}, 5);
+  round_on_both(p, batch, {1, 1}, 6, /*abort_after=*/1);
+  round_on_both(p, batch, {2, 3}, 7);
+  static_assert(kLayers == 2, "the expected sequence below");
+  CHECK(p.deferred.counts->fold_before_wait == std::vector<int>{0, 1, 0, 0, 1});
+  CHECK(p.eager.counts->fold_before_wait == std::vector<int>{0, 0, 0, 0, 0});
+}
+
 TEST_CASE("backend deferred: materialize's errors change nothing",
           "[backend][deferred]" KDA_HOST_ONLY) {
   Pair p(kGqaCase);

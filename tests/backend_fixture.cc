@@ -38,10 +38,12 @@ class CountingKernelSet final : public KernelSet {
   void verify_unfused(const VerifyParams& p, cudaStream_t s) override {
     inner_->verify_unfused(p, s);
     ++counts_->unfused;
+    counts_->fold_before_wait.push_back(p.fold_before_wait);
   }
   void verify_fused(const VerifyParams& p, int block_v, cudaStream_t s) override {
     inner_->verify_fused(p, block_v, s);
     ++counts_->fused;
+    counts_->fold_before_wait.push_back(p.fold_before_wait);
     counts_->last_block_v = block_v;
   }
   void extend(const ExtendParams& p, cudaStream_t s) override {

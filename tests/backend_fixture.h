@@ -40,6 +40,7 @@ constexpr int kQkvPad = 8;      // mixed_qkv row stride D + 8: the contract allo
 struct KernelCounts {
   int fused = 0, unfused = 0, extend = 0, commit = 0;
   int last_block_v = 0;
+  std::vector<int> fold_before_wait;  ///< VerifyParams::fold_before_wait of each verify call
   int total() const { return fused + unfused + extend + commit; }
 };
 
