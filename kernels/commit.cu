@@ -28,8 +28,7 @@ __global__ void __launch_bounds__(kCopyThreads)
     commit_snapshot_kernel(const __grid_constant__ CommitParams p, bool with_conv) {
   const int n = blockIdx.y;
   const int layer = blockIdx.z;
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_enter();
   const int slot = p.slots[n];
   if (slot < 0) {
     return;
@@ -61,8 +60,7 @@ __global__ void __launch_bounds__(kCopyThreads)
   const int layer = blockIdx.z;
   const int part = blockIdx.x;
   const int parts = gridDim.x;
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_enter();
   const int k = track_step_of(p, n);
   if (k == kInvalidTrack && part == 0 && layer == 0 && threadIdx.x == 0 && p.error_flag) {
     atomicOr(p.error_flag, kBadTrack);
@@ -117,8 +115,7 @@ __device__ __forceinline__ void commit_pending(const CommitParams& p, int layer,
 template <int VEC>
 __global__ void __launch_bounds__(kCopyThreads)
     commit_conv_kernel(const __grid_constant__ CommitParams p) {
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_enter();
   if (p.kind == CommitKind::kDeferred && blockIdx.x == 0 && threadIdx.x == 0) {
     commit_pending(p, static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.y));
   }
@@ -130,8 +127,7 @@ __global__ void __launch_bounds__(kCopyThreads)
 /// (after a materializing fold, and for abort_round's layers that folded).
 __global__ void __launch_bounds__(kCopyThreads)
     drop_pending_kernel(const __grid_constant__ CommitParams p) {
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_enter();
   const int n = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (n >= p.B || p.slots[n] < 0) {
     return;
@@ -159,8 +155,7 @@ __global__ void __launch_bounds__(kCopyThreads)
     commit_shape_kernel(const __grid_constant__ CommitParams p) {
   const int n = blockIdx.x;
   const int layer = blockIdx.y;
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_enter();
   const int slot = p.slots[n];
   const int acc = p.accepted[n];
   int steps = acc;

@@ -34,8 +34,7 @@ __global__ void __launch_bounds__(kConvThreads)
   const int n = blockIdx.y;
   ConvTaps taps0{}, taps1{};
   load_pair_taps<WeightT>(p, ch, D, taps0, taps1);  // layer weights: before the PDL wait
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_enter();
   const int slot = p.slots[n];
   if (slot < 0 || ch >= D) {
     return;
@@ -88,8 +87,7 @@ __global__ void __launch_bounds__(kConvThreads)
   const int n = blockIdx.y;
   ConvTaps taps0{}, taps1{};
   load_pair_taps<WeightT>(p, ch, D, taps0, taps1);  // layer weights: before the PDL wait
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_enter();
   const int slot = p.slots[n];
   if (slot < 0 || ch >= D) {
     return;
@@ -131,8 +129,7 @@ __global__ void __launch_bounds__(kConvThreads)
   const int64_t D = qkv_dim(p);
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x;
   const int n = blockIdx.y;
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_enter();
   const int slot = p.slots[n];
   if (slot < 0 || ch >= D) {
     return;

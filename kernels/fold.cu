@@ -307,8 +307,7 @@ __global__ void __launch_bounds__(256, 2)
                 bool with_conv) {
   using Item = FoldItem<K, kRole>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_enter();
   uint32_t layer, hv;
   div.heads.divmod(blockIdx.z, layer, hv);
   if (with_conv) {

@@ -278,8 +278,7 @@ __device__ __forceinline__ int begin_streaming(BulkStage& bulk, const Items& ite
   if constexpr (kFirstBeforeWait) {
     first = next_live_item(items, static_cast<int>(blockIdx.x));
   }
-  pdl_wait();
-  pdl_launch_dependents();
+  pdl_enter();
   __syncthreads();  // the barrier is initialised
   if constexpr (!kFirstBeforeWait) {
     first = next_live_item(items, static_cast<int>(blockIdx.x));

@@ -89,10 +89,9 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
 
     // kDeferred (a call with ring_pending, contract §7): the slot's ring base, and its pending
     // steps folded onto the tile and written back before anything else reads the state
-    // (item_fold.cuh). The eager instantiation has none of this code.
-    // With p.fold_before_wait the per-item kernel folds before its PDL wait, overlapping the
-    // previous kernel (the caller guarantees that no unfinished kernel writes what the fold
-    // reads and writes: VerifyParams::fold_before_wait).
+    // (item_fold.cuh); with p.fold_before_wait the per-item kernel folds before its PDL wait,
+    // overlapping the previous kernel (the caller guarantees that no unfinished kernel writes
+    // what the fold reads and writes). The eager instantiation has none of this code.
     int cursor = 0;
     if constexpr (kDeferred && Src::kSchedule != ItemSchedule::kStreamSnapshot) {
       const bool before = kEntersPdl && ring && p.fold_before_wait != 0;
