@@ -1,10 +1,9 @@
 // deferred_gpu_test.cc: the deferred commit on the CUDA kernels (contract §7), bitwise against
 // the eager fold, for every verify path: every fused tile in both register budgets, the
 // persistent streaming kernels (forced, with few CTAs so that each walks many items), the
-// per-item forms of the BV = 128 tile, and the unfused pair; the one-per-SM fused tiles fold after
-// their prologue (item_fold.cuh LateFoldJobs), first where more than a chunk of steps is pending.
-// Each case runs two rounds on two copies of one problem (garbage-filled records and outputs,
-// reversed slots, a padding row):
+// per-item forms of the BV = 128 tile, and the unfused pair; the per-item kernels with their fold
+// before and after the PDL wait (VerifyParams::fold_before_wait). Each case runs two rounds on two
+// copies of one problem (garbage-filled records and outputs, reversed slots, a padding row):
 //   eager:    verify (cursor 0) -> fold of n accepted steps -> verify of new inputs;
 //   deferred: verify at random per-slot cursors (records wrap around the ring) -> deferred
 //             commit (pending n, cursor + n) -> verify of the same new inputs, which folds first.
@@ -83,9 +82,9 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
       make_case(/*B=*/5, /*T=*/4, /*H=*/2, /*HV=*/4, /*K=*/128, /*V=*/128, RecordMode::kRing, 3),
       make_case(/*B=*/4, /*T=*/8, /*H=*/1, /*HV=*/2, /*K=*/64, /*V=*/64, RecordMode::kRing, 4),
       make_case(/*B=*/3, /*T=*/3, /*H=*/2, /*HV=*/2, /*K=*/128, /*V=*/96, RecordMode::kRing, 5),
-      // Eight pending steps at K = 128 (the late fold's spare warps take two batches each).
+      // Eight pending steps at K = 128 (a whole chunk of fold jobs).
       make_case(/*B=*/3, /*T=*/8, /*H=*/1, /*HV=*/2, /*K=*/128, /*V=*/128, RecordMode::kRing, 6),
-      // More pending steps than one chunk (the late-fold tiles fold those first) beside fewer.
+      // More pending steps than one chunk (the fold runs two chunks) beside fewer.
       [] {
         VerifyCase x = make_case(/*B=*/3, /*T=*/12, /*H=*/1, /*HV=*/2, /*K=*/64, /*V=*/64,
                                  RecordMode::kRing, 7);
