@@ -666,7 +666,7 @@ void KdaAttentionBackend::enqueue_commit(const TensorView& accepted_lengths,
                                          const TensorView* accepted_paths, const CommitTrack* track,
                                          cudaStream_t stream) {
   const char* call = accepted_paths != nullptr ? "commit_tree" : "commit";
-  round_.check_can_commit();
+  round_.check_can_commit(call);
   const bool tree = batch_shape_ == DraftShape::kTree;
   KDA_CHECK_CODE(tree == (accepted_paths != nullptr), ErrorCode::kLifecycle,
                  "{}: the prepared round is a {} batch; {}", call, draft_shape_name(batch_shape_),

@@ -93,21 +93,21 @@ void RoundTracker::check_can_run(RoundKind kind, int layer) const {
   }
 }
 
-void RoundTracker::check_can_commit() const {
+void RoundTracker::check_can_commit(const char* call) const {
   if (kind_ == RoundKind::kExtend) {
     KDA_THROW(ErrorCode::kLifecycle,
-              "commit: the current round is an extend round (extend commits in place; {})",
+              "{}: the current round is an extend round (extend commits in place; {})", call,
               describe());
   }
   if (kind_ == RoundKind::kNone) {
     KDA_THROW(ErrorCode::kLifecycle,
-              "commit: no verify round to commit (call prepare() and verify every layer first)");
+              "{}: no verify round to commit (call prepare() and verify every layer first)", call);
   }
   if (layers_done_ != num_layers()) {
     KDA_THROW(ErrorCode::kLifecycle,
-              "commit: only {} of {} layers verified (missing layers {}); verify every layer "
+              "{}: only {} of {} layers verified (missing layers {}); verify every layer "
               "first",
-              layers_done_, num_layers(), list_layers(false));
+              call, layers_done_, num_layers(), list_layers(false));
   }
 }
 

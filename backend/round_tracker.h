@@ -30,7 +30,7 @@ class RoundTracker {
 
   void check_can_prepare(const char* call) const;
   void check_can_run(RoundKind kind, int layer) const;  ///< verify(layer) / extend(layer)
-  void check_can_commit() const;
+  void check_can_commit(const char* call) const;
   void check_can_mark_graph_round() const;
 
   void on_prepared(RoundKind kind);

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -439,6 +440,40 @@ int kda_prepare(kda_backend* backend, int32_t T, const int32_t* slots, int32_t B
   });
 }
 
+int kda_prepare_shaped(kda_backend* backend, int32_t T, const int32_t* slots, int32_t B,
+                       const int32_t* rows, const int32_t* lengths, const int32_t* offsets,
+                       const int32_t* parents, void* stream) {
+  return guarded([&] {
+    kda::KdaAttentionBackend& b = kda::capi::backend_of(backend, "prepare");
+    kda::BatchSpec batch;
+    batch.T = T;
+    batch.slots = kda::capi::host_array(slots, B, "prepare", "slots");
+    if (rows != nullptr) {
+      batch.rows = kda::capi::host_array(rows, B, "prepare", "rows");
+    }
+    KDA_CHECK(lengths == nullptr || parents == nullptr,
+              "prepare: lengths (a ragged chain) and parents (a tree) were both given; a draft "
+              "is one or the other");
+    KDA_CHECK(offsets == nullptr || lengths != nullptr,
+              "prepare: offsets were given without lengths (offsets describe a ragged chain)");
+    if (lengths != nullptr) {
+      batch.lengths = kda::capi::host_array(lengths, B, "prepare", "lengths");
+    }
+    if (offsets != nullptr) {
+      KDA_CHECK(B < INT32_MAX, "prepare: B={} leaves no room for B + 1 offsets", B);
+      batch.offsets = kda::capi::host_array(offsets, B + 1, "prepare", "offsets");
+    }
+    if (parents != nullptr) {
+      KDA_CHECK(T >= 1 && B >= 0 && static_cast<int64_t>(B) * T <= INT32_MAX,
+                "prepare: parents needs B*T entries, got B={} T={} (expected B >= 0, T >= 1, "
+                "B*T < 2^31)",
+                B, T);
+      batch.parents = kda::capi::host_array(parents, B * T, "prepare", "parents");
+    }
+    b.prepare(batch, static_cast<cudaStream_t>(stream));
+  });
+}
+
 int kda_prepare_extend(kda_backend* backend, int32_t T, const int32_t* slots, int32_t B,
                        const int32_t* track_slots, const int32_t* track_steps, void* stream) {
   return guarded([&] {
@@ -512,6 +547,36 @@ int kda_commit_tracked(kda_backend* backend, const DLTensor* accepted_lengths,
   });
 }
 
+int kda_commit_tree(kda_backend* backend, const DLTensor* accepted_lengths,
+                    const DLTensor* accepted_paths, void* stream) {
+  return guarded([&] {
+    using namespace kda;
+    KdaAttentionBackend& b = capi::backend_of(backend, "commit_tree");
+    const TensorView acc =
+        capi::to_view(accepted_lengths, "commit_tree", "accepted_lengths", {DType::kI32});
+    const TensorView paths =
+        capi::to_view(accepted_paths, "commit_tree", "accepted_paths", {DType::kI32});
+    b.commit_tree(acc, paths, static_cast<cudaStream_t>(stream));
+  });
+}
+
+int kda_commit_tree_tracked(kda_backend* backend, const DLTensor* accepted_lengths,
+                            const DLTensor* accepted_paths, const DLTensor* track_slots,
+                            const DLTensor* track_steps, void* stream) {
+  return guarded([&] {
+    using namespace kda;
+    KdaAttentionBackend& b = capi::backend_of(backend, "commit_tree");
+    const TensorView acc =
+        capi::to_view(accepted_lengths, "commit_tree", "accepted_lengths", {DType::kI32});
+    const TensorView paths =
+        capi::to_view(accepted_paths, "commit_tree", "accepted_paths", {DType::kI32});
+    CommitTrack track;
+    track.slots = capi::to_view(track_slots, "commit_tree", "track.slots", {DType::kI32});
+    track.steps = capi::to_view(track_steps, "commit_tree", "track.steps", {DType::kI32});
+    b.commit_tree(acc, paths, track, static_cast<cudaStream_t>(stream));
+  });
+}
+
 int kda_materialize(kda_backend* backend, const int32_t* slots, int32_t n, void* stream) {
   return guarded([&] {
     kda::KdaAttentionBackend& b = kda::capi::backend_of(backend, "materialize");
@@ -557,6 +622,12 @@ int kda_backend_info_get(const kda_backend* backend, kda_backend_info* info) {
     r.free_slots = pool.num_free_slots();
     r.batch_size = b.batch_size();
     r.tokens_per_request = b.tokens_per_request();
+    const kda::DraftShape shape =
+        b.round_kind() == kda::RoundKind::kVerify ? b.draft_shape() : kda::DraftShape::kDense;
+    r.draft_shape = shape == kda::DraftShape::kRagged ? KDA_DRAFT_RAGGED
+                    : shape == kda::DraftShape::kTree ? KDA_DRAFT_TREE
+                                                      : KDA_DRAFT_DENSE;
+    r.batch_tokens = b.batch_tokens();
     *info = r;
   });
 }

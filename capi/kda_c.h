@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /** Bumped when a struct or a signature of this header changes. */
-#define KDA_C_ABI_VERSION 1
+#define KDA_C_ABI_VERSION 2
 
 /* Status codes (kda::ErrorCode + 1; 0 = success). */
 #define KDA_OK 0
@@ -60,6 +60,11 @@ extern "C" {
 /* kda_backend_info.record_mode */
 #define KDA_MODE_SNAPSHOT 0
 #define KDA_MODE_RING 1
+
+/* kda_backend_info.draft_shape (kda::DraftShape, contract §8) */
+#define KDA_DRAFT_DENSE 0  /**< T tokens per request, a chain */
+#define KDA_DRAFT_RAGGED 1 /**< lengths[n] tokens per request, a chain */
+#define KDA_DRAFT_TREE 2   /**< T nodes per request, each with a parent */
 
 /** The backend: opaque; made by kda_backend_create, freed by kda_backend_destroy. */
 typedef struct kda_backend kda_backend;
@@ -104,6 +109,8 @@ typedef struct {
   int32_t free_slots;         /**< slots allocate_slot can still hand out */
   int32_t batch_size;         /**< B of the prepared round, 0 when idle */
   int32_t tokens_per_request; /**< T of the prepared round, 0 when idle */
+  int32_t draft_shape;        /**< KDA_DRAFT_* of the prepared verify round (DENSE otherwise) */
+  int64_t batch_tokens;       /**< activation rows N of the prepared round, 0 when idle */
 } kda_backend_info;
 
 /** KDA_C_ABI_VERSION of the library (compare with the header's). */
@@ -144,13 +151,25 @@ int kda_copy_slot(kda_backend* backend, int32_t src, int32_t dst, void* stream);
  * scratch rows or NULL (= batch positions). Host arrays, read during the call. */
 int kda_prepare(kda_backend* backend, int32_t T, const int32_t* slots, int32_t B,
                 const int32_t* rows, void* stream);
+/** Starts a verify round with a draft shape (contract §8; kda::BatchSpec): as kda_prepare, and
+ * lengths [B] (a ragged chain: request n verifies lengths[n] tokens in [1, T]; its token t is
+ * activation row offsets[n] + t, N = the sum of the lengths), offsets [B + 1] (with lengths,
+ * optional: SGLang's query_start_loc, the packed prefix sums of lengths; NULL = those), parents
+ * [B*T] (a tree of T nodes per request, --speculative-eagle-topk > 1: parents[n*T + j] is node
+ * j's parent within request n, -1 for node 0 only, else in [0, j); commit with kda_commit_tree).
+ * lengths and parents are not both given; all NULL is kda_prepare. Host arrays, read during the
+ * call. */
+int kda_prepare_shaped(kda_backend* backend, int32_t T, const int32_t* slots, int32_t B,
+                       const int32_t* rows, const int32_t* lengths, const int32_t* offsets,
+                       const int32_t* parents, void* stream);
 /** Starts an extend (prefill) round of B requests with T prompt tokens each. track_slots and
  * track_steps ([B] host arrays, both or neither): prefix-cache tracks (kda::ExtendTrack). */
 int kda_prepare_extend(kda_backend* backend, int32_t T, const int32_t* slots, int32_t B,
                        const int32_t* track_slots, const int32_t* track_steps, void* stream);
 
 /** Verifies layer `layer` of the prepared round: mixed_qkv [N, D], a [N, HV*K], b [N, HV] bf16
- * (inner dim contiguous), out [N, HV, V] bf16 packed; N = B*T. `info` may be NULL. */
+ * (inner dim contiguous), out [N, HV, V] bf16 packed; N = B*T, or the sum of a ragged round's
+ * lengths (kda_backend_info.batch_tokens). `info` may be NULL. */
 int kda_verify(kda_backend* backend, int layer, const DLTensor* mixed_qkv, const DLTensor* a,
                const DLTensor* b, const DLTensor* out, void* stream, kda_dispatch_info* info);
 /** Runs the prepared extend round on layer `layer` (same tensors as kda_verify). */
@@ -163,6 +182,18 @@ int kda_commit(kda_backend* backend, const DLTensor* accepted_lengths, void* str
  * the backend's device (-1 = no track). */
 int kda_commit_tracked(kda_backend* backend, const DLTensor* accepted_lengths,
                        const DLTensor* track_slots, const DLTensor* track_steps, void* stream);
+
+/** Commits a tree round (kda_prepare_shaped with parents; KdaAttentionBackend::commit_tree):
+ * request i's accepted path is accepted_paths[i][0..n), node indices root first, n =
+ * accepted_lengths[i]; accepted_lengths [B] and accepted_paths [B, T] int32 on the backend's
+ * device, contiguous. A path that is not a root path of the request's tree, or a length outside
+ * [1, T], skips the request and raises the device error flag (kda_check_device_errors). */
+int kda_commit_tree(kda_backend* backend, const DLTensor* accepted_lengths,
+                    const DLTensor* accepted_paths, void* stream);
+/** The same with prefix-cache tracks (track step k is the path's node k). */
+int kda_commit_tree_tracked(kda_backend* backend, const DLTensor* accepted_lengths,
+                            const DLTensor* accepted_paths, const DLTensor* track_slots,
+                            const DLTensor* track_steps, void* stream);
 
 /** Deferred commit: folds the pending steps of slots[n] into every layer's state. */
 int kda_materialize(kda_backend* backend, const int32_t* slots, int32_t n, void* stream);

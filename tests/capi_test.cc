@@ -1,7 +1,8 @@
 // capi_test.cc: the C ABI (capi/kda_c.h) on the host kernel set against the C++ backend: a
 // verify -> commit -> verify round through kda_* gives the C++ backend's outputs and pool bits
-// (both record modes, eager and deferred commit), and every error path returns its status with a
-// message naming the argument, changes nothing and crosses no exception.
+// (both record modes, eager and deferred commit; dense, ragged and tree drafts), and every error
+// path returns its status with a message naming the argument, changes nothing and crosses no
+// exception.
 #include "capi/kda_c.h"
 
 #include <catch2/catch.hpp>
@@ -142,10 +143,13 @@ bool same_pool(kda_backend* c, const KdaStatePool& cpp) {
   return same;
 }
 
-// A C backend mirroring Harness `h` (same flags, weights, allocated slots and committed state).
-kda_backend* mirror(const Harness& h, bool ring, bool deferred) {
+// A C backend mirroring Harness `h` (same flags, weights, allocated slots and committed state);
+// `extra`: flags beyond flag_strings(ring, deferred), as in h's EngineFlags.
+kda_backend* mirror(const Harness& h, bool ring, bool deferred,
+                    const std::vector<std::string>& extra = {}) {
   const kda_model_config m = c_model(h.model);
-  const std::vector<std::string> flags = flag_strings(ring, deferred);
+  std::vector<std::string> flags = flag_strings(ring, deferred);
+  flags.insert(flags.end(), extra.begin(), extra.end());
   const std::vector<const char*> argv = c_strs(flags);
   kda_backend_options options{};
   options.extra_slots = 1;
@@ -182,11 +186,58 @@ struct Commit {
   }
 };
 
+const int32_t* data_or_null(const std::vector<int32_t>& v) {
+  return v.empty() ? nullptr : v.data();
+}
+
+// The activation rows of `batch`: B*T, or the sum of a ragged batch's lengths.
+int64_t batch_rows(const BatchSpec& batch) {
+  if (batch.lengths.empty()) {
+    return static_cast<int64_t>(batch.slots.size()) * batch.T;
+  }
+  int64_t n = 0;
+  for (const int32_t len : batch.lengths) {
+    n += len;
+  }
+  return n;
+}
+
+// verify_all for any draft shape: the first batch_rows(batch) rows of B*T-row activations.
+std::vector<Activations> verify_shaped_all(Harness& h, const BatchSpec& batch, uint64_t seed) {
+  h.backend->prepare(batch, nullptr);
+  const int64_t N = batch_rows(batch);
+  std::vector<Activations> acts;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    acts.push_back(make_activations(h.model, batch.slots, batch.T, seed * 10 + layer));
+    Activations& x = acts.back();
+    x.in.mixed_qkv = x.in.mixed_qkv.narrow(0, 0, N);
+    x.in.a = x.in.a.narrow(0, 0, N);
+    x.in.b = x.in.b.narrow(0, 0, N);
+    x.out_view = x.out_view.narrow(0, 0, N);
+    h.backend->verify(layer, x.in, x.out_view, nullptr);
+  }
+  return acts;
+}
+
 // Verifies every layer through the C ABI with `acts`' inputs into fresh outputs; true if every
-// output equals acts' (the C++ backend's) bitwise.
+// output equals acts' (the C++ backend's) bitwise. A dense batch goes through kda_prepare, a
+// ragged or tree one through kda_prepare_shaped.
 bool c_verify_all(kda_backend* b, const BatchSpec& batch, const std::vector<Activations>& acts) {
-  REQUIRE(kda_prepare(b, batch.T, batch.slots.data(), static_cast<int32_t>(batch.slots.size()),
-                      batch.rows.empty() ? nullptr : batch.rows.data(), nullptr) == KDA_OK);
+  const int32_t B = static_cast<int32_t>(batch.slots.size());
+  if (batch.lengths.empty() && batch.parents.empty()) {
+    REQUIRE(kda_prepare(b, batch.T, batch.slots.data(), B, data_or_null(batch.rows), nullptr) ==
+            KDA_OK);
+  } else {
+    REQUIRE(kda_prepare_shaped(b, batch.T, batch.slots.data(), B, data_or_null(batch.rows),
+                               data_or_null(batch.lengths), data_or_null(batch.offsets),
+                               data_or_null(batch.parents), nullptr) == KDA_OK);
+  }
+  kda_backend_info binfo{};
+  REQUIRE(kda_backend_info_get(b, &binfo) == KDA_OK);
+  CHECK(binfo.batch_tokens == batch_rows(batch));
+  CHECK(binfo.draft_shape == (!batch.lengths.empty()   ? KDA_DRAFT_RAGGED
+                              : !batch.parents.empty() ? KDA_DRAFT_TREE
+                                                       : KDA_DRAFT_DENSE));
   bool same = true;
   for (int layer = 0; layer < kLayers; ++layer) {
     const Activations& x = acts[static_cast<size_t>(layer)];
@@ -265,6 +316,84 @@ TEST_CASE("capi: verify -> commit -> verify equals the C++ backend bitwise", "[c
   }
 }
 
+TEST_CASE("capi: ragged and tree rounds equal the C++ backend bitwise", "[capi]") {
+  for (const bool ring : {false, true}) {
+    for (const bool deferred : {false, true}) {
+      if (deferred && !ring) {
+        continue;
+      }
+      CAPTURE(ring, deferred);
+      // Ragged chains (lengths, then explicit offsets), a padding row, committed with kda_commit.
+      Harness h(kGqaCase, ring, Platform{}, /*fused=*/true, deferred);
+      kda_backend* c = mirror(h, ring, deferred);
+      BatchSpec ragged{kT, {3, -1, 1}, {2, 0, 1}};
+      ragged.lengths = {2, 1, kT};
+      const std::vector<Activations> x1 = verify_shaped_all(h, ragged, 5);
+      CHECK(c_verify_all(c, ragged, x1));
+      CHECK(same_pool(c, h.pool()));
+      const std::vector<int32_t> accepted = {2, 1, 3};
+      commit(h, accepted);
+      const Commit acc(accepted);
+      const Dl acc_dl(acc.view);
+      REQUIRE(kda_commit(c, acc_dl.dl(), nullptr) == KDA_OK);
+      REQUIRE(kda_check_device_errors(c, nullptr) == KDA_OK);
+      CHECK(same_pool(c, h.pool()));
+
+      BatchSpec with_offsets{kT, {1, 4, 3}, {}};
+      with_offsets.lengths = {kT, 1, 3};
+      with_offsets.offsets = {0, kT, kT + 1, kT + 4};
+      const std::vector<Activations> x2 = verify_shaped_all(h, with_offsets, 6);
+      CHECK(c_verify_all(c, with_offsets, x2));
+      const std::vector<int32_t> accepted2 = {3, 1, 2};
+      commit(h, accepted2);
+      const Commit acc2(accepted2);
+      const Dl acc2_dl(acc2.view);
+      REQUIRE(kda_commit(c, acc2_dl.dl(), nullptr) == KDA_OK);
+      const std::vector<int32_t> all = {0, 1, 2, 3, 4};
+      h.backend->materialize(all, nullptr);
+      REQUIRE(kda_materialize(c, all.data(), 5, nullptr) == KDA_OK);
+      CHECK(same_pool(c, h.pool()));
+      kda_backend_destroy(c);
+    }
+    // A tree round needs --speculative-eagle-topk > 1 and commits eagerly.
+    EngineFlags f = flags_for(ring, /*deferred=*/false);
+    f.eagle_topk = 2;
+    Harness h(kGqaCase, f, Platform{});
+    kda_backend* c = mirror(h, ring, /*deferred=*/false, {"--speculative-eagle-topk", "2"});
+    // Trees of kT = 4 nodes, at most two children per node; a padding row; committed along
+    // root paths with kda_commit_tree and kda_commit_tree_tracked.
+    BatchSpec tree{kT, {2, -1, 0}, {}};
+    tree.parents = {-1, 0, 0, 1, -1, 0, 1, 2, -1, 0, 1, 1};
+    const std::vector<Activations> x = verify_shaped_all(h, tree, 7);
+    CHECK(c_verify_all(c, tree, x));
+    CHECK(same_pool(c, h.pool()));
+    const std::vector<int32_t> lengths = {3, 1, 2};
+    const std::vector<int32_t> paths = {0, 1, 3, 0, 0, 0, 0, 0, 0, 1, 0, 0};
+    const Commit acc(lengths), path(paths);
+    const TensorView path_view = path.buf.view(DType::kI32, {3, kT});
+    h.backend->commit_tree(acc.view, path_view, nullptr);
+    const Dl acc_dl(acc.view), path_dl(path_view);
+    REQUIRE(kda_commit_tree(c, acc_dl.dl(), path_dl.dl(), nullptr) == KDA_OK);
+    REQUIRE(kda_check_device_errors(c, nullptr) == KDA_OK);
+    CHECK(same_pool(c, h.pool()));
+
+    // The same tree again, committed with a track of request 0's node 1 into slot 4.
+    const std::vector<Activations> y = verify_shaped_all(h, tree, 8);
+    CHECK(c_verify_all(c, tree, y));
+    const Commit track_slots({4, -1, -1}), track_steps({1, -1, -1});
+    CommitTrack track;
+    track.slots = track_slots.view;
+    track.steps = track_steps.view;
+    h.backend->commit_tree(acc.view, path_view, track, nullptr);
+    const Dl ts(track_slots.view), tp(track_steps.view);
+    REQUIRE(kda_commit_tree_tracked(c, acc_dl.dl(), path_dl.dl(), ts.dl(), tp.dl(), nullptr) ==
+            KDA_OK);
+    REQUIRE(kda_check_device_errors(c, nullptr) == KDA_OK);
+    CHECK(same_pool(c, h.pool()));
+    kda_backend_destroy(c);
+  }
+}
+
 TEST_CASE("capi: errors return the status, name the argument and change nothing", "[capi]") {
   Harness h(kGqaCase, /*ring=*/true, Platform{});
   kda_backend* c = mirror(h, /*ring=*/true, /*deferred=*/false);
@@ -318,6 +447,42 @@ TEST_CASE("capi: errors return the status, name the argument and change nothing"
            KDA_ERROR_INVALID_ARGUMENT, "prepare: slots[1] = 7 out of range");
   rejected([&] { return kda_prepare(c, kT, nullptr, 2, nullptr, nullptr); },
            KDA_ERROR_INVALID_ARGUMENT, "prepare: slots is NULL");
+  const int32_t lengths[] = {2, 1}, parents[] = {-1, 0, 0, 1, -1, 0, 1, 2};
+  const int32_t offsets[] = {0, 2, 3};
+  rejected(
+      [&] {
+        return kda_prepare_shaped(c, kT, batch.slots.data(), 2, nullptr, lengths, nullptr, parents,
+                                  nullptr);
+      },
+      KDA_ERROR_INVALID_ARGUMENT, "prepare: lengths (a ragged chain) and parents (a tree)");
+  rejected(
+      [&] {
+        return kda_prepare_shaped(c, kT, batch.slots.data(), 2, nullptr, nullptr, offsets, nullptr,
+                                  nullptr);
+      },
+      KDA_ERROR_INVALID_ARGUMENT, "prepare: offsets were given without lengths");
+  rejected(
+      [&] {
+        return kda_prepare_shaped(c, 0, batch.slots.data(), 2, nullptr, nullptr, nullptr, parents,
+                                  nullptr);
+      },
+      KDA_ERROR_INVALID_ARGUMENT, "prepare: parents needs B*T entries, got B=2 T=0");
+  const int32_t bad_lengths[] = {2, kT + 1};
+  rejected(
+      [&] {
+        return kda_prepare_shaped(c, kT, batch.slots.data(), 2, nullptr, bad_lengths, nullptr,
+                                  nullptr, nullptr);
+      },
+      KDA_ERROR_INVALID_ARGUMENT, "lengths");
+  // Without --speculative-eagle-topk > 1 a tree is refused by the backend.
+  rejected(
+      [&] {
+        return kda_prepare_shaped(c, kT, batch.slots.data(), 2, nullptr, nullptr, nullptr, parents,
+                                  nullptr);
+      },
+      KDA_ERROR_INVALID_ARGUMENT, "parents");
+  rejected([&] { return kda_commit_tree(c, acc_dl.dl(), acc_dl.dl(), nullptr); },
+           KDA_ERROR_LIFECYCLE, "commit_tree: no verify round to commit");
   rejected([&] { return kda_release_slot(c, 9); }, KDA_ERROR_INVALID_ARGUMENT, "9");
   int32_t slot = -1;
   rejected([&] { return kda_allocate_slot(c, nullptr, &slot); }, KDA_ERROR_OUT_OF_MEMORY, "");

@@ -256,13 +256,16 @@ class Backend:
 
     def info(self):
         """num_layers, num_slots, num_rows, max_draft_tokens, ring_len, record_mode ("ring" /
-        "snapshot"), deferred_commit, device, free_slots, batch_size, tokens_per_request."""
+        "snapshot"), deferred_commit, device, free_slots, batch_size, tokens_per_request,
+        draft_shape ("dense" / "ragged" / "tree": the prepared verify round's) and
+        batch_tokens (the prepared round's activation rows N)."""
         out = _lib.BackendInfo()
         self._check(self._lib.kda_backend_info_get(self._handle("backend_info"),
                                                    ctypes.byref(out)))
         d = {name: getattr(out, name) for name, _ in _lib.BackendInfo._fields_}
         d["record_mode"] = "ring" if d["record_mode"] == 1 else "snapshot"
         d["deferred_commit"] = bool(d["deferred_commit"])
+        d["draft_shape"] = ("dense", "ragged", "tree")[d["draft_shape"]]
         d["device"] = "host" if d.pop("device_type") == _dlpack.kDLCPU else \
             f"cuda:{d['device_id']}"
         d.pop("device_id")
@@ -297,9 +300,14 @@ class Backend:
                                             _stream_handle(stream)))
 
     # ---- lifecycle ----
-    def prepare(self, T, slots, rows=None, stream=0):
+    def prepare(self, T, slots, rows=None, stream=0, *, lengths=None, offsets=None,
+                parents=None):
         """A verify round: len(slots) requests of T tokens (-1 = padding); rows: scratch rows
-        (None = batch positions). Host sequences."""
+        (None = batch positions). Draft shapes (contract §8): lengths, a ragged chain (request n
+        verifies lengths[n] tokens in [1, T]; verify then takes sum(lengths) activation rows),
+        with optional offsets (B + 1 packed start rows, SGLang's query_start_loc); or parents,
+        a tree of T nodes per request (B*T entries: node j's parent within its request, -1 for
+        node 0; commit with commit_tree). Host sequences."""
         h = self._handle("prepare")
         s, n = _i32_array(slots, "prepare", "slots")
         r = None
@@ -308,7 +316,22 @@ class Backend:
             if nr != n:
                 raise Error(INVALID_ARGUMENT, f"prepare: rows has {nr} entries for {n} "
                             "requests (None = batch position)")
-        self._check(self._lib.kda_prepare(h, int(T), s, n, r, _stream_handle(stream)))
+        if lengths is None and offsets is None and parents is None:
+            self._check(self._lib.kda_prepare(h, int(T), s, n, r, _stream_handle(stream)))
+            return
+        shaped = []
+        for values, name, want in ((lengths, "lengths", n), (offsets, "offsets", n + 1),
+                                   (parents, "parents", n * int(T))):
+            if values is None:
+                shaped.append(None)
+                continue
+            arr, count = _i32_array(values, "prepare", name)
+            if count != want:
+                raise Error(INVALID_ARGUMENT, f"prepare: {name} has {count} entries, expected "
+                            f"{want} for {n} requests of T={int(T)}")
+            shaped.append(arr)
+        self._check(self._lib.kda_prepare_shaped(h, int(T), s, n, r, *shaped,
+                                                 _stream_handle(stream)))
 
     def prepare_extend(self, T, slots, track_slots=None, track_steps=None, stream=0):
         h = self._handle("prepare_extend")
@@ -363,6 +386,25 @@ class Backend:
         self._check(self._lib.kda_commit_tracked(h, acc.ptr if acc else None,
                                                  ts.ptr if ts else None,
                                                  tp.ptr if tp else None, st))
+
+    def commit_tree(self, accepted_lengths, accepted_paths, stream=0, track_slots=None,
+                    track_steps=None):
+        """Commits a tree round: accepted_lengths [B] and accepted_paths [B, T] int32 on the
+        backend's device (request i's path: node indices root first, accepted_lengths[i] of
+        them); with track_slots/track_steps ([B] int32) also the prefix-cache tracks (track step
+        k = the path's node k)."""
+        h = self._handle("commit_tree")
+        st = _stream_handle(stream)
+        acc = self._borrow(accepted_lengths, "commit_tree", "accepted_lengths", st)
+        paths = self._borrow(accepted_paths, "commit_tree", "accepted_paths", st)
+        ptrs = [acc.ptr if acc else None, paths.ptr if paths else None]
+        if track_slots is None and track_steps is None:
+            self._check(self._lib.kda_commit_tree(h, *ptrs, st))
+            return
+        ts = self._borrow(track_slots, "commit_tree", "track.slots", st)
+        tp = self._borrow(track_steps, "commit_tree", "track.steps", st)
+        self._check(self._lib.kda_commit_tree_tracked(h, *ptrs, ts.ptr if ts else None,
+                                                      tp.ptr if tp else None, st))
 
     def materialize(self, slots, stream=0):
         h = self._handle("materialize")

@@ -7,7 +7,7 @@ import sys
 
 from ._dlpack import DLTensor
 
-ABI_VERSION = 1  # KDA_C_ABI_VERSION of the header this package was written against
+ABI_VERSION = 2  # KDA_C_ABI_VERSION of the header this package was written against
 
 # Library file names, most specific first: the C ABI library of the Bazel tree, then the
 # installed libkda.so (which exports the same kda_* symbols).
@@ -41,7 +41,7 @@ class BackendInfo(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int32) for name in (
         "num_layers", "num_slots", "num_rows", "max_draft_tokens", "ring_len", "record_mode",
         "deferred_commit", "device_type", "device_id", "free_slots", "batch_size",
-        "tokens_per_request")]
+        "tokens_per_request", "draft_shape")] + [("batch_tokens", ctypes.c_int64)]
 
 
 _p = ctypes.c_void_p
@@ -63,12 +63,16 @@ _SIGNATURES = {
     "kda_release_slot": (ctypes.c_int, [_p, _i32]),
     "kda_copy_slot": (ctypes.c_int, [_p, _i32, _i32, _p]),
     "kda_prepare": (ctypes.c_int, [_p, _i32, _i32p, _i32, _i32p, _p]),
+    "kda_prepare_shaped": (ctypes.c_int, [_p, _i32, _i32p, _i32, _i32p, _i32p, _i32p, _i32p,
+                                          _p]),
     "kda_prepare_extend": (ctypes.c_int, [_p, _i32, _i32p, _i32, _i32p, _i32p, _p]),
     "kda_verify": (ctypes.c_int, [_p, ctypes.c_int, _dl, _dl, _dl, _dl, _p,
                                   ctypes.POINTER(DispatchInfo)]),
     "kda_extend": (ctypes.c_int, [_p, ctypes.c_int, _dl, _dl, _dl, _dl, _p]),
     "kda_commit": (ctypes.c_int, [_p, _dl, _p]),
     "kda_commit_tracked": (ctypes.c_int, [_p, _dl, _dl, _dl, _p]),
+    "kda_commit_tree": (ctypes.c_int, [_p, _dl, _dl, _p]),
+    "kda_commit_tree_tracked": (ctypes.c_int, [_p, _dl, _dl, _dl, _dl, _p]),
     "kda_materialize": (ctypes.c_int, [_p, _i32p, _i32, _p]),
     "kda_abort_round": (ctypes.c_int, [_p, _p]),
     "kda_record_graph_verify_round": (ctypes.c_int, [_p]),
