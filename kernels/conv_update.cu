@@ -22,6 +22,46 @@ __device__ __forceinline__ void load_pair_taps(const VerifyParams& p, int64_t ch
   }
 }
 
+/// Both conv_update kernels' start: the thread's channel pair (ch, ch + 1) of request
+/// blockIdx.y (one thread per pair: bf16x2 loads and stores, D is even) and its taps (layer
+/// weights: before the PDL wait), then the request's slot; -1 when the thread has nothing to do
+/// (a padding row, or ch >= D).
+template <typename WeightT>
+__device__ __forceinline__ int begin_conv_pair(const VerifyParams& p, int64_t& ch, ConvTaps& taps0,
+                                               ConvTaps& taps1) {
+  const int64_t D = qkv_dim(p);
+  ch = 2 * (static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x);
+  load_pair_taps<WeightT>(p, ch, D, taps0, taps1);
+  pdl_enter();
+  const int slot = p.slots[blockIdx.y];
+  return slot < 0 || ch >= D ? -1 : slot;
+}
+
+/// Three conv window rows of a channel pair at `from` (pitch D), oldest first.
+__device__ __forceinline__ void load_pair_window(const bf16_t* from, int64_t D, float2& c0,
+                                                 float2& c1, float2& c2) {
+  c0 = ld_bf16x2(from);
+  c1 = ld_bf16x2(from + D);
+  c2 = ld_bf16x2(from + 2 * D);
+}
+
+/// One token of a channel pair: conv + SiLU of input x on the window (c0, c1, c2) to `act`, the
+/// window slid by x, and the slid window to `win` (three rows of pitch D).
+template <typename WeightT>
+__device__ __forceinline__ void conv_pair_token(const ConvTaps& taps0, const ConvTaps& taps1,
+                                                float2& c0, float2& c1, float2& c2, float2 x,
+                                                bf16_t* act, bf16_t* win, int64_t D) {
+  const float a0 = conv_acc<WeightT>(taps0, c0.x, c1.x, c2.x, x.x);
+  const float a1 = conv_acc<WeightT>(taps1, c0.y, c1.y, c2.y, x.y);
+  c0 = c1;
+  c1 = c2;
+  c2 = x;
+  st_bf16x2(act, silu_bf16(a0), silu_bf16(a1));
+  st_bf16x2(win, c0.x, c0.y);
+  st_bf16x2(win + D, c1.x, c1.y);
+  st_bf16x2(win + 2 * D, c2.x, c2.y);
+}
+
 /// Tokens whose inputs one thread loads before computing any of them (memory parallelism).
 constexpr int kConvChunk = 4;
 
@@ -29,21 +69,16 @@ template <typename WeightT>
 __global__ void __launch_bounds__(kConvThreads)
     conv_update_kernel(const __grid_constant__ VerifyParams p) {
   const int64_t D = qkv_dim(p);
-  // One thread per channel pair (ch, ch + 1): bf16x2 loads and stores (D is even).
-  const int64_t ch = 2 * (static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x);
-  const int n = blockIdx.y;
+  int64_t ch = 0;
   ConvTaps taps0{}, taps1{};
-  load_pair_taps<WeightT>(p, ch, D, taps0, taps1);  // layer weights: before the PDL wait
-  pdl_enter();
-  const int slot = p.slots[n];
-  if (slot < 0 || ch >= D) {
+  const int slot = begin_conv_pair<WeightT>(p, ch, taps0, taps1);
+  if (slot < 0) {
     return;
   }
+  const int n = blockIdx.y;
   const int64_t row = p.rows[n];
-  const bf16_t* cs = p.conv_state + slot * p.conv_state_slot_stride + ch;
-  float2 c0 = ld_bf16x2(cs);
-  float2 c1 = ld_bf16x2(cs + D);
-  float2 c2 = ld_bf16x2(cs + 2 * D);
+  float2 c0, c1, c2;
+  load_pair_window(p.conv_state + slot * p.conv_state_slot_stride + ch, D, c0, c1, c2);
   for (int t0 = 0; t0 < p.T; t0 += kConvChunk) {
     const int tc = min(kConvChunk, p.T - t0);
     float2 xs[kConvChunk];
@@ -60,17 +95,9 @@ __global__ void __launch_bounds__(kConvThreads)
       }
       const int t = t0 + tt;
       const int64_t r = static_cast<int64_t>(n) * p.T + t;
-      const float a0 = conv_acc<WeightT>(taps0, c0.x, c1.x, c2.x, xs[tt].x);
-      const float a1 = conv_acc<WeightT>(taps1, c0.y, c1.y, c2.y, xs[tt].y);
-      c0 = c1;
-      c1 = c2;
-      c2 = xs[tt];
-      st_bf16x2(p.qkv_act + r * D + ch, silu_bf16(a0), silu_bf16(a1));
-      bf16_t* w =
-          p.conv_window + row * p.conv_window_row_stride + static_cast<int64_t>(t) * 3 * D + ch;
-      st_bf16x2(w, c0.x, c0.y);
-      st_bf16x2(w + D, c1.x, c1.y);
-      st_bf16x2(w + 2 * D, c2.x, c2.y);
+      conv_pair_token<WeightT>(
+          taps0, taps1, c0, c1, c2, xs[tt], p.qkv_act + r * D + ch,
+          p.conv_window + row * p.conv_window_row_stride + static_cast<int64_t>(t) * 3 * D + ch, D);
     }
   }
 }
@@ -83,43 +110,29 @@ template <typename WeightT>
 __global__ void __launch_bounds__(kConvThreads)
     conv_update_shaped_kernel(const __grid_constant__ VerifyParams p) {
   const int64_t D = qkv_dim(p);
-  const int64_t ch = 2 * (static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x);
-  const int n = blockIdx.y;
+  int64_t ch = 0;
   ConvTaps taps0{}, taps1{};
-  load_pair_taps<WeightT>(p, ch, D, taps0, taps1);  // layer weights: before the PDL wait
-  pdl_enter();
-  const int slot = p.slots[n];
-  if (slot < 0 || ch >= D) {
+  const int slot = begin_conv_pair<WeightT>(p, ch, taps0, taps1);
+  if (slot < 0) {
     return;
   }
+  const int n = blockIdx.y;
   const int64_t row0 = p.token_offsets != nullptr ? p.token_offsets[n] : int64_t{n} * p.T;
   const int T = p.token_offsets != nullptr ? p.token_offsets[n + 1] - p.token_offsets[n] : p.T;
   const int32_t* parents = p.parents != nullptr ? p.parents + int64_t{n} * p.T : nullptr;
   const bf16_t* cs = p.conv_state + slot * p.conv_state_slot_stride + ch;
   bf16_t* win = p.conv_window + p.rows[n] * p.conv_window_row_stride + ch;
-  float2 c0 = ld_bf16x2(cs);
-  float2 c1 = ld_bf16x2(cs + D);
-  float2 c2 = ld_bf16x2(cs + 2 * D);
+  float2 c0, c1, c2;
+  load_pair_window(cs, D, c0, c1, c2);
   for (int t = 0; t < T; ++t) {
     const int parent = parents != nullptr ? parents[t] : t - 1;
     if (parents != nullptr && parent != t - 1) {
-      const bf16_t* from = parent < 0 ? cs : win + static_cast<int64_t>(parent) * 3 * D;
-      c0 = ld_bf16x2(from);
-      c1 = ld_bf16x2(from + D);
-      c2 = ld_bf16x2(from + 2 * D);
+      load_pair_window(parent < 0 ? cs : win + static_cast<int64_t>(parent) * 3 * D, D, c0, c1, c2);
     }
     const int64_t r = row0 + t;
-    const float2 x = ld_bf16x2(p.mixed_qkv + r * p.mixed_qkv_stride + ch);
-    const float a0 = conv_acc<WeightT>(taps0, c0.x, c1.x, c2.x, x.x);
-    const float a1 = conv_acc<WeightT>(taps1, c0.y, c1.y, c2.y, x.y);
-    c0 = c1;
-    c1 = c2;
-    c2 = x;
-    st_bf16x2(p.qkv_act + r * D + ch, silu_bf16(a0), silu_bf16(a1));
-    bf16_t* w = win + static_cast<int64_t>(t) * 3 * D;
-    st_bf16x2(w, c0.x, c0.y);
-    st_bf16x2(w + D, c1.x, c1.y);
-    st_bf16x2(w + 2 * D, c2.x, c2.y);
+    conv_pair_token<WeightT>(taps0, taps1, c0, c1, c2,
+                             ld_bf16x2(p.mixed_qkv + r * p.mixed_qkv_stride + ch),
+                             p.qkv_act + r * D + ch, win + static_cast<int64_t>(t) * 3 * D, D);
   }
 }
 

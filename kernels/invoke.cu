@@ -249,14 +249,7 @@ void invoke_commit(const CommitParams& p, cudaStream_t stream) {
               "invoke_commit: num_layers={} must be <= {} (grid dimension)", p.num_layers,
               kMaxGridDim);
     launch_commit_shape(p, stream);
-    CommitParams dense = p;
-    dense.accepted = p.checked_accepted;
-    dense.token_offsets = nullptr;
-    dense.parents = nullptr;
-    if (p.mode == RecordMode::kRing) {
-      dense.accepted_paths = nullptr;  // the records now sit at steps 0..n-1
-    }
-    invoke_commit(dense, stream);
+    invoke_commit(params::dense_commit_stage(p), stream);
     return;
   }
   switch (p.kind) {

@@ -185,6 +185,17 @@ void check_extend(const ExtendParams& e, const char* op) {
             "{}: track_slots and track_steps go together ([B] each, or both null = no track)", op);
 }
 
+CommitParams dense_commit_stage(const CommitParams& p) {
+  CommitParams dense = p;
+  dense.accepted = p.checked_accepted;
+  dense.token_offsets = nullptr;
+  dense.parents = nullptr;
+  if (p.mode == RecordMode::kRing) {
+    dense.accepted_paths = nullptr;
+  }
+  return dense;
+}
+
 uint32_t commit_needs(const CommitParams& p) {
   switch (p.kind) {
     case CommitKind::kEager:

@@ -42,6 +42,11 @@ void check_commit(const CommitParams& p, const char* op, uint32_t needs);
 /// copy, and the conv commit; deferred: the conv commit (and the fold, with tracks);
 /// materialize: the fold; drop-pending: nothing beyond the pending counts.
 uint32_t commit_needs(const CommitParams& p);
+/// A shaped round's second stage (CommitParams::checked_accepted): the dense commit from the
+/// lengths stage 1 checked, without token_offsets and parents; ring mode also without
+/// accepted_paths (stage 1 moved the path's records to steps 0..n-1), snapshot mode with them
+/// (its copies take node paths[i*T + k] for step k).
+CommitParams dense_commit_stage(const CommitParams& p);
 /// block_v is one of kernels::kFusedBlockVs (tile_policy.h), e.g.
 ///   "invoke_verify_fused: block_v=12 unsupported, expected one of 8, 16, 32, 64, 128".
 void check_block_v(int block_v, const char* op);

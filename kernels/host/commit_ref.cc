@@ -200,14 +200,7 @@ void commit(const CommitParams& p) {
     detail::validate_commit(p, "kda::host::commit", params::commit_needs(p));
     check_shape(p, "kda::host::commit");
     commit_shape(p);
-    CommitParams dense = p;
-    dense.accepted = p.checked_accepted;
-    dense.token_offsets = nullptr;
-    dense.parents = nullptr;
-    if (p.mode == RecordMode::kRing) {
-      dense.accepted_paths = nullptr;  // the records now sit at steps 0..n-1
-    }
-    commit(dense);
+    commit(params::dense_commit_stage(p));
     return;
   }
   // Everything this commit touches is validated before the first write.
