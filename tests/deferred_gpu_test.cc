@@ -7,13 +7,16 @@
 //   eager:    verify (cursor 0) -> fold of n accepted steps -> verify of new inputs;
 //   deferred: verify at random per-slot cursors (records wrap around the ring) -> deferred
 //             commit (pending n, cursor + n) -> verify of the same new inputs, which folds first.
-// The second verify's outputs and windows, its ring records (at the shifted positions) and the
-// committed state after it are bitwise equal; the deferred commit moved no SSM state; the
-// materializing fold (kMaterialize) of the same pending steps gives the same state; and a
-// padding row and the slots outside the batch are untouched.
+// The second verify (T tokens, or T / 2: fewer tokens than the most pending steps; at T = 12 the
+// 6-token verify streams on the streamed paths, and its fold runs two chunks of pending steps)
+// has bitwise equal outputs and windows, ring records (at the shifted positions) and committed
+// state after it; the deferred commit moved no SSM state; the materializing fold (kMaterialize)
+// of the same pending steps gives the same state; and a padding row and the slots outside the
+// batch are untouched.
 #include <cuda_runtime_api.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -36,7 +39,7 @@ struct Path {
 
 void verify(const VerifyParams& p, const Path& path) {
   kernels::set_state_stream_mode(
-      path.stream, /*max_ctas=*/path.stream == kernels::StateStreamMode::kAlways ? 8 : 0);
+      path.stream, /*max_ctas=*/path.stream == kernels::StateStreamMode::kAlways ? 3 : 0);
   kernels::set_tile_occupancy_mode(path.occupancy);
   if (path.block_v == 0) {
     kernels::invoke_verify_unfused(p, nullptr);
@@ -209,10 +212,14 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
     }
   }
 
-  SECTION("the next verify folds first") {
+  // The next round's verify on both copies, with Tn tokens per request, against each other.
+  const auto next_verify = [&](int Tn) {
     new_inputs(eager, deferred, c.seed + 100);
-    verify(eager.params(), path);
-    verify(pd, path);
+    VerifyParams pe = eager.params(), pn = pd;
+    pe.T = Tn;
+    pn.T = Tn;
+    verify(pe, path);
+    verify(pn, path);
     CHECK(same(deferred.out(), eager.out()));
     CHECK(same(deferred.conv_window(), eager.conv_window()));
     CHECK(same(deferred.ssm_state(), eager.ssm_state()));  // the folded state, written back
@@ -224,7 +231,7 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
       if (s < 0) {
         continue;
       }
-      for (int t = 0; t < T; ++t) {
+      for (int t = 0; t < Tn; ++t) {
         const int pos = (c1[static_cast<size_t>(s)] + t) & (L - 1);
         CAPTURE(i, s, t, pos);
         for (int hv = 0; hv < c.HV; ++hv) {
@@ -237,7 +244,10 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
         }
       }
     }
-  }
+  };
+  SECTION("the next verify folds first") { next_verify(T); }
+  // Fewer tokens than the pending steps (at T = 12: 6 tokens, 12 pending for request 0).
+  SECTION("a shorter next verify folds first") { next_verify(std::max(1, T / 2)); }
   SECTION("materialize folds the same steps") {
     CommitParams cm = cd;
     cm.kind = CommitKind::kMaterialize;
