@@ -426,20 +426,6 @@ int kda_copy_slot(kda_backend* backend, int32_t src, int32_t dst, void* stream) 
   });
 }
 
-int kda_prepare(kda_backend* backend, int32_t T, const int32_t* slots, int32_t B,
-                const int32_t* rows, void* stream) {
-  return guarded([&] {
-    kda::KdaAttentionBackend& b = kda::capi::backend_of(backend, "prepare");
-    kda::BatchSpec batch;
-    batch.T = T;
-    batch.slots = kda::capi::host_array(slots, B, "prepare", "slots");
-    if (rows != nullptr) {
-      batch.rows = kda::capi::host_array(rows, B, "prepare", "rows");
-    }
-    b.prepare(batch, static_cast<cudaStream_t>(stream));
-  });
-}
-
 int kda_prepare_shaped(kda_backend* backend, int32_t T, const int32_t* slots, int32_t B,
                        const int32_t* rows, const int32_t* lengths, const int32_t* offsets,
                        const int32_t* parents, void* stream) {
@@ -472,6 +458,11 @@ int kda_prepare_shaped(kda_backend* backend, int32_t T, const int32_t* slots, in
     }
     b.prepare(batch, static_cast<cudaStream_t>(stream));
   });
+}
+
+int kda_prepare(kda_backend* backend, int32_t T, const int32_t* slots, int32_t B,
+                const int32_t* rows, void* stream) {
+  return kda_prepare_shaped(backend, T, slots, B, rows, nullptr, nullptr, nullptr, stream);
 }
 
 int kda_prepare_extend(kda_backend* backend, int32_t T, const int32_t* slots, int32_t B,

@@ -219,6 +219,16 @@ std::vector<Activations> verify_shaped_all(Harness& h, const BatchSpec& batch, u
   return acts;
 }
 
+// Commits the prepared round with `accepted` on the C++ backend and through kda_commit, and
+// checks the device error flag of the C backend.
+void commit_both(Harness& h, kda_backend* c, const std::vector<int32_t>& accepted) {
+  commit(h, accepted);
+  const Commit acc(accepted);
+  const Dl acc_dl(acc.view);
+  REQUIRE(kda_commit(c, acc_dl.dl(), nullptr) == KDA_OK);
+  REQUIRE(kda_check_device_errors(c, nullptr) == KDA_OK);
+}
+
 // Verifies every layer through the C ABI with `acts`' inputs into fresh outputs; true if every
 // output equals acts' (the C++ backend's) bitwise. A dense batch goes through kda_prepare, a
 // ragged or tree one through kda_prepare_shaped.
@@ -282,22 +292,13 @@ TEST_CASE("capi: verify -> commit -> verify equals the C++ backend bitwise", "[c
       REQUIRE(kda_round_state(c, &state) == KDA_OK);
       CHECK(std::string(state) == h.backend->round_state());
 
-      const std::vector<int32_t> accepted = {2, 1, kT};
-      commit(h, accepted);
-      const Commit acc(accepted);
-      const Dl acc_dl(acc.view);
-      REQUIRE(kda_commit(c, acc_dl.dl(), nullptr) == KDA_OK);
-      REQUIRE(kda_check_device_errors(c, nullptr) == KDA_OK);
+      commit_both(h, c, {2, 1, kT});
       CHECK(same_pool(c, h.pool()));
 
       const BatchSpec second{kT - 1, {1, 4, 3}, {}};
       const std::vector<Activations> x2 = verify_all(h, second, 2);
       CHECK(c_verify_all(c, second, x2));
-      const std::vector<int32_t> accepted2 = {1, 3, 2};
-      commit(h, accepted2);
-      const Commit acc2(accepted2);
-      const Dl acc2_dl(acc2.view);
-      REQUIRE(kda_commit(c, acc2_dl.dl(), nullptr) == KDA_OK);
+      commit_both(h, c, {1, 3, 2});
       const std::vector<int32_t> all = {0, 1, 2, 3, 4};
       h.backend->materialize(all, nullptr);
       REQUIRE(kda_materialize(c, all.data(), 5, nullptr) == KDA_OK);
@@ -331,12 +332,7 @@ TEST_CASE("capi: ragged and tree rounds equal the C++ backend bitwise", "[capi]"
       const std::vector<Activations> x1 = verify_shaped_all(h, ragged, 5);
       CHECK(c_verify_all(c, ragged, x1));
       CHECK(same_pool(c, h.pool()));
-      const std::vector<int32_t> accepted = {2, 1, 3};
-      commit(h, accepted);
-      const Commit acc(accepted);
-      const Dl acc_dl(acc.view);
-      REQUIRE(kda_commit(c, acc_dl.dl(), nullptr) == KDA_OK);
-      REQUIRE(kda_check_device_errors(c, nullptr) == KDA_OK);
+      commit_both(h, c, {2, 1, 3});
       CHECK(same_pool(c, h.pool()));
 
       BatchSpec with_offsets{kT, {1, 4, 3}, {}};
@@ -344,11 +340,7 @@ TEST_CASE("capi: ragged and tree rounds equal the C++ backend bitwise", "[capi]"
       with_offsets.offsets = {0, kT, kT + 1, kT + 4};
       const std::vector<Activations> x2 = verify_shaped_all(h, with_offsets, 6);
       CHECK(c_verify_all(c, with_offsets, x2));
-      const std::vector<int32_t> accepted2 = {3, 1, 2};
-      commit(h, accepted2);
-      const Commit acc2(accepted2);
-      const Dl acc2_dl(acc2.view);
-      REQUIRE(kda_commit(c, acc2_dl.dl(), nullptr) == KDA_OK);
+      commit_both(h, c, {3, 1, 2});
       const std::vector<int32_t> all = {0, 1, 2, 3, 4};
       h.backend->materialize(all, nullptr);
       REQUIRE(kda_materialize(c, all.data(), 5, nullptr) == KDA_OK);
