@@ -538,22 +538,12 @@ int kda_commit_tracked(kda_backend* backend, const DLTensor* accepted_lengths,
   });
 }
 
-int kda_commit_tree(kda_backend* backend, const DLTensor* accepted_lengths,
-                    const DLTensor* accepted_paths, void* stream) {
-  return guarded([&] {
-    using namespace kda;
-    KdaAttentionBackend& b = capi::backend_of(backend, "commit_tree");
-    const TensorView acc =
-        capi::to_view(accepted_lengths, "commit_tree", "accepted_lengths", {DType::kI32});
-    const TensorView paths =
-        capi::to_view(accepted_paths, "commit_tree", "accepted_paths", {DType::kI32});
-    b.commit_tree(acc, paths, static_cast<cudaStream_t>(stream));
-  });
-}
+namespace {
 
-int kda_commit_tree_tracked(kda_backend* backend, const DLTensor* accepted_lengths,
-                            const DLTensor* accepted_paths, const DLTensor* track_slots,
-                            const DLTensor* track_steps, void* stream) {
+// kda_commit_tree, and with `tracked` its prefix-cache tracks (track_slots, track_steps).
+int commit_tree(kda_backend* backend, const DLTensor* accepted_lengths,
+                const DLTensor* accepted_paths, const DLTensor* track_slots,
+                const DLTensor* track_steps, bool tracked, void* stream) {
   return guarded([&] {
     using namespace kda;
     KdaAttentionBackend& b = capi::backend_of(backend, "commit_tree");
@@ -561,11 +551,29 @@ int kda_commit_tree_tracked(kda_backend* backend, const DLTensor* accepted_lengt
         capi::to_view(accepted_lengths, "commit_tree", "accepted_lengths", {DType::kI32});
     const TensorView paths =
         capi::to_view(accepted_paths, "commit_tree", "accepted_paths", {DType::kI32});
+    if (!tracked) {
+      b.commit_tree(acc, paths, static_cast<cudaStream_t>(stream));
+      return;
+    }
     CommitTrack track;
     track.slots = capi::to_view(track_slots, "commit_tree", "track.slots", {DType::kI32});
     track.steps = capi::to_view(track_steps, "commit_tree", "track.steps", {DType::kI32});
     b.commit_tree(acc, paths, track, static_cast<cudaStream_t>(stream));
   });
+}
+
+}  // namespace
+
+int kda_commit_tree(kda_backend* backend, const DLTensor* accepted_lengths,
+                    const DLTensor* accepted_paths, void* stream) {
+  return commit_tree(backend, accepted_lengths, accepted_paths, nullptr, nullptr, false, stream);
+}
+
+int kda_commit_tree_tracked(kda_backend* backend, const DLTensor* accepted_lengths,
+                            const DLTensor* accepted_paths, const DLTensor* track_slots,
+                            const DLTensor* track_steps, void* stream) {
+  return commit_tree(backend, accepted_lengths, accepted_paths, track_slots, track_steps, true,
+                     stream);
 }
 
 int kda_materialize(kda_backend* backend, const int32_t* slots, int32_t n, void* stream) {
