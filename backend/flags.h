@@ -9,6 +9,7 @@
 //   --kda-fused-ring-max-batch N       0..4096 (default 1): largest B fused in ring mode
 //   --kda-verify-block-v auto|N        fused V tile: auto (= 0: per call, the measured best
 //                                      for its grid and T, kernels::default_block_v in ring mode,
+//                                      default_deferred_block_v with the deferred commit,
 //                                      default_snapshot_block_v in snapshot mode) or
 //                                      8|16|32|64|128
 //   --kda-deferred-commit auto|on|off  ring mode: commit only records the accepted length and
@@ -47,7 +48,8 @@ struct EngineFlags {
   }
   /// The fused tile when nothing is known about the call (auto -> kDefaultFusedBlockV); the
   /// dispatcher resolves auto per call with kernels::default_block_v (ring mode: from B, T, HV,
-  /// V and the device's SMs) or kernels::default_snapshot_block_v (snapshot mode: B, HV, V, SMs).
+  /// V and the device's SMs; default_deferred_block_v when the verify folds pending steps) or
+  /// kernels::default_snapshot_block_v (snapshot mode: B, HV, V, SMs).
   int resolved_block_v() const { return resolve_block_v(verify_block_v); }
   DispatchFlags dispatch_flags() const {
     return DispatchFlags{fused_verify, fused_ring_max_batch, verify_block_v};

@@ -583,6 +583,7 @@ DispatchProblem KdaAttentionBackend::make_dispatch_problem(int layer,
                         pool_.ring_beta(layer)};
   }
   d.num_slots = pool_.num_slots();
+  d.deferred = deferred_;
   return d;
 }
 

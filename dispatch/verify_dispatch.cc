@@ -207,10 +207,12 @@ DispatchDecision choose_verify_path(const DispatchProblem& p, const Platform& pl
   check_index(c, p.slots, p.B, "slots shape", "slots dtype", "slots stride");
   check_index(c, p.rows, p.B, "rows shape", "rows dtype", "rows stride");
 
-  // auto (0): the benchmark's best tile for this grid.
-  const int block_v = flags.block_v != 0 ? flags.block_v
-                                         : kernels::default_fused_block_v(p.mode, p.B, p.T, p.HV,
-                                                                          p.V, platform.sm_count);
+  // auto (0): the benchmark's best tile for this grid (a deferred verify's own rule: it folds
+  // pending steps first).
+  const int block_v = flags.block_v != 0
+                          ? flags.block_v
+                          : kernels::default_fused_block_v(p.mode, p.B, p.T, p.HV, p.V,
+                                                           platform.sm_count, p.deferred);
   // The supported set, spelled from kernels::kFusedBlockVs (static: the decision keeps the
   // pointer).
   static const std::string kBlockVs =

@@ -79,6 +79,9 @@ struct DispatchProblem {
   TensorView slots, rows;  ///< [B] int32 index tensors
   RingViews rings;         ///< ring mode: this layer's rings
   int64_t num_slots = 0;   ///< S of the state (ring slot-count check)
+  /// Ring mode with the deferred commit (contract §7): the verify folds pending steps first,
+  /// so the auto tile is kernels::default_deferred_block_v's.
+  bool deferred = false;
 };
 
 /// The outcome: path, reason and what the reason refers to. A value; describe() builds the

@@ -117,6 +117,40 @@ constexpr int default_block_v(int B, int HV, int V, int one_per_sm_ctas = 0, int
   return narrow < head ? narrow : head;
 }
 
+/// The fewest CTAs a deferred-commit verify's auto tile runs with (default_deferred_block_v).
+inline constexpr int kDeferredMinCtas = 48;
+
+/// The default fused tile of a ring-mode verify with the deferred commit (contract §7: each item
+/// first folds its slot's pending steps). Every CTA repeats the fold's fixed work (the pending
+/// records' loads, key norms and EXP(g)) whatever its width, and a grid that leaves SMs free
+/// lets the next layer's CTAs fold there before their PDL wait, so small grids go wider than
+/// default_block_v: where the head tile's grid is below 96 CTAs, the widest of the head tile,
+/// BV = 64 and BV = 32 whose grid has kDeferredMinCtas..one_per_sm_ctas CTAs (one CTA per SM); a
+/// BV = 64 below the head tile only up to T = kNarrowBv32MaxT (beyond, or T unknown, its steps
+/// over twice the columns cost more than the fold it saves, and default_block_v's BV = 32
+/// stands). Elsewhere, and without a device, default_block_v.
+/// H200, deferred round against default_block_v's (docs/perf_log.md v54): Kimi-Linear B = 2
+/// BV = 128 -11.7..-21.0%, B = 1 T = 2..4 BV = 64 -3.2..-5.5%; K3 TP8 B = 1 T >= 5 BV = 32
+/// -19..-22%, B = 2 T <= 4 BV = 64 -3.9..-6.4%, B = 4 BV = 128 -3.7..-12.9%.
+constexpr int default_deferred_block_v(int B, int HV, int V, int one_per_sm_ctas, int T) {
+  const int head = head_block_v(V);
+  if (one_per_sm_ctas <= 0 || fused_grid_ctas(B, HV, V, head) >= 2 * kDeferredMinCtas) {
+    return default_block_v(B, HV, V, one_per_sm_ctas, T);
+  }
+  const bool short_chunk = T >= 1 && T <= kNarrowBv32MaxT;
+  for (int bv = head; bv >= 32; bv /= 2) {
+    const long long ctas = fused_grid_ctas(B, HV, V, bv);
+    if (ctas >= kDeferredMinCtas && ctas <= one_per_sm_ctas &&
+        (bv == head || bv < 64 || short_chunk)) {
+      return bv;
+    }
+    if (ctas >= kDeferredMinCtas) {
+      break;  // BV = 64 at T > kNarrowBv32MaxT: default_block_v's BV = 32 (>= 96 CTAs)
+    }
+  }
+  return default_block_v(B, HV, V, one_per_sm_ctas, T);
+}
+
 /// Snapshot mode's default tile on a device of `sms` SMs (0: unknown, default_block_v's rule).
 /// default_block_v's BV = 128 becomes BV = 64 where the launcher's BV = 64 grid fills its waves
 /// at least 100 per mille better (wave_fill_permille; BV = 64 one CTA per SM where
@@ -141,11 +175,14 @@ constexpr int default_snapshot_block_v(int B, int HV, int V, int sms) {
 }
 
 /// The auto tile of a call of B requests of T tokens in `mode` (--kda-verify-block-v=auto):
-/// default_block_v in ring mode, default_snapshot_block_v in snapshot mode; `sms` = the device's
-/// SMs (0: unknown).
-constexpr int default_fused_block_v(RecordMode mode, int B, int T, int HV, int V, int sms) {
-  return mode == RecordMode::kRing ? default_block_v(B, HV, V, sms, T)
-                                   : default_snapshot_block_v(B, HV, V, sms);
+/// default_block_v in ring mode (default_deferred_block_v when the call folds pending steps,
+/// `deferred`), default_snapshot_block_v in snapshot mode; `sms` = the device's SMs (0: unknown).
+constexpr int default_fused_block_v(RecordMode mode, int B, int T, int HV, int V, int sms,
+                                    bool deferred = false) {
+  if (mode != RecordMode::kRing) {
+    return default_snapshot_block_v(B, HV, V, sms);
+  }
+  return deferred ? default_deferred_block_v(B, HV, V, sms, T) : default_block_v(B, HV, V, sms, T);
 }
 
 }  // namespace kda::kernels

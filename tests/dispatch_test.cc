@@ -133,6 +133,109 @@ TEST_CASE("dispatch: the auto tile follows the call's T", "[dispatch]") {
   }
 }
 
+TEST_CASE("dispatch: a deferred verify takes its own auto tile", "[dispatch]") {
+  // HV = 4, V = 64 on 132 SMs: the head tile BV = 64 has 48 CTAs at B = 12 and 64 at B = 16,
+  // where the eager rule takes BV = 32 (96 / 128 CTAs); at B = 24 (96 CTAs) both rules agree; at
+  // B = 4 no tile from BV = 32 up reaches kDeferredMinCtas CTAs, so the eager rule's BV = 16
+  // stands. Snapshot mode ignores the flag.
+  DispatchFlags flags;
+  flags.fused_ring_max_batch = 64;
+  const Platform h200 = fake_platform(9, 0, 132);
+  for (const int T : {2, 4, 8}) {
+    for (const int B : {4, 12, 16, 24}) {
+      CAPTURE(T, B);
+      DispatchProblem problem = fixture().problem(B, RecordMode::kRing, T);
+      const DispatchDecision eager = choose_verify_path(problem, h200, flags);
+      problem.deferred = true;
+      const DispatchDecision deferred = choose_verify_path(problem, h200, flags);
+      REQUIRE(eager.fused());
+      REQUIRE(deferred.fused());
+      CHECK(eager.block_v == kernels::default_block_v(B, kHV, kV, 132, T));
+      CHECK(deferred.block_v == kernels::default_deferred_block_v(B, kHV, kV, 132, T));
+      CHECK(deferred.block_v == (B == 12 || B == 16 ? 64 : eager.block_v));
+      CHECK(eager.block_v == (B == 4 ? 16 : B == 24 ? 64 : 32));
+      // --kda-verify-block-v set: the flag's tile in either mode.
+      DispatchFlags fixed = flags;
+      fixed.block_v = 16;
+      CHECK(choose_verify_path(problem, h200, fixed).block_v == 16);
+    }
+    DispatchProblem snap = fixture().problem(12, RecordMode::kSnapshot, T);
+    snap.deferred = true;
+    CHECK(choose_verify_path(snap, h200, flags).block_v ==
+          kernels::default_snapshot_block_v(12, kHV, kV, 132));
+  }
+}
+
+TEST_CASE("dispatch: the deferred tile rule on the presets and on any device", "[dispatch]") {
+  // H200 (132 SMs), the deferred round per fixed tile (docs/bench/h200_v54_deferred_tile.txt):
+  // Kimi-Linear (HV = 32) B = 1 takes BV = 64 up to T = kNarrowBv32MaxT and BV = 32 beyond,
+  // B = 2 BV = 128; K3 TP8 (HV = 12) B = 1 BV = 32 at every T (the eager rule's BV = 16 at
+  // T > 4 is 19-22% slower deferred), B = 2-3 BV = 64 then BV = 32, B = 4-7 BV = 128. From a
+  // head-tile grid of 96 CTAs the eager rule (default_block_v).
+  const auto deferred = [](int B, int HV, int T) {
+    return kernels::default_deferred_block_v(B, HV, 128, 132, T);
+  };
+  for (const int T : {1, 2, 3, 4}) {
+    CAPTURE(T);
+    CHECK(deferred(1, 32, T) == 64);
+    CHECK(deferred(2, 32, T) == 128);
+    CHECK(deferred(1, 12, T) == 32);
+    CHECK(deferred(2, 12, T) == 64);
+    CHECK(deferred(3, 12, T) == 64);
+  }
+  for (const int T : {0, 5, 8, 16}) {
+    CAPTURE(T);
+    CHECK(deferred(1, 32, T) == 32);
+    CHECK(deferred(2, 32, T) == 128);
+    CHECK(deferred(1, 12, T) == 32);
+    CHECK(deferred(2, 12, T) == 32);
+    CHECK(deferred(3, 12, T) == 32);
+  }
+  for (const int T : {1, 4, 8}) {
+    for (const int B : {4, 5, 7}) {
+      CHECK(deferred(B, 12, T) == 128);
+    }
+    for (const int B : {3, 4, 8, 16, 64}) {
+      CHECK(deferred(B, 32, T) == kernels::default_block_v(B, 32, 128, 132, T));
+    }
+    for (const int B : {8, 16, 64}) {
+      CHECK(deferred(B, 12, T) == kernels::default_block_v(B, 12, 128, 132, T));
+    }
+    CHECK(kernels::default_fused_block_v(RecordMode::kRing, 2, T, 32, 128, 132, true) == 128);
+    CHECK(kernels::default_fused_block_v(RecordMode::kRing, 2, T, 32, 128, 132) == 64);
+  }
+  // On any device size: a supported tile no wider than the head; where it differs from the eager
+  // rule, the head tile's grid is below 2 * kDeferredMinCtas, its own grid has at least
+  // kDeferredMinCtas CTAs and runs one CTA per SM, and it is at least BV = 32. No device: the
+  // eager rule.
+  for (const int sms : {0, 80, 114, 132, 148}) {
+    for (const int HV : {1, 4, 12, 16, 32, 64}) {
+      for (const int V : {8, 32, 64, 96, 128, 256}) {
+        for (int B = 1; B <= 64; ++B) {
+          for (const int T : {0, 2, 4, 8}) {
+            CAPTURE(sms, HV, V, B, T);
+            const int bv = kernels::default_deferred_block_v(B, HV, V, sms, T);
+            const int eager = kernels::default_block_v(B, HV, V, sms, T);
+            CHECK(kernels::is_fused_block_v(bv));
+            CHECK(bv <= kernels::head_block_v(V));
+            if (sms == 0) {
+              CHECK(bv == eager);
+            }
+            if (bv != eager) {
+              const long long ctas = kernels::fused_grid_ctas(B, HV, V, bv);
+              CHECK(kernels::fused_grid_ctas(B, HV, V, kernels::head_block_v(V)) <
+                    2 * kernels::kDeferredMinCtas);
+              CHECK(ctas >= kernels::kDeferredMinCtas);
+              CHECK(ctas <= sms);
+              CHECK(bv >= 32);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("dispatch: contract §4 table, platform x batch x mode", "[dispatch]") {
   const int B = GENERATE(1, 2, 4, 16, 64);
   const bool ring = GENERATE(false, true);
@@ -578,28 +681,26 @@ TEST_CASE("dispatch: a BV = 128 default below 192 CTAs always runs one CTA per S
 }
 
 TEST_CASE("dispatch: the deferred-commit rule follows its measured table", "[dispatch]") {
-  // H200 (dispatch/commit_policy.cc, docs/bench/h200_v53_auto_table.txt): Kimi-Linear defers at
-  // T <= 3 from B = 1 but not at B = 2-3, at T = 4 from B = 4, at T = 5..8 from B = 16; K3 TP8 at
-  // T <= 4 from B = 8, at T = 5-6 at B = 8-31 and from B = 64, at T = 7 at B = 16-31 and from
-  // B = 64, at T = 8 from B = 64. A configured batch between measured rows takes the largest row
-  // below it; unmeasured shapes (HV = 7, other head dims, T > 8, no batch) stay eager.
+  // H200 (dispatch/commit_policy.cc, docs/bench/h200_v54_auto_table.txt): Kimi-Linear defers at
+  // T <= 4 at every B, at T = 5 at B = 2-3 and from B = 16, at T = 6..8 from B = 16; K3 TP8 at
+  // T = 1 from B = 2, at T = 2..4 from B = 4, at T = 5-6 at B = 8-31 and from B = 64, at T = 7 at
+  // B = 16-31 and from B = 64, at T = 8 from B = 64. A configured batch between measured rows takes
+  // the largest row below it; unmeasured shapes (HV = 7, other head dims, T > 8, no batch) stay
+  // eager.
   const auto pays = [](int HV, int B, int T) { return deferred_commit_pays({HV, 128, 128, B, T}); };
-  for (const int T : {1, 2, 3}) {
-    CHECK(pays(32, 1, T));
-    for (const int B : {2, 3}) {
-      CHECK_FALSE(pays(32, B, T));
-    }
-    for (const int B : {4, 8, 16, 64, 256}) {
+  for (const int T : {1, 2, 3, 4}) {
+    for (const int B : {1, 2, 3, 4, 8, 16, 64, 256}) {
       CHECK(pays(32, B, T));
     }
   }
-  for (const int B : {1, 2, 3}) {
-    CHECK_FALSE(pays(32, B, 4));
+  CHECK_FALSE(pays(32, 1, 5));
+  for (const int B : {2, 3, 16, 32, 64, 256}) {
+    CHECK(pays(32, B, 5));
   }
-  for (const int B : {4, 7, 8, 16, 64, 256}) {
-    CHECK(pays(32, B, 4));
+  for (const int B : {4, 8, 15}) {
+    CHECK_FALSE(pays(32, B, 5));
   }
-  for (const int T : {5, 6, 7, 8}) {
+  for (const int T : {6, 7, 8}) {
     for (const int B : {1, 2, 4, 8, 15}) {
       CHECK_FALSE(pays(32, B, T));
     }
@@ -607,11 +708,15 @@ TEST_CASE("dispatch: the deferred-commit rule follows its measured table", "[dis
       CHECK(pays(32, B, T));
     }
   }
-  for (const int T : {1, 2, 3, 4}) {
-    for (const int B : {1, 2, 4, 7}) {
+  CHECK_FALSE(pays(12, 1, 1));
+  for (const int B : {2, 3, 4, 8, 16, 64, 512}) {
+    CHECK(pays(12, B, 1));
+  }
+  for (const int T : {2, 3, 4}) {
+    for (const int B : {1, 2, 3}) {
       CHECK_FALSE(pays(12, B, T));
     }
-    for (const int B : {8, 16, 32, 64, 512}) {
+    for (const int B : {4, 7, 8, 16, 32, 64, 512}) {
       CHECK(pays(12, B, T));
     }
   }

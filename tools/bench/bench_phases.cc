@@ -10,6 +10,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "kernels/kda_kernels.h"
+#include "kernels/tile_policy.h"
 #include "tools/bench/bench_bytes.h"
 #include "tools/bench/bench_guard.h"
 #include "tools/bench/bench_plan.h"
@@ -468,6 +469,17 @@ int round_bv(const BenchContext& ctx, Variant v, int T, int B) {
   return bv;
 }
 
+/// Round BV of the deferred round: --block-v when fixed, else the dispatcher's deferred auto tile
+/// (kernels::default_deferred_block_v; the verify phase's rows time the eager verify).
+int deferred_round_bv(const BenchContext& ctx, Variant v, int T, int B, int eager_bv) {
+  const BenchArgs& a = ctx.args;
+  if (!variant_is_fused(v) || a.block_v > 0) {
+    return eager_bv;
+  }
+  return kernels::default_fused_block_v(RecordMode::kRing, B, T, a.shape.HV, a.shape.V, a.sms,
+                                        /*deferred=*/true);
+}
+
 }  // namespace
 
 namespace {
@@ -512,6 +524,7 @@ Row run_deferred_round(BenchContext& ctx, const Problem& problem, Variant v, int
   const CommitParams cp = state.deferred(problem.commit_params(T, RecordMode::kRing, a.layers));
   Row r = eager;
   r.what = eager.what + "+deferred";
+  r.bv = bv;
   const int64_t state_pass = verify_bytes(a.shape, B, T, RecordMode::kRing).state * a.layers;
   const int n = a.accepted > 0 ? a.accepted : T;
   const int64_t head_u = int64_t{a.shape.HV} * a.shape.V * 4;  // one step's u records
@@ -553,7 +566,8 @@ void run_round_phase(BenchContext& ctx) {
         r.moved_bytes = r.moved_bytes * a.layers + commit;
         time_round(ctx, problem, v, bv, params, cp, "round", r);
         if (mode == RecordMode::kRing) {
-          const Row deferred = run_deferred_round(ctx, problem, v, bv, T, B, r);
+          const Row deferred =
+              run_deferred_round(ctx, problem, v, deferred_round_bv(ctx, v, T, B, bv), T, B, r);
           fmt::print(
               "            auto (--kda-deferred-commit): {} at T={} B={} ({:.1f} vs {:.1f} us)\n",
               deferred.timing.median_us < r.timing.median_us ? "deferred" : "eager", T, B,
