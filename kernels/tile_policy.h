@@ -129,9 +129,7 @@ inline constexpr int kDeferredMinCtas = 48;
 /// BV = 64 below the head tile only up to T = kNarrowBv32MaxT (beyond, or T unknown, its steps
 /// over twice the columns cost more than the fold it saves, and default_block_v's BV = 32
 /// stands). Elsewhere, and without a device, default_block_v.
-/// H200, deferred round against default_block_v's (docs/perf_log.md v54): Kimi-Linear B = 2
-/// BV = 128 -11.7..-21.0%, B = 1 T = 2..4 BV = 64 -3.2..-5.5%; K3 TP8 B = 1 T >= 5 BV = 32
-/// -19..-22%, B = 2 T <= 4 BV = 64 -3.9..-6.4%, B = 4 BV = 128 -3.7..-12.9%.
+/// Measured: the deferred round 1-22% faster at every row it changes (docs/perf_log.md v54).
 constexpr int default_deferred_block_v(int B, int HV, int V, int one_per_sm_ctas, int T) {
   const int head = head_block_v(V);
   if (one_per_sm_ctas <= 0 || fused_grid_ctas(B, HV, V, head) >= 2 * kDeferredMinCtas) {
