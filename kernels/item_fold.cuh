@@ -30,15 +30,72 @@ __device__ __forceinline__ int ring_cursor(const VerifyParams& p, int slot) {
   return p.ring_cursor != nullptr ? p.ring_cursor[slot] : 0;
 }
 
+/// ok[j]: the item's column col0 + j is below V.
+template <typename Slice, typename Item>
+__device__ __forceinline__ void columns_below_v(const Item& it, bool (&ok)[Slice::CPT]) {
+#pragma unroll
+  for (int j = 0; j < Slice::CPT; ++j) {
+    ok[j] = it.col0 + j < it.p.V;
+  }
+}
+
+/// The fold's columns col0 + j (j < CPT) of the item's tile from `src` (zeros where !ok[j]).
+template <typename Slice, typename Item, typename Src>
+__device__ __forceinline__ void fold_columns_in(const Item& it, const Src& src,
+                                                ColRegs<Slice> (&R)[Slice::CPT],
+                                                const bool (&ok)[Slice::CPT], int slot,
+                                                bool first_chunk) {
+#pragma unroll
+  for (int j = 0; j < Slice::CPT; ++j) {
+    if (ok[j]) {
+      src.template fold_column_in<Slice>(it, R[j], slot, it.col0 + j, first_chunk);
+    } else {
+      zero_column<Slice>(R[j]);
+    }
+  }
+}
+
+/// The chunk's tc pending steps (records in `sm`) on the columns in R.
+template <typename Slice, typename Item>
+__device__ __forceinline__ void fold_columns_steps(const Item& it,
+                                                   const TileSmem<typename Item::Cfg>& sm,
+                                                   ColRegs<Slice> (&R)[Slice::CPT],
+                                                   const bool (&ok)[Slice::CPT], int tc) {
+  for (int tt = 0; tt < tc; ++tt) {
+    float uu[Slice::CPT];
+#pragma unroll
+    for (int j = 0; j < Slice::CPT; ++j) {
+      uu[j] = ok[j] ? sm.v[tt][it.group * Slice::CPT + j] : 0.0f;
+    }
+    delta_rule_step_given_u<Slice>(R, sm.qk[tt][1], sm.decay[tt], uu, it.c);
+  }
+}
+
+/// The folded columns back to `src` (the ones below V).
+template <typename Slice, typename Item, typename Src>
+__device__ __forceinline__ void fold_columns_out(const Item& it, const Src& src,
+                                                 const ColRegs<Slice> (&R)[Slice::CPT],
+                                                 const bool (&ok)[Slice::CPT], int slot) {
+#pragma unroll
+  for (int j = 0; j < Slice::CPT; ++j) {
+    if (ok[j]) {
+      src.template fold_column_out<Slice>(it, R[j], slot, it.col0 + j);
+    }
+  }
+}
+
 /// Folds `n` pending steps at ring positions (first + j) mod L onto the item's state tile and
 /// stores it to p.ssm_fold_out. Every thread of the CTA calls it (CTA-uniform: n is the slot's).
 /// The whole tile at once, as FoldItem steps its columns. `src` hands each column over and takes it
 /// back (fold_column_in / _out: global memory, or the streaming kernel's stage). Shared memory `sm`
-/// is free on entry after the leading barrier and on exit.
+/// is free on entry after the leading barrier and on exit. The wide per-item forms (kEarlyTile)
+/// leave the folded tile in S (zeros past V) on the threads that hold columns; the others leave
+/// S alone.
 template <typename Item, typename Src>
 __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
-                                             TileSmem<typename Item::Cfg>& sm, int slot, int n,
-                                             int first) {
+                                             TileSmem<typename Item::Cfg>& sm,
+                                             ColRegs<typename Item::Slice> (&S)[Item::Cfg::CPT],
+                                             int slot, int n, int first) {
   using Cfg = typename Item::Cfg;
   using Slice = typename Item::Slice;
   constexpr int K = Cfg::K;
@@ -56,9 +113,12 @@ __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
   // As FoldItem::run, per chunk: job t < tc normalises key row t, job tc + t fills step t's
   // EXP(g) and u row (in the tile's value rows); warp w takes jobs w and w + kWarps. The
   // per-item kernels (kEarlyLoads) load every job's records into registers before the barrier
-  // that frees `sm` and store them after it, so their latency overlaps that wait. The streaming
-  // kernel, at its register cap, would hold them through the barrier (slower there: log v49c),
-  // so there each job loads after the barrier.
+  // that frees `sm` and store them after it, so their latency overlaps that wait; their wide
+  // forms (kEarlyTile: up to 255 registers) also load their state columns there (one memory
+  // round trip after the slot's cursor, not two) and hold them across chunks. The streaming
+  // kernel, at its register cap, would hold the records through the barrier (slower there: log
+  // v49c), so there each job loads after the barrier; it and the 128-register per-item forms
+  // (which spill holding the columns through the job loads) load the columns per chunk.
   constexpr int kJobs = (2 * Cfg::kChunk + Cfg::kWarps - 1) / Cfg::kWarps;
   constexpr int kUPerLane = (BV + 31) / 32;
   struct JobRegs {
@@ -67,6 +127,7 @@ __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
   };
   static_assert(K / 32 == E, "a lane holds E key values and E gate values");
   constexpr bool kEarlyLoads = !is_streamed(Src::kSchedule);
+  constexpr bool kEarlyTile = kEarlyLoads && Cfg::kMinCtasPerSm == 1;
   for (int t0 = 0; t0 < n; t0 += Cfg::kChunk) {
     const int tc = min(Cfg::kChunk, n - t0);
     const auto load_job = [&](int q, JobRegs& r) {
@@ -117,6 +178,13 @@ __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
         load_job(q, r[q]);
       }
       if (t0 == 0) {
+        if constexpr (kEarlyTile) {
+          if (holds_tile) {
+            bool ok[CPT];
+            columns_below_v<Slice>(it, ok);
+            fold_columns_in<Slice>(it, src, S, ok, slot, true);
+          }
+        }
         __syncthreads();  // `sm` is free (see above)
       }
 #pragma unroll
@@ -138,30 +206,27 @@ __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
     // Whole warps hold columns (holds_tile is warp-uniform); a column past V steps on zeros and
     // is neither read nor stored.
     if (holds_tile) {
-      bool ok[CPT];
-      ColRegs<Slice> S[CPT];
-#pragma unroll
-      for (int j = 0; j < CPT; ++j) {
-        ok[j] = it.col0 + j < p.V;
-        if (ok[j]) {
-          src.template fold_column_in<Slice>(it, S[j], slot, it.col0 + j, t0 == 0);
-        } else {
-          zero_column<Slice>(S[j]);
+      if constexpr (kEarlyTile) {
+        bool ok[CPT];
+        columns_below_v<Slice>(it, ok);
+        fold_columns_steps<Slice>(it, sm, S, ok, tc);
+        if (t0 + Cfg::kChunk >= n) {  // after the last chunk
+          fold_columns_out<Slice>(it, src, S, ok, slot);
         }
-      }
-      for (int tt = 0; tt < tc; ++tt) {
-        float uu[CPT];
+      } else {
+        bool ok[CPT];
+        ColRegs<Slice> R[CPT];
 #pragma unroll
         for (int j = 0; j < CPT; ++j) {
-          uu[j] = ok[j] ? sm.v[tt][it.group * CPT + j] : 0.0f;
+          ok[j] = it.col0 + j < p.V;
+          if (ok[j]) {
+            src.template fold_column_in<Slice>(it, R[j], slot, it.col0 + j, t0 == 0);
+          } else {
+            zero_column<Slice>(R[j]);
+          }
         }
-        delta_rule_step_given_u<Slice>(S, sm.qk[tt][1], sm.decay[tt], uu, it.c);
-      }
-#pragma unroll
-      for (int j = 0; j < CPT; ++j) {
-        if (ok[j]) {
-          src.template fold_column_out<Slice>(it, S[j], slot, it.col0 + j);
-        }
+        fold_columns_steps<Slice>(it, sm, R, ok, tc);
+        fold_columns_out<Slice>(it, src, R, ok, slot);
       }
     }
     __syncthreads();  // the next chunk (or the item's prologue) overwrites `sm`

@@ -92,6 +92,13 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
     // (item_fold.cuh); with p.fold_before_wait the per-item kernel folds before its PDL wait,
     // overlapping the previous kernel (the caller guarantees that no unfinished kernel writes
     // what the fold reads and writes). The eager instantiation has none of this code.
+    // kKeepsFoldedTile (the per-item kernel's wide forms with up to 255 registers): after a
+    // fold, S already holds the folded tile for the steps, so the item loads no state after its
+    // wait. The 128-register forms reload it (held through the prologue, it spills).
+    constexpr bool kKeepsFoldedTile =
+        kDeferred && !is_streamed(Src::kSchedule) && Cfg::kMinCtasPerSm == 1;
+    ColRegs<Slice> S[CPT];
+    bool tile_in_regs = false;
     int cursor = 0;
     if constexpr (kDeferred && Src::kSchedule != ItemSchedule::kStreamSnapshot) {
       const bool before = kEntersPdl && ring && p.fold_before_wait != 0;
@@ -102,7 +109,8 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
         cursor = ring_cursor(p, slot);
         const int pending = pending_steps(p, slot);
         if (pending > 0) {
-          fold_pending(*this, src, sm, slot, pending, cursor - pending);
+          fold_pending(*this, src, sm, S, slot, pending, cursor - pending);
+          tile_in_regs = kKeepsFoldedTile;
         }
       }
       if (before) {
@@ -136,7 +144,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
       load_chunk(src, 0, min(Cfg::kChunk, T), in);
     }
 
-    // The state tile, one of three ways:
+    // The state tile, one of three ways (none after a fold in the wide form: kKeepsFoldedTile):
     //  - staged (stages_state(Src::kSchedule)): one bulk copy issued here, copied from shared
     //    memory to registers only after the prologue, so it does not hold registers through it;
     //  - kLateStateLoads (wide registers, not staged): register loads issued after the gates.
@@ -164,7 +172,6 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
     constexpr bool kSpareWarpNorms =
         FUSED && kWideRegisters && !is_streamed(Src::kSchedule) && BV <= 32;
     static_assert(!kSpareWarpNorms || kSpareWarps >= 3, "three warps without a conv pair");
-    ColRegs<Slice> S[CPT];
     // The ring streaming kernel holds its columns swizzled (register j: column col0 + (j ^ swz),
     // for its reduce-scatter trees, step 4; swz is recomputed where it is used: held from
     // here, it cost spills). Streaming calls have V % 8 == 0 (launcher-checked)
@@ -179,10 +186,12 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
     const float* s_base =
         p.ssm_state + slot * p.ssm_slot_stride + static_cast<int64_t>(hv) * p.V * K;
     if constexpr (!is_streamed(Src::kSchedule)) {
-      if constexpr (stages_state(Src::kSchedule)) {
-        src.issue_state_copy(*this, s_base);  // registers after the norms (below)
-      } else if constexpr (!kLateStateLoads) {
-        src.load_state(*this, S, col_ok, s_base);
+      if (!tile_in_regs) {
+        if constexpr (stages_state(Src::kSchedule)) {
+          src.issue_state_copy(*this, s_base);  // registers after the norms (below)
+        } else if constexpr (!kLateStateLoads) {
+          src.load_state(*this, S, col_ok, s_base);
+        }
       }
     }
     // The history as f32: the conv window, oldest first.
@@ -231,7 +240,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
           if constexpr (kLateStateLoads && kSpareWarpNorms) {
             // The conv warps' share of the tile: the conv is done, so the loads go out before
             // the gates (issued after them, they make the steps wait).
-            if (t0 == 0 && phase == 1) {
+            if (t0 == 0 && phase == 1 && !tile_in_regs) {
               src.load_state(*this, S, col_ok, s_base);
             }
           }
@@ -239,7 +248,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
           if constexpr (kLateStateLoads) {
             // The first chunk's steps are the first to need the tile; the spare warps issue
             // theirs here, after their phase-0 gates (later, in phase 1, proved slower).
-            if (t0 == 0 && (!kSpareWarpNorms || phase == 0)) {
+            if (t0 == 0 && (!kSpareWarpNorms || phase == 0) && !tile_in_regs) {
               src.load_state(*this, S, col_ok, s_base);
             }
           }
@@ -267,7 +276,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
           __syncthreads();
         }
         if constexpr (stages_state(Src::kSchedule)) {
-          if (t0 == 0) {
+          if (t0 == 0 && !tile_in_regs) {
             src.state_from_stage(*this, S, col_ok);
           }
         }
