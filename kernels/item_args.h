@@ -23,6 +23,10 @@ struct TileArgs {
   float* ssm_out;    ///< extend only: [S, HV, V, K] final state
   int32_t extend;    ///< 1: extend (no records, final state to ssm_out); 0: verify
   ItemDivisors div;  ///< callers leave it default: launch_verify_tile sets it
+  /// Set by launch_verify_tile (a caller's value is ignored) for a deferred verify with
+  /// VerifyParams::fold_before_wait where deferred_triggers_at_entry: the kernel lets its
+  /// dependents launch at its entry, before its pending fold and PDL wait.
+  int32_t trigger_at_entry = 0;
   /// Extend only: ExtendParams' prefix-cache tracks (null: none): request n with
   /// track_steps[n] = k >= 0 stores its state after token k to ssm_out[track_slots[n]].
   const int32_t* track_slots = nullptr;

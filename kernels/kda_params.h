@@ -133,12 +133,16 @@ struct VerifyParams {
   float* ring_u = nullptr;
   int64_t ring_u_slot_stride = 0;
   /// Nonzero: the per-item kernels fold the pending steps before their PDL wait, overlapping the
-  /// previous kernel (the streaming kernel folds each item after its wait, as without it). The
-  /// caller guarantees that the kernel launched just before on the stream writes none of
-  /// ring_cursor, ring_pending, this layer's records and u records and state, and that every kernel
-  /// before that one has completed (true on every verify of a deferred round but the first, which
-  /// may follow the commit: each of this module's kernels waits before it lets its dependents
-  /// launch, so a verify of a later layer starts after the commit ended).
+  /// kernels before them (the streaming kernel folds each item after its wait, as without it), and
+  /// at short drafts their one-CTA-per-SM forms let their dependents launch at their entry
+  /// (kernels::deferred_triggers_at_entry), so a later kernel may start while this one's
+  /// predecessors still run. The caller guarantees that an earlier call without it, which lets its
+  /// dependents launch only after its wait, has started after every write of ring_cursor,
+  /// ring_pending and this layer's records, u records and state was launched, and that no kernel
+  /// launched since writes them or the weights and index arrays read before the wait: true on every
+  /// verify of a deferred round but the first (which may follow the commit and folds after its
+  /// wait), since a round verifies each layer once and the backend refuses commit, materialize,
+  /// copy_slot and extend of a batch slot during a round.
   int32_t fold_before_wait = 0;
 
   // ---- unfused path only: conv output handed from the conv kernel to the recurrence ----

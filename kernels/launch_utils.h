@@ -60,6 +60,18 @@ enum class StreamFrom {
   kAnyCount,       ///< every streamable launch
 };
 
+/// The longest draft at which a deferred verify that folds before its PDL wait
+/// (VerifyParams::fold_before_wait) in a one-CTA-per-SM form lets its dependents launch at its
+/// entry (TileArgs::trigger_at_entry) rather than after the wait: the next layer's CTAs then
+/// take the SMs this launch leaves free and fold there while the kernels before it finish.
+/// Measured (H200, docs/perf_log.md v56): rounds at T <= 2 up to -21% (none slower); at T >= 4 up
+/// to +4.4%, and in the two-per-SM BV = 32 form at B = 1 +2..+7% at every T (the next layer's CTAs
+/// share its SMs).
+inline constexpr int kEntryTriggerMaxT = 2;
+constexpr bool deferred_triggers_at_entry(int T, bool one_cta_per_sm) {
+  return one_cta_per_sm && T >= 1 && T <= kEntryTriggerMaxT;
+}
+
 /// Multiprocessors of the current device (cached per device; a host-only call, legal during
 /// stream capture).
 int device_sm_count();

@@ -188,6 +188,12 @@ __global__ void __launch_bounds__(256, TileConfig<K, BV, kCtasPerSm == 1>::kMinC
   const int hv = static_cast<int>(blockIdx.y);
   Item item(args, {static_cast<int>(blockIdx.z), hv, static_cast<int>(args.div.group.div(hv)),
                    static_cast<int>(blockIdx.x)});
+  // TileArgs::trigger_at_entry (only the one-CTA-per-SM forms take it: the others spill with it).
+  if constexpr (kDeferred && Item::Cfg::kMinCtasPerSm == 1) {
+    if (args.trigger_at_entry != 0) {
+      pdl_launch_dependents();
+    }
+  }
   // Before the PDL wait (overlapping the previous kernel's tail): the row addresses, the
   // weights and gate constants, the slot and scratch-row indices.
   auto src = GlobalSource<typename Item::Prologue, Stage::kUsed>::for_item(item);
@@ -260,6 +266,13 @@ void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
   }
   if (by_wave_fill ? one_cta_per_sm_by_wave_fill(ctas)
                    : one_cta_per_sm_tiles(ctas, gains, kMaxWaves)) {
+    if constexpr (kDeferred) {
+      // The tile's register budget decides the CTAs per SM (the BV = 32 tile keeps two).
+      constexpr bool kOnePerSm = TileConfig<K, BV, true>::kMinCtasPerSm == 1;
+      const bool folds_first =
+          args.extend == 0 && p.mode == RecordMode::kRing && p.fold_before_wait != 0;
+      args.trigger_at_entry = folds_first && deferred_triggers_at_entry(p.T, kOnePerSm) ? 1 : 0;
+    }
     launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1, kDeferred, kTrackedExtend>, grid, block,
                0, stream, pdl_enabled(), args);
     return;

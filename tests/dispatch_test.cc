@@ -681,38 +681,43 @@ TEST_CASE("dispatch: a BV = 128 default below 192 CTAs always runs one CTA per S
 }
 
 TEST_CASE("dispatch: the deferred-commit rule follows its measured table", "[dispatch]") {
-  // H200 (dispatch/commit_policy.cc, docs/bench/h200_v54_auto_table.txt): Kimi-Linear defers at
-  // T <= 4 at every B, at T = 5 at B = 2-3 and from B = 16, at T = 6..8 from B = 16; K3 TP8 at
-  // T = 1 from B = 2, at T = 2..4 from B = 4, at T = 5-6 at B = 8-31 and from B = 64, at T = 7 at
-  // B = 16-31 and from B = 64, at T = 8 from B = 64. A configured batch between measured rows takes
-  // the largest row below it; unmeasured shapes (HV = 7, other head dims, T > 8, no batch) stay
-  // eager.
+  // H200 (dispatch/commit_policy.cc, docs/bench/h200_v56_auto_table.txt): Kimi-Linear defers at
+  // T <= 4 at every B, at T = 5-6 from B = 2, at T = 7 at B = 2-7 and from B = 16, at T = 8 at
+  // B = 2-3 and from B = 16; K3 TP8 at T = 1-2 from B = 2, at T = 3-5 from B = 4, at T = 6-7 at
+  // B = 4-31 and from B = 64, at T = 8 at B = 8-31 and from B = 64. A configured batch between
+  // measured rows takes the largest row below it; unmeasured shapes (HV = 7, other head dims,
+  // T > 8, no batch) stay eager.
   const auto pays = [](int HV, int B, int T) { return deferred_commit_pays({HV, 128, 128, B, T}); };
   for (const int T : {1, 2, 3, 4}) {
     for (const int B : {1, 2, 3, 4, 8, 16, 64, 256}) {
       CHECK(pays(32, B, T));
     }
   }
-  CHECK_FALSE(pays(32, 1, 5));
-  for (const int B : {2, 3, 16, 32, 64, 256}) {
-    CHECK(pays(32, B, 5));
-  }
-  for (const int B : {4, 8, 15}) {
-    CHECK_FALSE(pays(32, B, 5));
-  }
-  for (const int T : {6, 7, 8}) {
-    for (const int B : {1, 2, 4, 8, 15}) {
-      CHECK_FALSE(pays(32, B, T));
-    }
-    for (const int B : {16, 32, 48, 64, 256}) {
+  for (const int T : {5, 6}) {
+    CHECK_FALSE(pays(32, 1, T));
+    for (const int B : {2, 3, 4, 8, 15, 16, 32, 64, 256}) {
       CHECK(pays(32, B, T));
     }
   }
-  CHECK_FALSE(pays(12, 1, 1));
-  for (const int B : {2, 3, 4, 8, 16, 64, 512}) {
-    CHECK(pays(12, B, 1));
+  for (const int B : {1, 8, 15}) {
+    CHECK_FALSE(pays(32, B, 7));
   }
-  for (const int T : {2, 3, 4}) {
+  for (const int B : {2, 4, 7, 16, 32, 64, 256}) {
+    CHECK(pays(32, B, 7));
+  }
+  for (const int B : {1, 4, 8, 15}) {
+    CHECK_FALSE(pays(32, B, 8));
+  }
+  for (const int B : {2, 3, 16, 32, 48, 64, 256}) {
+    CHECK(pays(32, B, 8));
+  }
+  for (const int T : {1, 2}) {
+    CHECK_FALSE(pays(12, 1, T));
+    for (const int B : {2, 3, 4, 8, 16, 64, 512}) {
+      CHECK(pays(12, B, T));
+    }
+  }
+  for (const int T : {3, 4, 5}) {
     for (const int B : {1, 2, 3}) {
       CHECK_FALSE(pays(12, B, T));
     }
@@ -720,25 +725,20 @@ TEST_CASE("dispatch: the deferred-commit rule follows its measured table", "[dis
       CHECK(pays(12, B, T));
     }
   }
-  for (const int T : {5, 6}) {
-    for (const int B : {1, 4, 7, 32, 63}) {
+  for (const int T : {6, 7}) {
+    for (const int B : {1, 2, 3, 32, 63}) {
       CHECK_FALSE(pays(12, B, T));
     }
-    for (const int B : {8, 16, 31, 64, 512}) {
+    for (const int B : {4, 8, 16, 31, 64, 512}) {
       CHECK(pays(12, B, T));
     }
   }
-  for (const int B : {1, 8, 15, 32, 63}) {
-    CHECK_FALSE(pays(12, B, 7));
-  }
-  for (const int B : {16, 31, 64, 512}) {
-    CHECK(pays(12, B, 7));
-  }
-  for (const int B : {1, 8, 16, 32, 63}) {
+  for (const int B : {1, 2, 4, 7, 32, 63}) {
     CHECK_FALSE(pays(12, B, 8));
   }
-  CHECK(pays(12, 64, 8));
-  CHECK(pays(12, 512, 8));
+  for (const int B : {8, 16, 31, 64, 512}) {
+    CHECK(pays(12, B, 8));
+  }
   CHECK_FALSE(pays(32, 64, 9));
   CHECK_FALSE(pays(12, 64, 16));
   for (const int T : {4, 8}) {

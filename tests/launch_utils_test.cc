@@ -102,3 +102,19 @@ TEST_CASE("launch_utils: snapshot tiles go one per SM only for fuller waves", "[
   CHECK_FALSE(one_per_sm_fills_waves_better(768, 132));
   CHECK_FALSE(one_per_sm_fills_waves_better(384, 0));
 }
+
+TEST_CASE("launch_utils: a deferred verify triggers at its entry only one per SM at T <= 2",
+          "[kernels]") {
+  using kda::kernels::deferred_triggers_at_entry;
+  using kda::kernels::kEntryTriggerMaxT;
+  // The measured rows of docs/perf_log.md v56: T = 1-2 gain in the one-per-SM forms; T >= 4
+  // and every two-per-SM form (the BV = 32 tile at any occupancy) lose.
+  STATIC_REQUIRE(kEntryTriggerMaxT == 2);
+  CHECK(deferred_triggers_at_entry(1, true));
+  CHECK(deferred_triggers_at_entry(2, true));
+  CHECK_FALSE(deferred_triggers_at_entry(3, true));
+  CHECK_FALSE(deferred_triggers_at_entry(8, true));
+  CHECK_FALSE(deferred_triggers_at_entry(1, false));
+  CHECK_FALSE(deferred_triggers_at_entry(2, false));
+  CHECK_FALSE(deferred_triggers_at_entry(0, true));  // no draft
+}
