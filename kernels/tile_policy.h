@@ -120,6 +120,13 @@ constexpr int default_block_v(int B, int HV, int V, int one_per_sm_ctas = 0, int
 /// The fewest CTAs a deferred-commit verify's auto tile runs with (default_deferred_block_v).
 inline constexpr int kDeferredMinCtas = 48;
 
+/// A deferred verify at T <= kDeferredSplitMaxT whose BV = 128 head tile runs
+/// kDeferredSplitMinCtas to two waves of one-CTA-per-SM CTAs splits it into BV = 64, two per
+/// SM: its folds and short step chains gain from twice the CTAs (log v58: the deferred round
+/// -0.2..-4.5% at Kimi-Linear B = 4-8 and K3 TP8 B = 16-22, T = 1..3; at T = 4 +3.0..+4.5%).
+inline constexpr int kDeferredSplitMaxT = 3;
+inline constexpr int kDeferredSplitMinCtas = 128;
+
 /// The default fused tile of a ring-mode verify with the deferred commit (contract §7: each item
 /// first folds its slot's pending steps). Every CTA repeats the fold's fixed work (the pending
 /// records' loads, key norms and EXP(g)) whatever its width, and a grid that leaves SMs free
@@ -128,12 +135,19 @@ inline constexpr int kDeferredMinCtas = 48;
 /// BV = 64 and BV = 32 whose grid has kDeferredMinCtas..one_per_sm_ctas CTAs (one CTA per SM); a
 /// BV = 64 below the head tile only up to T = kNarrowBv32MaxT (beyond, or T unknown, its steps
 /// over twice the columns cost more than the fold it saves, and default_block_v's BV = 32
-/// stands). Elsewhere, and without a device, default_block_v.
+/// stands). From 2 * kDeferredMinCtas head-tile CTAs default_block_v, but for the split above.
+/// Without a device, default_block_v.
 /// Measured: the deferred round 1-22% faster at every row it changes (docs/perf_log.md v54).
 constexpr int default_deferred_block_v(int B, int HV, int V, int one_per_sm_ctas, int T) {
   const int head = head_block_v(V);
-  if (one_per_sm_ctas <= 0 || fused_grid_ctas(B, HV, V, head) >= 2 * kDeferredMinCtas) {
+  if (one_per_sm_ctas <= 0) {
     return default_block_v(B, HV, V, one_per_sm_ctas, T);
+  }
+  const long long head_ctas = fused_grid_ctas(B, HV, V, head);
+  if (head_ctas >= 2 * kDeferredMinCtas) {
+    const bool split = head == 128 && T >= 1 && T <= kDeferredSplitMaxT &&
+                       head_ctas >= kDeferredSplitMinCtas && head_ctas <= 2LL * one_per_sm_ctas;
+    return split ? 64 : default_block_v(B, HV, V, one_per_sm_ctas, T);
   }
   const bool short_chunk = T >= 1 && T <= kNarrowBv32MaxT;
   for (int bv = head; bv >= 32; bv /= 2) {

@@ -171,7 +171,9 @@ TEST_CASE("dispatch: the deferred tile rule on the presets and on any device", "
   // Kimi-Linear (HV = 32) B = 1 takes BV = 64 up to T = kNarrowBv32MaxT and BV = 32 beyond,
   // B = 2 BV = 128; K3 TP8 (HV = 12) B = 1 BV = 32 at every T (the eager rule's BV = 16 at
   // T > 4 is 19-22% slower deferred), B = 2-3 BV = 64 then BV = 32, B = 4-7 BV = 128. From a
-  // head-tile grid of 96 CTAs the eager rule (default_block_v).
+  // head-tile grid of 96 CTAs the eager rule (default_block_v), except the split of
+  // kDeferredSplitMinCtas..264 head-tile CTAs at T <= 3 into BV = 64 (log v58,
+  // docs/bench/h200_v58_deferred_split.txt): Kimi-Linear B = 4-8, K3 TP8 B = 11-22.
   const auto deferred = [](int B, int HV, int T) {
     return kernels::default_deferred_block_v(B, HV, 128, 132, T);
   };
@@ -195,19 +197,33 @@ TEST_CASE("dispatch: the deferred tile rule on the presets and on any device", "
     for (const int B : {4, 5, 7}) {
       CHECK(deferred(B, 12, T) == 128);
     }
-    for (const int B : {3, 4, 8, 16, 64}) {
+    for (const int B : {3, 16, 64}) {
       CHECK(deferred(B, 32, T) == kernels::default_block_v(B, 32, 128, 132, T));
     }
-    for (const int B : {8, 16, 64}) {
+    for (const int B : {8, 64}) {
       CHECK(deferred(B, 12, T) == kernels::default_block_v(B, 12, 128, 132, T));
     }
+    // The split: BV = 64 at T <= 3 where the eager rule runs BV = 128 over 128..264 CTAs.
+    for (const int B : {4, 6, 8}) {  // (B = 5: 160 CTAs, where the eager rule splits already)
+      CAPTURE(T, B);
+      CHECK(kernels::default_block_v(B, 32, 128, 132, T) == 128);
+      CHECK(deferred(B, 32, T) == (T <= 3 ? 64 : 128));  // measured: T = 4 loses
+    }
+    for (const int B : {16, 22}) {
+      CAPTURE(T, B);
+      CHECK(kernels::default_block_v(B, 12, 128, 132, T) == 128);
+      CHECK(deferred(B, 12, T) == (T <= 3 ? 64 : 128));
+    }
+    CHECK(deferred(9, 32, T) == 128);   // 288 CTAs: beyond two waves
+    CHECK(deferred(23, 12, T) == 128);  // 276 CTAs
     CHECK(kernels::default_fused_block_v(RecordMode::kRing, 2, T, 32, 128, 132, true) == 128);
     CHECK(kernels::default_fused_block_v(RecordMode::kRing, 2, T, 32, 128, 132) == 64);
   }
   // On any device size: a supported tile no wider than the head; where it differs from the eager
-  // rule, the head tile's grid is below 2 * kDeferredMinCtas, its own grid has at least
-  // kDeferredMinCtas CTAs and runs one CTA per SM, and it is at least BV = 32. No device: the
-  // eager rule.
+  // rule, either the head tile's grid is below 2 * kDeferredMinCtas, its own grid has at least
+  // kDeferredMinCtas CTAs and runs one CTA per SM, and it is at least BV = 32, or it is the split
+  // (BV = 64 for a BV = 128 head tile of kDeferredSplitMinCtas..2 * sms CTAs at T <= 3). No
+  // device: the eager rule.
   for (const int sms : {0, 80, 114, 132, 148}) {
     for (const int HV : {1, 4, 12, 16, 32, 64}) {
       for (const int V : {8, 32, 64, 96, 128, 256}) {
@@ -221,10 +237,17 @@ TEST_CASE("dispatch: the deferred tile rule on the presets and on any device", "
             if (sms == 0) {
               CHECK(bv == eager);
             }
-            if (bv != eager) {
+            const long long head_ctas =
+                kernels::fused_grid_ctas(B, HV, V, kernels::head_block_v(V));
+            if (bv != eager && head_ctas >= 2 * kernels::kDeferredMinCtas) {
+              CHECK(bv == 64);
+              CHECK(eager == 128);
+              CHECK(T >= 1);
+              CHECK(T <= kernels::kDeferredSplitMaxT);
+              CHECK(head_ctas >= kernels::kDeferredSplitMinCtas);
+              CHECK(head_ctas <= 2 * sms);
+            } else if (bv != eager) {
               const long long ctas = kernels::fused_grid_ctas(B, HV, V, bv);
-              CHECK(kernels::fused_grid_ctas(B, HV, V, kernels::head_block_v(V)) <
-                    2 * kernels::kDeferredMinCtas);
               CHECK(ctas >= kernels::kDeferredMinCtas);
               CHECK(ctas <= sms);
               CHECK(bv >= 32);
