@@ -15,10 +15,10 @@
 // prepare(); weights do not change between calls). With VerifyParams::fold_before_wait a
 // deferred verify also folds its pending steps before the wait (the caller's guarantee is
 // stated there). Every kernel here triggers its dependents only after its own wait, except such
-// a deferred verify at T <= kernels::kEntryTriggerMaxT in a one-CTA-per-SM tile, which triggers
-// at its entry: a kernel launched after it may then start while the kernels before it still
-// run, so an engine kernel that follows a verify must read nothing before its own PDL wait that
-// an earlier kernel writes.
+// a deferred verify at a short draft in a one-CTA-per-SM tile
+// (kernels::deferred_triggers_at_entry), which triggers at its entry: a kernel launched after it
+// may then start while the kernels before it still run, so an engine kernel that follows a verify
+// must read nothing before its own PDL wait that an earlier kernel writes.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -67,9 +67,16 @@ enum class StreamFrom {
 /// Measured (H200, docs/perf_log.md v56): rounds at T <= 2 up to -21% (none slower); at T >= 4 up
 /// to +4.4%, and in the two-per-SM BV = 32 form at B = 1 +2..+7% at every T (the next layer's CTAs
 /// share its SMs).
+/// A grid of at most kEntryTriggerSmallGridCtas CTAs (room on the H200 for almost two more
+/// layers' CTAs beside it) triggers at its entry up to T = kEntryTriggerSmallGridMaxT (log v59:
+/// K3 TP8 B = 4 T = 3 / 4 -7.1 / -3.8%, B = 2 T = 4 -1.0%; T >= 6 lost in v56's sweep).
 inline constexpr int kEntryTriggerMaxT = 2;
-constexpr bool deferred_triggers_at_entry(int T, bool one_cta_per_sm) {
-  return one_cta_per_sm && T >= 1 && T <= kEntryTriggerMaxT;
+inline constexpr int kEntryTriggerSmallGridMaxT = 4;
+inline constexpr int64_t kEntryTriggerSmallGridCtas = 48;
+constexpr bool deferred_triggers_at_entry(int T, bool one_cta_per_sm, int64_t ctas) {
+  const int max_t =
+      ctas <= kEntryTriggerSmallGridCtas ? kEntryTriggerSmallGridMaxT : kEntryTriggerMaxT;
+  return one_cta_per_sm && T >= 1 && T <= max_t;
 }
 
 /// Multiprocessors of the current device (cached per device; a host-only call, legal during

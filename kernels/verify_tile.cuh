@@ -271,7 +271,8 @@ void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
       constexpr bool kOnePerSm = TileConfig<K, BV, true>::kMinCtasPerSm == 1;
       const bool folds_first =
           args.extend == 0 && p.mode == RecordMode::kRing && p.fold_before_wait != 0;
-      args.trigger_at_entry = folds_first && deferred_triggers_at_entry(p.T, kOnePerSm) ? 1 : 0;
+      args.trigger_at_entry =
+          folds_first && deferred_triggers_at_entry(p.T, kOnePerSm, ctas) ? 1 : 0;
     }
     launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1, kDeferred, kTrackedExtend>, grid, block,
                0, stream, pdl_enabled(), args);

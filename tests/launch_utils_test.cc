@@ -103,18 +103,22 @@ TEST_CASE("launch_utils: snapshot tiles go one per SM only for fuller waves", "[
   CHECK_FALSE(one_per_sm_fills_waves_better(384, 0));
 }
 
-TEST_CASE("launch_utils: a deferred verify triggers at its entry only one per SM at T <= 2",
+TEST_CASE("launch_utils: a deferred verify triggers at its entry only one per SM at short drafts",
           "[kernels]") {
   using kda::kernels::deferred_triggers_at_entry;
-  using kda::kernels::kEntryTriggerMaxT;
-  // The measured rows of docs/perf_log.md v56: T = 1-2 gain in the one-per-SM forms; T >= 4
-  // and every two-per-SM form (the BV = 32 tile at any occupancy) lose.
-  STATIC_REQUIRE(kEntryTriggerMaxT == 2);
-  CHECK(deferred_triggers_at_entry(1, true));
-  CHECK(deferred_triggers_at_entry(2, true));
-  CHECK_FALSE(deferred_triggers_at_entry(3, true));
-  CHECK_FALSE(deferred_triggers_at_entry(8, true));
-  CHECK_FALSE(deferred_triggers_at_entry(1, false));
-  CHECK_FALSE(deferred_triggers_at_entry(2, false));
-  CHECK_FALSE(deferred_triggers_at_entry(0, true));  // no draft
+  // The measured rows of docs/perf_log.md v56 / v59: T = 1-2 gain in the one-per-SM forms, and
+  // up to T = 4 in grids of at most 48 CTAs (K3 TP8 B = 2 / 4); beyond, and in every two-per-SM
+  // form (the BV = 32 tile at any occupancy), they lose.
+  for (const int64_t ctas : {48, 64, 128, 256}) {
+    CAPTURE(ctas);
+    CHECK(deferred_triggers_at_entry(1, true, ctas));
+    CHECK(deferred_triggers_at_entry(2, true, ctas));
+    CHECK(deferred_triggers_at_entry(3, true, ctas) == (ctas <= 48));
+    CHECK(deferred_triggers_at_entry(4, true, ctas) == (ctas <= 48));
+    CHECK_FALSE(deferred_triggers_at_entry(5, true, ctas));
+    CHECK_FALSE(deferred_triggers_at_entry(8, true, ctas));
+    CHECK_FALSE(deferred_triggers_at_entry(1, false, ctas));
+    CHECK_FALSE(deferred_triggers_at_entry(2, false, ctas));
+    CHECK_FALSE(deferred_triggers_at_entry(0, true, ctas));  // no draft
+  }
 }
