@@ -359,9 +359,10 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 /// The kernels' PDL entry: wait for the previous kernel, then let the next one launch. Every
-/// kernel of this module but a deferred verify with VerifyParams::fold_before_wait triggers
-/// only after its wait, so a kernel that starts after such a kernel's trigger starts after every
-/// kernel before that one completed (fold_before_wait relies on it).
+/// kernel of this module but a deferred verify with VerifyParams::fold_before_wait (see
+/// deferred_triggers_at_entry) triggers only after its wait, so a kernel launched after such a
+/// kernel starts after every kernel launched before it has completed (fold_before_wait relies on
+/// it).
 __device__ __forceinline__ void pdl_enter() {
   pdl_wait();
   pdl_launch_dependents();
