@@ -64,12 +64,11 @@ enum class StreamFrom {
 /// (VerifyParams::fold_before_wait) in a one-CTA-per-SM form lets its dependents launch at its
 /// entry (TileArgs::trigger_at_entry) rather than after the wait: the next layer's CTAs then
 /// take the SMs this launch leaves free and fold there while the kernels before it finish.
-/// Measured (H200, docs/perf_log.md v56): rounds at T <= 2 up to -21% (none slower); at T >= 4 up
-/// to +4.4%, and in the two-per-SM BV = 32 form at B = 1 +2..+7% at every T (the next layer's CTAs
-/// share its SMs).
-/// A grid of at most kEntryTriggerSmallGridCtas CTAs (room on the H200 for almost two more
-/// layers' CTAs beside it) triggers at its entry up to T = kEntryTriggerSmallGridMaxT (log v59:
-/// K3 TP8 B = 4 T = 3 / 4 -7.1 / -3.8%, B = 2 T = 4 -1.0%; T >= 6 lost in v56's sweep).
+/// Grids of at most kEntryTriggerSmallGridCtas CTAs, which leave room for almost two more
+/// layers' CTAs, do so up to T = kEntryTriggerSmallGridMaxT. The two-per-SM forms never do: the
+/// next layer's CTAs would share this one's SMs.
+/// Measured: up to 21% faster where it applies, slower past these bounds (docs/perf_log.md v56,
+/// v59).
 inline constexpr int kEntryTriggerMaxT = 2;
 inline constexpr int kEntryTriggerSmallGridMaxT = 4;
 inline constexpr int64_t kEntryTriggerSmallGridCtas = 48;

@@ -122,8 +122,8 @@ inline constexpr int kDeferredMinCtas = 48;
 
 /// A deferred verify at T <= kDeferredSplitMaxT whose BV = 128 head tile runs
 /// kDeferredSplitMinCtas to two waves of one-CTA-per-SM CTAs splits it into BV = 64, two per
-/// SM: its folds and short step chains gain from twice the CTAs (log v58: the deferred round
-/// -0.2..-4.5% at Kimi-Linear B = 4-8 and K3 TP8 B = 16-22, T = 1..3; at T = 4 +3.0..+4.5%).
+/// SM: its folds and short step chains gain from twice the CTAs.
+/// Measured: faster at every row it changes, slower at T = 4 (docs/perf_log.md v58).
 inline constexpr int kDeferredSplitMaxT = 3;
 inline constexpr int kDeferredSplitMinCtas = 128;
 
