@@ -68,7 +68,7 @@ struct ItemPrologue : ShapedRows<kShaped> {
   static constexpr bool kFused = FUSED;
   static constexpr bool kDraftShape = kShaped;
   static constexpr bool kDeferredCommit = kDeferred;  ///< a call with ring_pending (item_fold.cuh)
-  using Cfg = TileConfig<K, BV, kWide>;
+  using Cfg = TileConfig<K, BV, kWide, kDeferred>;
   using Slice = typename Cfg::Slice;
   static constexpr int P = Cfg::P;
   static constexpr int CPT = Cfg::CPT;
@@ -176,8 +176,8 @@ struct ItemPrologue : ShapedRows<kShaped> {
   /// wait; the streaming kernel loads its taps in the conv step). The wide form (kWide) leaves
   /// EXP(A_log) to run: the one-CTA-per-SM kernel starts only when the previous kernel's CTA has
   /// left its SM, so a wait for the A_log load before griddepcontrol.wait is not hidden behind that
-  /// kernel. The wide BV = 32 tile, whose CTA can enter early (TileConfig::kMinCtasPerSm), runs
-  /// the same with EXP(A_log) on either side of the wait and keeps the wide form.
+  /// kernel. The deferred wide BV = 32 tile, whose CTA can enter early (TileConfig::kMinCtasPerSm),
+  /// runs the same with EXP(A_log) on either side of the wait and keeps the wide form.
   template <typename Src>
   __device__ __forceinline__ void load_constants(const Src& src) {
     if constexpr (!is_streamed(Src::kSchedule)) {

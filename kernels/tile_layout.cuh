@@ -16,7 +16,8 @@
 namespace kda::kernels {
 
 /// A tile's thread layout. kWide_: the one-CTA-per-SM form of the per-item kernel (wide
-/// registers: see kMinCtasPerSm). The state tile is held by the last kStepThreads threads, P
+/// registers: see kMinCtasPerSm). kDeferred_: the deferred-commit instantiation (item_fold.cuh),
+/// which differs only in kMinCtasPerSm. The state tile is held by the last kStepThreads threads, P
 /// lanes per column and CPT columns each (delta_rule.cuh); the threads before kFirstStepThread
 /// hold no columns and skip the steps. Every tile uses all 256 threads, except the wide BV = 16
 /// tile: P = 8 lanes per column on warps 4-7 (one warp per scheduler, 16 values per thread),
@@ -24,20 +25,22 @@ namespace kda::kernels {
 /// the warps without a channel pair (and the last conv warp): their tile loads go out during
 /// the conv. P = 4 and the BV = 64 tile on four warps proved slower. The wide BV = 32 tile on
 /// warps 4-7 (two columns per thread) spills at its 128-register cap and proved slower there.
-template <int K_, int BV_, bool kWide_ = false>
+template <int K_, int BV_, bool kWide_ = false, bool kDeferred_ = false>
 struct TileConfig {
   static constexpr int K = K_;
   static constexpr int BV = BV_;
   static constexpr int kThreads = 256;
   static constexpr int kWarps = kThreads / 32;
   /// The kernel's __launch_bounds__ minimum of resident CTAs per SM: 2 (128 registers per
-  /// thread), but 1 (up to 255) for the wide tiles other than BV = 32. The launcher runs a wide
-  /// tile only on grids of at most one CTA per SM (or a few waves at BV = 128), so the second
-  /// slot of the wide BV = 32 tile is for the next kernel: its CTA becomes resident under PDL and
-  /// runs its part before griddepcontrol.wait while this one finishes; that beats the same tile
-  /// at up to 255 registers on warps 4-7, despite its spills. At 128 registers the BV = 16 and
-  /// 64 tiles proved slower.
-  static constexpr int kMinCtasPerSm = !kWide_ || BV == 32 ? 2 : 1;
+  /// thread), but 1 (up to 255) for the wide tiles, except the deferred wide BV = 32 tile. The
+  /// launcher runs a wide tile only on grids of at most one CTA per SM (or a few waves at
+  /// BV = 128). The deferred BV = 32 tile keeps the second slot for the next kernel: its CTA
+  /// becomes resident under PDL and folds its pending steps before griddepcontrol.wait while
+  /// this one finishes, which up to 255 registers lose at 96-128 CTAs (the next layer's folds
+  /// wait for free SMs); the eager BV = 32 tile gains from 255 registers in the round, its next
+  /// CTA having little to do before its wait. At 128 registers the BV = 16 and 64 tiles proved
+  /// slower. Measured: docs/perf_log.md v61.
+  static constexpr int kMinCtasPerSm = !kWide_ || (BV == 32 && kDeferred_) ? 2 : 1;
   static constexpr bool kHalfStepThreads = kWide_ && BV == 16;
   static constexpr int kStepThreads = kHalfStepThreads ? kThreads / 2 : kThreads;
   static constexpr int kFirstStepThread = kThreads - kStepThreads;

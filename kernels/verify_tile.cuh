@@ -169,14 +169,15 @@ struct GlobalSource : WeightReads<Item> {
 /// CTAs share an SM; kCtasPerSm = 1, the wide form (launched in ring mode and extend when the
 /// grid fits one CTA per SM, or kWideFusedMaxWaves of them for the fused BV = 128 tile, ahead
 /// of the streaming kernel): the ring-mode steps grouped and the other wide-register choices of
-/// VerifyItem::run, up to 255 registers (the BV = 32 tile: 128, TileConfig::kMinCtasPerSm).
+/// VerifyItem::run, up to 255 registers (the deferred BV = 32 tile: 128,
+/// TileConfig::kMinCtasPerSm).
 /// kDeferred: a call with ring_pending (the deferred commit's fold first, item_fold.cuh, before
 /// the PDL wait with VerifyParams::fold_before_wait: run() enters PDL around it); the
 /// eager instantiation carries none of that code.
 /// kTrackedExtend: extend with prefix-cache tracks (launch_extend_tracked).
 template <typename WeightT, int K, int BV, bool FUSED, int kCtasPerSm, bool kDeferred = false,
           bool kTrackedExtend = false, bool kShaped = false>
-__global__ void __launch_bounds__(256, TileConfig<K, BV, kCtasPerSm == 1>::kMinCtasPerSm)
+__global__ void __launch_bounds__(256, TileConfig<K, BV, kCtasPerSm == 1, kDeferred>::kMinCtasPerSm)
     verify_tile_kernel(const __grid_constant__ TileArgs args) {
   using Item =
       VerifyItem<WeightT, K, BV, FUSED, kCtasPerSm == 1, kDeferred, kTrackedExtend, kShaped>;
@@ -268,7 +269,7 @@ void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
                    : one_cta_per_sm_tiles(ctas, gains, kMaxWaves)) {
     if constexpr (kDeferred) {
       // The tile's register budget decides the CTAs per SM (the BV = 32 tile keeps two).
-      constexpr bool kOnePerSm = TileConfig<K, BV, true>::kMinCtasPerSm == 1;
+      constexpr bool kOnePerSm = TileConfig<K, BV, true, true>::kMinCtasPerSm == 1;
       const bool folds_first =
           args.extend == 0 && p.mode == RecordMode::kRing && p.fold_before_wait != 0;
       args.trigger_at_entry =
