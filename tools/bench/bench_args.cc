@@ -174,7 +174,10 @@ Timing (contract §6 methodology):
 Other:
   --ring-len L           ring length (power of two >= 2*T_max; default max(16, pow2(2*T_max)))
   --seed N               input RNG seed (default 0)
-  --skip-guard           skip the fused-vs-unfused bitwise guard run before timing
+  --skip-guard           skip the bitwise guards run before timing: fused vs unfused (verify
+                         phase) and the deferred round vs the eager round (round phase:
+                         4 replays of a graph of two rounds, every layer's outputs and
+                         windows after each, the materialized state after the last)
   --brief                table: fused rows only for the best BV (files always get every row)
   --dry-run              print the plan: device memory per B, timings, a device-time lower
                          bound (assumes an H200: 50 MiB L2); needs no GPU
@@ -183,15 +186,15 @@ Other:
                          auto (default: fused verify whenever its layout allows; the unfused
                          recurrence and the fold beyond one wave of CTAs), always, never
   --tile-occupancy MODE  per-item verify tiles' form: auto (default: the one-CTA-per-SM form,
-                         up to 255 registers (BV = 32: 128), for ring-mode grids of at most
-                         one CTA per SM, three for the fused BV = 128 tile; else two per SM
-                         with 128), one, two
+                         up to 255 registers (the deferred BV = 32 tile: 128), for ring-mode
+                         grids of at most one CTA per SM, three for the fused BV = 128 tile;
+                         else two per SM with 128), one, two
   --device N             CUDA device ordinal (default 0)
   --out FILE             also write every row to FILE (.csv or .json)
   -h, --help             this text
 
 Exit status: 0 ok, 1 error (no CUDA device, CUDA or kernel error), 2 bad arguments,
-3 bitwise guard mismatch (fused vs unfused differ).
+3 bitwise guard mismatch (fused vs unfused, or deferred vs eager rounds, differ).
 )",
       fmt::join(kernels::kFusedBlockVs, ","));
 }

@@ -506,6 +506,103 @@ void time_round(BenchContext& ctx, const Problem& problem, Variant v, int bv,
   add_rows(ctx, {r});
 }
 
+/// The round guard (before the deferred round is timed, unless --skip-guard): the deferred
+/// round against the eager one, bitwise, in graphs of two rounds each (every layer's verify,
+/// then the commit, twice), so that the second round's first verify follows the first round's
+/// commit through PDL, the order VerifyParams::fold_before_wait relies on. From one saved state:
+/// kRoundGuardReplays replays of the eager pair, then (state restored, nothing pending) of the
+/// deferred pair. After every replay every layer's outputs and conv windows must be equal, and
+/// after the deferred run's materializing fold the SSM and conv states. The state is left as
+/// the eager run left it. Throws GuardFailure on a difference.
+constexpr int kRoundGuardReplays = 4;
+
+std::vector<uint8_t> download(const Pool& pool, cudaStream_t stream) {
+  std::vector<uint8_t> host(static_cast<size_t>(pool.buf.bytes()));
+  KDA_CUDA_CHECK(
+      cudaMemcpyAsync(host.data(), pool.buf.data(), host.size(), cudaMemcpyDeviceToHost, stream));
+  KDA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host;
+}
+
+void copy_pool(void* dst, const void* src, const Pool& pool, cudaStream_t stream) {
+  KDA_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(pool.buf.bytes()),
+                                 cudaMemcpyDeviceToDevice, stream));
+}
+
+void run_round_guard(BenchContext& ctx, const Problem& problem, Variant v, int eager_bv,
+                     int deferred_bv, const DeferredState& state,
+                     const std::vector<VerifyParams>& eager, const CommitParams& eager_commit,
+                     const std::vector<VerifyParams>& deferred,
+                     const CommitParams& deferred_commit) {
+  const cudaStream_t stream = ctx.stream;
+  const Device device = Device::cuda(ctx.args.device);
+  const Pool& ssm = problem.ssm_state();
+  const Pool& conv = problem.conv_state();
+  Buffer ssm0(device, ssm.buf.bytes()), conv0(device, conv.buf.bytes());
+  copy_pool(ssm0.data(), ssm.buf.data(), ssm, stream);
+  copy_pool(conv0.data(), conv.buf.data(), conv, stream);
+  const OutputSet& out = problem.outputs(0);
+  const auto two_rounds = [&](int bv, const std::vector<VerifyParams>& params,
+                              const CommitParams& cp) {
+    return [&, bv] {
+      for (int round = 0; round < 2; ++round) {
+        for (const VerifyParams& p : params) {
+          enqueue_verify(v, bv, p, stream);
+        }
+        kernels::invoke_commit(cp, stream);
+      }
+    };
+  };
+  // Eager: every replay's outputs, then the final state.
+  std::vector<std::vector<uint8_t>> outs, windows;
+  replay_in_graph(stream, two_rounds(eager_bv, eager, eager_commit), kRoundGuardReplays, [&](int) {
+    outs.push_back(download(out.out, stream));
+    windows.push_back(download(out.conv_window, stream));
+  });
+  const std::vector<uint8_t> eager_ssm = download(ssm, stream);
+  const std::vector<uint8_t> eager_conv = download(conv, stream);
+  // Deferred, from the same state with nothing pending.
+  copy_pool(ssm.buf.data(), ssm0.data(), ssm, stream);
+  copy_pool(conv.buf.data(), conv0.data(), conv, stream);
+  state.reset(stream);
+  std::vector<std::string> failures;
+  replay_in_graph(stream, two_rounds(deferred_bv, deferred, deferred_commit), kRoundGuardReplays,
+                  [&](int r) {
+                    const auto at = static_cast<size_t>(r);
+                    if (download(out.out, stream) != outs[at]) {
+                      failures.push_back(fmt::format("replay {}: outputs differ", r));
+                    }
+                    if (download(out.conv_window, stream) != windows[at]) {
+                      failures.push_back(fmt::format("replay {}: conv windows differ", r));
+                    }
+                  });
+  CommitParams materialize = deferred_commit;
+  materialize.kind = CommitKind::kMaterialize;
+  kernels::invoke_commit(materialize, stream);
+  if (download(ssm, stream) != eager_ssm) {
+    failures.push_back("materialized SSM state differs");
+  }
+  if (download(conv, stream) != eager_conv) {
+    failures.push_back("conv state differs");
+  }
+  // Leave the eager run's state (the timed rounds start from there).
+  KDA_CUDA_CHECK(cudaMemcpyAsync(ssm.buf.data(), eager_ssm.data(), eager_ssm.size(),
+                                 cudaMemcpyHostToDevice, stream));
+  state.reset(stream);
+  KDA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (!failures.empty()) {
+    fmt::print(stderr,
+               "kda_bench: round guard FAILED (deferred vs eager, {} replays of two rounds)\n",
+               kRoundGuardReplays);
+    for (const std::string& f : failures) {
+      fmt::print(stderr, "kda_bench: round guard: {}\n", f);
+    }
+    throw GuardFailure{};
+  }
+  fmt::print(stderr, "kda_bench: round guard ok ({} replays of two rounds: deferred == eager)\n",
+             kRoundGuardReplays);
+}
+
 /// The same round with the deferred commit (contract §7): each layer's verify first folds the
 /// previous replay's accepted steps (n per request, from device pending counts and ring
 /// cursors) and writes the state back; the commit records the counts and commits the conv
@@ -532,6 +629,14 @@ Row run_deferred_round(BenchContext& ctx, const Problem& problem, Variant v, int
                           (T * head_u + n * (head_u - int64_t{a.shape.HV} * (a.shape.V * 2 + 4)));
   r.model_bytes += u_bytes - state_pass;
   r.moved_bytes += u_bytes - state_pass;
+  if (a.guard) {
+    std::vector<VerifyParams> eager_params;
+    for (int l = 0; l < a.layers; ++l) {
+      eager_params.push_back(problem.verify_params(l, T, RecordMode::kRing));
+    }
+    run_round_guard(ctx, problem, v, eager.bv, bv, state, eager_params,
+                    problem.commit_params(T, RecordMode::kRing, a.layers), params, cp);
+  }
   time_round(ctx, problem, v, bv, params, cp, "deferred round", r);
   return r;
 }

@@ -34,7 +34,8 @@ void run_verify_phase(BenchContext& ctx);
 /// --commit-tracks also the full commits with a track per request (into slots past the batch)
 /// and the deferred commit without and with tracks.
 void run_commit_phase(BenchContext& ctx);
-/// Every layer's verify + the commit in one graph per variant.
+/// Every layer's verify + the commit in one graph per variant; in ring mode also the deferred
+/// round, after its round guard (deferred vs eager, bitwise); throws GuardFailure.
 void run_round_phase(BenchContext& ctx);
 
 }  // namespace kda::bench

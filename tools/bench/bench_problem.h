@@ -99,6 +99,9 @@ class Problem {
   /// track_steps[i] = k for requests i < track_slots, -1 (no track) for the others (enqueued on
   /// `stream`). A valid track needs 0 <= k < the accepted length.
   void set_tracks(int k, cudaStream_t stream) const;
+  /// The committed state of every copy (the round guard saves, restores and compares them).
+  const Pool& ssm_state() const { return pools_.ssm_state; }
+  const Pool& conv_state() const { return pools_.conv_state; }
   /// The commit error flag (synchronous read; resets it to 0).
   int32_t read_and_clear_error_flag(cudaStream_t stream) const;
 

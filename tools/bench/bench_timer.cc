@@ -23,6 +23,25 @@ struct GraphExec {
   }
 };
 
+/// Captures `enqueue` on `stream` into `g` and instantiates it. On a throw the capture is ended
+/// first (the stream stays usable) and the error rethrown.
+void capture(cudaStream_t stream, const std::function<void()>& enqueue, GraphExec& g) {
+  KDA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue();
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    cudaStreamEndCapture(stream, &broken);  // leave the stream usable; the error is rethrown
+    if (broken != nullptr) {
+      cudaGraphDestroy(broken);
+    }
+    cudaGetLastError();
+    throw;
+  }
+  KDA_CUDA_CHECK(cudaStreamEndCapture(stream, &g.graph));
+  KDA_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+}
+
 struct EventPair {
   cudaEvent_t start = nullptr, stop = nullptr;
   EventPair() {
@@ -67,22 +86,14 @@ Timing time_in_graph(cudaStream_t stream, int calls, const std::function<void(in
   KDA_CUDA_CHECK(cudaStreamSynchronize(stream));
 
   GraphExec g;
-  KDA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  try {
-    for (int i = 0; i < calls; ++i) {
-      enqueue(i);
-    }
-  } catch (...) {
-    cudaGraph_t broken = nullptr;
-    cudaStreamEndCapture(stream, &broken);  // leave the stream usable; the error is rethrown
-    if (broken != nullptr) {
-      cudaGraphDestroy(broken);
-    }
-    cudaGetLastError();
-    throw;
-  }
-  KDA_CUDA_CHECK(cudaStreamEndCapture(stream, &g.graph));
-  KDA_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+  capture(
+      stream,
+      [&] {
+        for (int i = 0; i < calls; ++i) {
+          enqueue(i);
+        }
+      },
+      g);
 
   for (int i = 0; i < config.warmup; ++i) {
     KDA_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
@@ -107,6 +118,19 @@ Timing time_in_graph(cudaStream_t stream, int calls, const std::function<void(in
   t.min_us = *std::min_element(t.rep_us.begin(), t.rep_us.end());
   t.max_us = *std::max_element(t.rep_us.begin(), t.rep_us.end());
   return t;
+}
+
+void replay_in_graph(cudaStream_t stream, const std::function<void()>& enqueue, int replays,
+                     const std::function<void(int replay)>& after_replay) {
+  KDA_CHECK(stream != nullptr, "replay_in_graph: capture needs a non-default stream");
+  KDA_CHECK(replays >= 1, "replay_in_graph: replays={}", replays);
+  GraphExec g;
+  capture(stream, enqueue, g);
+  for (int r = 0; r < replays; ++r) {
+    KDA_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+    KDA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    after_replay(r);
+  }
 }
 
 double measure_copy_gbps(cudaStream_t stream, int64_t bytes, int calls, const TimerConfig& config,

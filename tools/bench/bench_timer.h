@@ -28,6 +28,12 @@ struct TimerConfig {
 Timing time_in_graph(cudaStream_t stream, int calls, const std::function<void(int call)>& enqueue,
                      const TimerConfig& config);
 
+/// Captures `enqueue` once into a graph on `stream` (not the legacy default stream; nothing runs
+/// uncaptured), then `replays` times: launches it, synchronises, calls `after_replay(r)`. Throws
+/// kda::Error on any CUDA failure (the capture is ended first).
+void replay_in_graph(cudaStream_t stream, const std::function<void()>& enqueue, int replays,
+                     const std::function<void(int replay)>& after_replay);
+
 /// Device copy rate: `calls` cudaMemcpyAsync D2D of `bytes` per graph, timed as above;
 /// returns GB/s counting read + write (2 * bytes per copy), and the timing.
 double measure_copy_gbps(cudaStream_t stream, int64_t bytes, int calls, const TimerConfig& config,
