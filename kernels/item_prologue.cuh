@@ -57,6 +57,18 @@ struct ShapedRows {
 template <>
 struct ShapedRows<false> {};
 
+/// Request n's rows (kShaped): token_offsets[n] and T_n, or n * T and T without offsets (a tree).
+/// Read from index arrays that are complete at enqueue (before the PDL wait).
+template <bool kShaped>
+__device__ __forceinline__ ShapedRows<kShaped> shaped_rows_of(const VerifyParams& p, int n) {
+  if constexpr (kShaped) {
+    const int32_t row0 = p.token_offsets != nullptr ? p.token_offsets[n] : n * p.T;
+    return {row0, p.token_offsets != nullptr ? p.token_offsets[n + 1] - row0 : p.T};
+  } else {
+    return {};
+  }
+}
+
 /// kShaped: a ragged or tree call (VerifyParams::token_offsets / parents, contract §8): the
 /// request's first token row and token count come from token_offsets (first_row, tokens), and
 /// (unfused only) a tree node starts from its parent's state (ItemSteps::steps_per_item). The
@@ -129,7 +141,11 @@ struct ItemPrologue : ShapedRows<kShaped> {
   }
 
   __device__ __forceinline__ ItemPrologue(const TileArgs& a, const ItemCoords& at)
-      : args(a), p(a.p), tile(at.tile), hv(at.hv), n(at.n), h(at.h) {
+      : ItemPrologue(a, at, shaped_rows_of<kShaped>(a.p, at.n)) {}
+  /// With the request's rows already read (the streaming kernel's planned items: NextRun).
+  __device__ __forceinline__ ItemPrologue(const TileArgs& a, const ItemCoords& at,
+                                          const ShapedRows<kShaped>& rows)
+      : ShapedRows<kShaped>(rows), args(a), p(a.p), tile(at.tile), hv(at.hv), n(at.n), h(at.h) {
     tid = threadIdx.x;
     lane = tid & 31;
     warp = tid >> 5;
@@ -165,11 +181,6 @@ struct ItemPrologue : ShapedRows<kShaped> {
     gate_key = tid % K;
     gate_token0 = tid / K;
     gate_index = static_cast<int64_t>(hv) * K + gate_key;
-    if constexpr (kShaped) {  // index arrays: complete at enqueue, read before the PDL wait
-      this->shaped_row0 = p.token_offsets != nullptr ? p.token_offsets[n] : n * p.T;
-      this->shaped_tokens =
-          p.token_offsets != nullptr ? p.token_offsets[n + 1] - this->shaped_row0 : p.T;
-    }
   }
 
   /// The gate constants, and the pair's conv taps in the per-item kernel (before the PDL

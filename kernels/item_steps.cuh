@@ -160,8 +160,11 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred, kShaped
         tree_reduce_scatter<P, CPT, 1>(reinterpret_cast<float(&)[1][CPT]>(part));
       }
       if (c % (P / CPT) == 0 && cols_ok) {
-        p.out[((static_cast<uint32_t>(n) * T + t0 + tt) * p.HV + hv) * p.V + col0 +
-              this->template column_swizzle_of<Src>()] = to_bf16(part[0][0]);
+        // The token's row: n * T + t, or (a ragged call) token_offsets[n] + t.
+        const uint32_t out_row = kShaped ? static_cast<uint32_t>(first_row()) + t0 + tt
+                                         : static_cast<uint32_t>(n) * T + t0 + tt;
+        p.out[(out_row * p.HV + hv) * p.V + col0 + this->template column_swizzle_of<Src>()] =
+            to_bf16(part[0][0]);
       }
       if (next) {
         update(tt + 1, part[1][0]);

@@ -59,6 +59,7 @@ struct NextRun {
   int item;  ///< its index (valid != 0)
   ItemCoords at;
   int slot;
+  ShapedRows<true> rows;  ///< its request's token rows (the ragged kernel only)
 };
 
 /// The thread that plans the next item: lane 0 of the last warp, which has no conv channel pair
@@ -81,11 +82,12 @@ struct ItemInputs {
 /// Every thread: puts the copies of item `at`'s inputs into `dst` in flight (pieces past V
 /// are skipped; they are never read). A thread copies one 16-byte piece of the row (so one
 /// channel offset) in every kRowsPerPass-th row, so its channel is decoded once per item, not
-/// once per piece.
-template <bool FUSED, int K, int BV, int kChunk>
+/// once per piece. kShaped (a ragged call): the request's T_n tokens from row `rows.shaped_row0`;
+/// else T tokens from row n * T.
+template <bool FUSED, int K, int BV, int kChunk, bool kShaped>
 __device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& dst,
                                                      const VerifyParams& p, const ItemCoords& at,
-                                                     int slot) {
+                                                     int slot, const ShapedRows<kShaped>& rows) {
   using In = ItemInputs<K, BV, kChunk>;
   constexpr int kThreads = TileConfig<K, BV>::kThreads;  // the kernel's blockDim.x
   constexpr int kRowsPerPass = kThreads / In::kPieces;
@@ -95,6 +97,22 @@ __device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& 
   const int v0 = at.tile * BV;
   const int64_t D = qkv_dim(p);
   const int64_t HK = static_cast<int64_t>(p.H) * K;
+  // The request's first token row and token count, evaluated where used (the dense kernels'
+  // p.T from the parameter bank: held in registers, it made the K = 64 kernels spill).
+  const auto row0 = [&]() -> int64_t {
+    if constexpr (kShaped) {
+      return rows.shaped_row0;
+    } else {
+      return static_cast<int64_t>(at.n) * p.T;
+    }
+  };
+  const auto tokens = [&]() -> int {
+    if constexpr (kShaped) {
+      return rows.shaped_tokens;
+    } else {
+      return p.T;
+    }
+  };
   // The piece's channel: q or k of k-head h, or the V tile's (none past V).
   int64_t pair_channel = -1;
   if (off < 2 * K) {
@@ -106,21 +124,21 @@ __device__ __forceinline__ void prefetch_item_inputs(ItemInputs<K, BV, kChunk>& 
     const bf16_t* hist =
         p.conv_state + slot * p.conv_state_slot_stride + pair_channel;  // + row * D
     const int64_t tok_pitch = FUSED ? p.mixed_qkv_stride : D;
-    const bf16_t* tok = (FUSED ? p.mixed_qkv : p.qkv_act) +
-                        static_cast<int64_t>(at.n) * p.T * tok_pitch +
-                        pair_channel;  // + t * tok_pitch
+    const bf16_t* tok =
+        (FUSED ? p.mixed_qkv : p.qkv_act) + row0() * tok_pitch + pair_channel;  // + t * tok_pitch
     const int first_row = FUSED ? 0 : kConvHistory;
-    for (int row = first_row + tid / In::kPieces; row < kConvHistory + p.T; row += kRowsPerPass) {
+    for (int row = first_row + tid / In::kPieces; row < kConvHistory + tokens();
+         row += kRowsPerPass) {
       const bf16_t* src =
           row < kConvHistory ? hist + row * D : tok + (row - kConvHistory) * tok_pitch;
       cp_async<16>(&dst.x[row][off], src);
     }
   }
-  for (int idx = tid; idx < p.T * (K / 8); idx += kThreads) {
+  for (int idx = tid; idx < tokens() * (K / 8); idx += kThreads) {
     const int t = idx / (K / 8);
     const int a_off = idx % (K / 8) * 8;
-    cp_async<16>(&dst.a[t][a_off], p.a + (static_cast<int64_t>(at.n) * p.T + t) * p.a_stride +
-                                       static_cast<int64_t>(at.hv) * K + a_off);
+    cp_async<16>(&dst.a[t][a_off],
+                 p.a + (row0() + t) * p.a_stride + static_cast<int64_t>(at.hv) * K + a_off);
   }
 }
 
@@ -165,6 +183,9 @@ struct StagedSource : WeightReads<Item> {
         next.at = items.coords(nx);
         next.slot = items.p.slots[next.at.n];
         next.run = items.state_run(next.at, next.slot);
+        if constexpr (Item::kDraftShape) {
+          next.rows = shaped_rows_of<true>(items.p, next.at.n);
+        }
       }
     }
   }
@@ -187,14 +208,26 @@ struct StagedSource : WeightReads<Item> {
     return ld_bf16_bits(&cur->a[tt][it.gate_key]);
   }
   __device__ __forceinline__ uint32_t b(const Item& it, int t0) const {
-    return ld_bf16_bits(
-        it.p.b + (static_cast<int64_t>(it.n) * it.p.T + t0 + it.tid) * it.p.b_stride + it.hv);
+    if constexpr (Item::kDraftShape) {
+      return ld_bf16_bits(it.p.b + (it.first_row() + t0 + it.tid) * it.p.b_stride + it.hv);
+    } else {
+      return ld_bf16_bits(
+          it.p.b + (static_cast<int64_t>(it.n) * it.p.T + t0 + it.tid) * it.p.b_stride + it.hv);
+    }
   }
   /// After the barrier that follows the last read of `cur` (every thread; `next` is visible).
   __device__ __forceinline__ void inputs_consumed(const Item& it) const {
     if (next.valid != 0) {
-      prefetch_item_inputs<Item::kFused, Cfg::K, Cfg::BV, Cfg::kChunk>(*nxt, it.p, next.at,
-                                                                       next.slot);
+      prefetch_item_inputs<Item::kFused, Cfg::K, Cfg::BV, Cfg::kChunk, Item::kDraftShape>(
+          *nxt, it.p, next.at, next.slot, planned_rows());
+    }
+  }
+  /// The next item's request rows (NextRun::rows; empty for the dense kernels).
+  __device__ __forceinline__ ShapedRows<Item::kDraftShape> planned_rows() const {
+    if constexpr (Item::kDraftShape) {
+      return next.rows;
+    } else {
+      return {};
     }
   }
   /// The pending fold's columns (item_fold.cuh), in the stage, which holds the item's tile once
@@ -259,11 +292,17 @@ struct StagedSource : WeightReads<Item> {
 };
 
 /// kDeferred (ring mode only): a call with ring_pending (the deferred commit's fold first).
-template <typename WeightT, int K, int BV, bool FUSED, RecordMode kMode, bool kDeferred = false>
+/// kShaped (fused, ring mode only): a ragged chain (VerifyParams::token_offsets; not a tree):
+/// request n's T_n tokens from row token_offsets[n], read with the slot (the planner's
+/// NextRun::rows).
+template <typename WeightT, int K, int BV, bool FUSED, RecordMode kMode, bool kDeferred = false,
+          bool kShaped = false>
 __global__ void __launch_bounds__(256, 2)
     verify_stream_kernel(const __grid_constant__ TileArgs args) {
   static_assert(!kDeferred || kMode == RecordMode::kRing, "the deferred commit is ring mode");
-  using Item = VerifyItem<WeightT, K, BV, FUSED, false, kDeferred>;
+  static_assert(!kShaped || (FUSED && kMode == RecordMode::kRing),
+                "ragged streaming is the fused ring-mode kernel");
+  using Item = VerifyItem<WeightT, K, BV, FUSED, false, kDeferred, false, kShaped>;
   using Src = StagedSource<typename Item::Prologue, kMode>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
   __shared__ uint64_t bar;
@@ -284,7 +323,8 @@ __global__ void __launch_bounds__(256, 2)
   if (first < items.count()) {
     const ItemCoords at = items.coords(first);
     const int slot = p.slots[at.n];
-    prefetch_item_inputs<FUSED, K, BV, Item::Cfg::kChunk>(inputs[0], p, at, slot);
+    prefetch_item_inputs<FUSED, K, BV, Item::Cfg::kChunk, kShaped>(
+        inputs[0], p, at, slot, shaped_rows_of<kShaped>(p, at.n));
     __syncthreads();  // every thread's input copies are issued
     if (threadIdx.x < 32) {
       bulk.fill([&](int) { return items.state_run(at, slot); }, 1);
@@ -295,7 +335,12 @@ __global__ void __launch_bounds__(256, 2)
     // A live item after the first was planned during the previous live item (NextRun); the
     // others (the first, padding) are decoded here.
     const bool planned = live > 0 && next.valid != 0 && next.item == i;
-    Item item(args, planned ? next.at : items.coords(i));
+    const ItemCoords at = planned ? next.at : items.coords(i);
+    ShapedRows<kShaped> rows;
+    if constexpr (kShaped) {
+      rows = planned ? next.rows : shaped_rows_of<true>(p, at.n);
+    }
+    Item item(args, at, rows);
     const int slot = planned ? next.slot : p.slots[item.n];
     const Src src{
         {}, stage, bulk, next, items, i, slot, &inputs[live & 1], &inputs[(live + 1) & 1]};

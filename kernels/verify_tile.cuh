@@ -234,10 +234,57 @@ void launch_verify_tile(const TileArgs& args, cudaStream_t stream);
 
 namespace kda::kernels {
 
+/// The persistent streaming verify (BV = 128) where the call can take it and its grid rule picks
+/// it; false where the per-item kernel must run instead. kShaped: a ragged ring-mode call.
+template <typename WeightT, int K, bool FUSED, bool kDeferred, bool kShaped>
+bool launch_verify_stream_if(const TileArgs& args, int64_t ctas, cudaStream_t stream) {
+  constexpr int BV = 128;
+  const VerifyParams& p = args.p;
+  const size_t stage_bytes = kVerifyStreamSmemBytes<K, BV>;
+  // A deferred call's folded tiles leave the stage as bulk stores to ssm_fold_out (its pitch
+  // is ssm_state's, checked by stream_layout_ok).
+  const bool streamable = args.extend == 0 &&
+                          stream_layout_ok(p, TileConfig<K, BV>::kChunk, FUSED) &&
+                          (!kDeferred || is_aligned(p.ssm_fold_out, 16));
+  // One instantiation per record mode (ItemSchedule::kStreamRing / kStreamSnapshot); a ragged
+  // call streams in ring mode only (snapshot mode's per-item kernel is at its bandwidth floor).
+  const void* kernel = nullptr;
+  if (p.mode == RecordMode::kRing) {
+    kernel = reinterpret_cast<const void*>(
+        verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kRing, kDeferred, kShaped>);
+  } else if constexpr (!kShaped) {
+    kernel = reinterpret_cast<const void*>(
+        verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kSnapshot>);
+  }
+  if (kernel == nullptr) {
+    return false;
+  }
+  const int stream_grid =
+      state_stream_grid(kernel, TileConfig<K, BV>::kThreads, stage_bytes, ctas, streamable,
+                        FUSED ? StreamFrom::kAnyCount : StreamFrom::kBeyondOneWave);
+  if (stream_grid <= 0) {
+    return false;
+  }
+  const dim3 grid(static_cast<unsigned>(stream_grid));
+  const dim3 block(TileConfig<K, BV>::kThreads);
+  if (p.mode == RecordMode::kRing) {
+    launch_pdl(verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kRing, kDeferred, kShaped>,
+               grid, block, stage_bytes, stream, pdl_enabled(), args);
+  } else if constexpr (!kShaped) {
+    launch_pdl(verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kSnapshot>, grid, block,
+               stage_bytes, stream, pdl_enabled(), args);
+  }
+  return true;
+}
+
 /// One of the instantiation sets: kDeferred for calls with ring_pending, kTrackedExtend for
 /// extends with tracks.
-/// kShaped: a ragged or tree call (contract §8), always the two-per-SM per-item kernel (its
-/// steps run one at a time, and the streaming kernels index dense rows).
+/// kShaped: a ragged or tree call (contract §8): a fused ragged ring-mode call at BV = 128 takes
+/// the streaming kernel at any item count (there is no one-CTA-per-SM shaped form); every other
+/// shaped call the two-per-SM per-item kernel (its steps run one at a time: a tree node may
+/// restart). The persistent CTAs walk items in a fixed order, so unequal T_n leave some CTAs
+/// longer work than others: the unfused ragged recurrence lost to the per-item kernel on mixed
+/// lengths (+6..+23%, log v64), where the block scheduler balances them.
 template <typename WeightT, int K, int BV, bool FUSED, bool kDeferred, bool kTrackedExtend = false,
           bool kShaped = false>
 void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
@@ -261,6 +308,12 @@ void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
   // better.
   const bool by_wave_fill = FUSED && BV < 128 && !gains;
   if constexpr (kShaped) {
+    if constexpr (FUSED && BV == 128) {
+      if (p.parents == nullptr &&
+          launch_verify_stream_if<WeightT, K, FUSED, kDeferred, true>(args, ctas, stream)) {
+        return;
+      }
+    }
     launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 2, kDeferred, false, true>, grid, block, 0,
                stream, pdl_enabled(), args);
     return;
@@ -280,24 +333,7 @@ void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
     return;
   }
   if constexpr (BV == 128 && !kTrackedExtend) {
-    const size_t stage_bytes = kVerifyStreamSmemBytes<K, BV>;
-    // A deferred call's folded tiles leave the stage as bulk stores to ssm_fold_out (its pitch
-    // is ssm_state's, checked by stream_layout_ok).
-    const bool streamable = args.extend == 0 &&
-                            stream_layout_ok(p, TileConfig<K, BV>::kChunk, FUSED) &&
-                            (!kDeferred || is_aligned(p.ssm_fold_out, 16));
-    // One instantiation per record mode (ItemSchedule::kStreamRing / kStreamSnapshot).
-    const auto stream_kernel =
-        p.mode == RecordMode::kRing
-            ? verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kRing, kDeferred>
-            : verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kSnapshot>;
-    const void* kernel = reinterpret_cast<const void*>(stream_kernel);
-    const int stream_grid =
-        state_stream_grid(kernel, TileConfig<K, BV>::kThreads, stage_bytes, ctas, streamable,
-                          FUSED ? StreamFrom::kAnyCount : StreamFrom::kBeyondOneWave);
-    if (stream_grid > 0) {
-      launch_pdl(stream_kernel, dim3(static_cast<unsigned>(stream_grid)), block, stage_bytes,
-                 stream, pdl_enabled(), args);
+    if (launch_verify_stream_if<WeightT, K, FUSED, kDeferred, false>(args, ctas, stream)) {
       return;
     }
   }

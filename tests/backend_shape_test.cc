@@ -22,6 +22,9 @@
 #include "backend/kda_backend.h"
 #include "core/platform.h"
 #include "tests/backend_fixture.h"
+#ifdef KDA_BACKEND_TEST_CUDA
+#include "kernels/launch_utils.h"
+#endif
 
 using namespace kda;
 using namespace kda::testing;
@@ -490,6 +493,95 @@ TEST_CASE("ragged: deferred rounds equal eager ones after materialize", "[shape]
     }
   }
 }
+
+#ifdef KDA_BACKEND_TEST_CUDA
+TEST_CASE("ragged: the streaming verify equals the per-item ragged kernel and the dense chain",
+          "[shape]") {
+  // A fused ragged ring-mode call at BV = 128 takes the persistent streaming kernel (the
+  // unfused one keeps the per-item kernel: kernels/verify_tile.cuh); forced here with
+  // three CTAs, so that each walks many items and plans the next one's rows. Against the
+  // per-item ragged kernel (streaming off) over rounds of random lengths and accepted counts,
+  // reversed and non-contiguous slots, a padding request and a changing batch: every output
+  // (the whole garbage-filled tensor) and every pool tensor after each verify and commit; a
+  // ragged round of lengths T against the dense chain on the streaming kernel; under the
+  // deferred commit, the materialized state against an eager per-item run.
+  const auto with_stream = [](kernels::StateStreamMode m, const std::function<void()>& f) {
+    kernels::set_state_stream_mode(m, /*max_ctas=*/3);
+    f();
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    kernels::set_state_stream_mode(kernels::StateStreamMode::kAuto);
+  };
+  constexpr auto kAlways = kernels::StateStreamMode::kAlways;
+  constexpr auto kNever = kernels::StateStreamMode::kNever;
+  for (const int K : {64, 128}) {
+    for (const bool deferred : {false, true}) {
+      CAPTURE(K, deferred);
+      ModelConfig m = model_for(kGqaCase);
+      m.K = K;
+      m.V = K;
+      EngineFlags f = shape_flags(true, kT, 1, deferred);
+      f.fused_ring_max_batch = 64;
+      f.fused_verify = true;
+      f.verify_block_v = 128;
+      Harness streamed(m, f, fake_platform(9, 0));
+      Harness per_item(m, f, fake_platform(9, 0));
+      Harness dense(m, f, fake_platform(9, 0));
+      Harness eager(m, shape_flags(true, kT, 1, false), fake_platform(9, 0));
+      for (Harness* h : {&streamed, &per_item, &dense, &eager}) {
+        h->fill_scratch(23);
+      }
+      std::mt19937 rng(static_cast<unsigned>(K + deferred));
+      for (int round = 0; round < 4; ++round) {
+        CAPTURE(round);
+        BatchSpec batch(
+            kT, round % 2 == 0 ? std::vector<int32_t>{4, 2, -1, 0} : std::vector<int32_t>{1, 3, 0},
+            round % 2 == 0 ? std::vector<int32_t>{3, 0, 2, 1} : std::vector<int32_t>{2, 0, 1});
+        std::vector<int32_t> accepted;
+        int64_t N = 0;
+        for (size_t i = 0; i < batch.slots.size(); ++i) {
+          const int len = round == 0 ? kT : 1 + static_cast<int>(rng() % static_cast<unsigned>(kT));
+          batch.lengths.push_back(len);
+          accepted.push_back(1 + static_cast<int>(rng() % static_cast<unsigned>(len)));
+          N += len;
+        }
+        const auto inputs = layer_inputs(m, N, 300 + round);
+        std::vector<Acts> a, b, c, d;
+        with_stream(kAlways, [&] { a = verify_rows(streamed, batch, inputs, iota_rows(0, N)); });
+        with_stream(kNever, [&] { b = verify_rows(per_item, batch, inputs, iota_rows(0, N)); });
+        with_stream(kNever, [&] { d = verify_rows(eager, batch, inputs, iota_rows(0, N)); });
+        for (int layer = 0; layer < kLayers; ++layer) {
+          CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
+                          bytes_of(b[static_cast<size_t>(layer)].out_view)));
+          CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
+                          bytes_of(d[static_cast<size_t>(layer)].out_view)));
+        }
+        CHECK(pool_checksum(streamed.pool()) == pool_checksum(per_item.pool()));
+        if (round == 0) {  // lengths T: the dense chain, also streamed
+          BatchSpec chain(kT, batch.slots, batch.rows);
+          with_stream(kAlways, [&] { c = verify_rows(dense, chain, inputs, iota_rows(0, N)); });
+          for (int layer = 0; layer < kLayers; ++layer) {
+            CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
+                            bytes_of(c[static_cast<size_t>(layer)].out_view)));
+          }
+          CHECK(pool_checksum(streamed.pool()) == pool_checksum(dense.pool()));
+          dense.backend->abort_round();
+        }
+        commit(streamed, accepted);
+        commit(per_item, accepted);
+        commit(eager, accepted);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        CHECK(pool_checksum(streamed.pool()) == pool_checksum(per_item.pool()));
+      }
+      with_stream(kAlways, [&] { streamed.backend->materialize({0, 1, 2, 3, 4}, nullptr); });
+      for (int layer = 0; layer < kLayers; ++layer) {
+        CHECK(same_bits(streamed.pool().ssm_state(layer), bytes_of(eager.pool().ssm_state(layer))));
+        CHECK(
+            same_bits(streamed.pool().conv_state(layer), bytes_of(eager.pool().conv_state(layer))));
+      }
+    }
+  }
+}
+#endif
 
 TEST_CASE("draft shapes: bad input is a kda::Error naming it, nothing changes",
           "[shape]" KDA_HOST_ONLY) {
