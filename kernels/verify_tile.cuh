@@ -246,35 +246,28 @@ bool launch_verify_stream_if(const TileArgs& args, int64_t ctas, cudaStream_t st
   const bool streamable = args.extend == 0 &&
                           stream_layout_ok(p, TileConfig<K, BV>::kChunk, FUSED) &&
                           (!kDeferred || is_aligned(p.ssm_fold_out, 16));
+  // Launches `kernel` where the grid rule picks it.
+  const auto launch_if_picked = [&](auto kernel) {
+    const int stream_grid = state_stream_grid(
+        reinterpret_cast<const void*>(kernel), TileConfig<K, BV>::kThreads, stage_bytes, ctas,
+        streamable, FUSED ? StreamFrom::kAnyCount : StreamFrom::kBeyondOneWave);
+    if (stream_grid <= 0) {
+      return false;
+    }
+    launch_pdl(kernel, dim3(static_cast<unsigned>(stream_grid)), dim3(TileConfig<K, BV>::kThreads),
+               stage_bytes, stream, pdl_enabled(), args);
+    return true;
+  };
   // One instantiation per record mode (ItemSchedule::kStreamRing / kStreamSnapshot); a ragged
   // call streams in ring mode only (snapshot mode's per-item kernel is at its bandwidth floor).
-  const void* kernel = nullptr;
   if (p.mode == RecordMode::kRing) {
-    kernel = reinterpret_cast<const void*>(
+    return launch_if_picked(
         verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kRing, kDeferred, kShaped>);
-  } else if constexpr (!kShaped) {
-    kernel = reinterpret_cast<const void*>(
-        verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kSnapshot>);
   }
-  if (kernel == nullptr) {
-    return false;
+  if constexpr (!kShaped) {
+    return launch_if_picked(verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kSnapshot>);
   }
-  const int stream_grid =
-      state_stream_grid(kernel, TileConfig<K, BV>::kThreads, stage_bytes, ctas, streamable,
-                        FUSED ? StreamFrom::kAnyCount : StreamFrom::kBeyondOneWave);
-  if (stream_grid <= 0) {
-    return false;
-  }
-  const dim3 grid(static_cast<unsigned>(stream_grid));
-  const dim3 block(TileConfig<K, BV>::kThreads);
-  if (p.mode == RecordMode::kRing) {
-    launch_pdl(verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kRing, kDeferred, kShaped>,
-               grid, block, stage_bytes, stream, pdl_enabled(), args);
-  } else if constexpr (!kShaped) {
-    launch_pdl(verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kSnapshot>, grid, block,
-               stage_bytes, stream, pdl_enabled(), args);
-  }
-  return true;
+  return false;
 }
 
 /// One of the instantiation sets: kDeferred for calls with ring_pending, kTrackedExtend for
