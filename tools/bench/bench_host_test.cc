@@ -224,6 +224,36 @@ TEST_CASE("kda_bench report: tracked commit rows in the CSV", "[tools][bench]") 
   CHECK(i == rows.size());
 }
 
+TEST_CASE("kda_bench report: draft-shaped rows in the CSV, not in the advice", "[tools][bench]") {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/kda_bench_shapes.csv";
+  const BenchArgs args = parse({"--batch-sizes", "4", "--draft-tokens", "4"});
+  std::vector<Row> rows = {verify_row_at_t4(Variant::kFusedRing, 4, 128, 5.0),
+                           verify_row_at_t4(Variant::kUnfusedRing, 4, 0, 7.0),
+                           verify_row_at_t4(Variant::kFusedRing, 4, 64, 2.0)};
+  rows[2].what = "fused+ring mixed (10 tok)";
+  rows[2].draft_shape = DraftShape::kMixed;
+  mark_best_bv(rows);
+  CHECK(rows[0].best_bv);  // the faster mixed row is not the dense group's best
+  CHECK(!rows[2].best_bv);
+  const Recommendation rec = recommend(rows, args);
+  REQUIRE(rec.entries.size() == 1);
+  CHECK(rec.entries[0].ring_bv == 128);
+  CHECK(rec.entries[0].ring_us == 5.0);
+  write_rows(path, RunInfo{}, rows, rec);
+  std::ifstream in(path);
+  std::string header, dense, unfused, mixed;
+  REQUIRE(std::getline(in, header));
+  REQUIRE(std::getline(in, dense));
+  REQUIRE(std::getline(in, unfused));
+  REQUIRE(std::getline(in, mixed));
+  CHECK(header.size() > 12);
+  CHECK(header.substr(header.size() - 12) == ",draft_shape");
+  CHECK(dense.substr(dense.size() - 6) == ",dense");
+  CHECK(mixed.rfind("verify,4,4,fused+ring mixed (10 tok),", 0) == 0);
+  CHECK(mixed.substr(mixed.size() - 6) == ",mixed");
+}
+
 TEST_CASE("kda_bench report: targets and dispatch advice", "[tools][bench]") {
   const Shape kimi = preset_shape(Preset::kKimiLinear);
   CHECK(target_us(Preset::kKimiLinear, kimi, RecordMode::kRing, 4, 16) == 13.0);

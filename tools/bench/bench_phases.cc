@@ -167,10 +167,11 @@ void scale_tokens(Row& r, const Shape& shape, int B, int T, int64_t tokens) {
 }
 
 /// The verify phase's shaped rows of (T, B): every variant (trees: unfused only) on the dense
-/// batch's problem through the shape's index arrays. Printed after the dense group, not in
-/// the recommendations.
+/// batch's problem through the shape's index arrays. Printed after the dense group and written
+/// to --out (column draft_shape), not in the recommendations.
 void time_shapes(BenchContext& ctx, const Problem& problem, int T, int B, int copies, int calls) {
   const BenchArgs& a = ctx.args;
+  std::vector<Row> shaped;
   for (const DraftShape shape : a.draft_shapes) {
     if (shape == DraftShape::kDense) {
       continue;
@@ -194,12 +195,15 @@ void time_shapes(BenchContext& ctx, const Problem& problem, int T, int B, int co
         r.what =
             fmt::format("{} {} ({} tok)", variant_name(v), draft_shape_name(shape), idx.tokens);
         r.target_us.reset();
+        r.draft_shape = shape;
         scale_tokens(r, a.shape, B, T, idx.tokens);
         time_verify_row(ctx, r, v, bv, params, calls);
         print_row(r);
+        shaped.push_back(r);
       }
     }
   }
+  add_rows(ctx, shaped);
 }
 
 }  // namespace

@@ -105,7 +105,7 @@ std::optional<double> target_us(Preset preset, const Shape& shape, RecordMode mo
 void mark_best_bv(std::vector<Row>& rows) {
   std::map<std::tuple<int, int, int, int>, Row*> best;
   for (Row& r : rows) {
-    if (!r.fused) {
+    if (!r.fused || r.draft_shape != DraftShape::kDense) {
       continue;
     }
     r.best_bv = false;
@@ -174,7 +174,7 @@ Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args) {
   };
   std::map<std::pair<int, int>, Times> ring, snap;
   for (const Row& r : rows) {
-    if (r.phase != Phase::kVerify) {
+    if (r.phase != Phase::kVerify || r.draft_shape != DraftShape::kDense) {
       continue;
     }
     Times& t = (r.mode == RecordMode::kRing ? ring : snap)[{r.T, r.B}];
@@ -425,16 +425,18 @@ void write_rows(const std::string& path, const RunInfo& info, const std::vector<
   if (!json) {
     fmt::print(f.get(),
                "phase,T,B,variant,mode,fused,bv,best_bv,layers,copies,calls_per_graph,median_us,"
-               "min_us,max_us,model_bytes,moved_bytes,floor_us,gbps,pct,target_us,target_ok\n");
+               "min_us,max_us,model_bytes,moved_bytes,floor_us,gbps,pct,target_us,target_ok,"
+               "draft_shape\n");
     for (const Row& r : rows) {
       fmt::print(f.get(),
                  "{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{},{},{:.4f},{:.2f},"
-                 "{:.2f},{},{}\n",
+                 "{:.2f},{},{},{}\n",
                  phase_name(r.phase), r.T, r.B, r.what, mode_name(r.mode), r.fused ? 1 : 0, r.bv,
                  r.best_bv ? 1 : 0, r.layers, r.copies, r.timing.calls_per_graph,
                  r.timing.median_us, r.timing.min_us, r.timing.max_us, r.model_bytes, r.moved_bytes,
                  r.floor_us, r.gbps, r.pct, r.target_us ? fmt::format("{}", *r.target_us) : "",
-                 r.target_us ? (r.target_ok() ? "pass" : "miss") : "");
+                 r.target_us ? (r.target_ok() ? "pass" : "miss") : "",
+                 draft_shape_name(r.draft_shape));
     }
   } else {
     fmt::print(f.get(), "{{\n  \"device\": {},\n  \"shape\": {},\n  \"command\": {},\n",
@@ -450,13 +452,14 @@ void write_rows(const std::string& path, const RunInfo& info, const std::vector<
                  "\"copies\": {}, \"calls_per_graph\": {}, \"median_us\": {}, \"min_us\": {}, "
                  "\"max_us\": {}, \"rep_us\": [{}], \"model_bytes\": {}, \"moved_bytes\": {}, "
                  "\"floor_us\": {}, \"gbps\": {}, \"pct\": {}, \"target_us\": {}, "
-                 "\"target_ok\": {}}}",
+                 "\"target_ok\": {}, \"draft_shape\": \"{}\"}}",
                  i == 0 ? "" : ",", phase_name(r.phase), r.T, r.B, json_str(r.what),
                  mode_name(r.mode), r.fused, r.bv, r.best_bv, r.layers, r.copies,
                  r.timing.calls_per_graph, json_num(r.timing.median_us), json_num(r.timing.min_us),
                  json_num(r.timing.max_us), fmt::join(r.timing.rep_us, ", "), r.model_bytes,
                  r.moved_bytes, json_num(r.floor_us), json_num(r.gbps), json_num(r.pct),
-                 opt_num(r.target_us), r.target_us ? (r.target_ok() ? "true" : "false") : "null");
+                 opt_num(r.target_us), r.target_us ? (r.target_ok() ? "true" : "false") : "null",
+                 draft_shape_name(r.draft_shape));
     }
     fmt::print(f.get(), "\n  ],\n  \"recommendation\": {{\n    \"dispatch\": [");
     for (size_t i = 0; i < rec.entries.size(); ++i) {

@@ -36,6 +36,9 @@ struct Row {
   double pct = 0.0;                 ///< verify, round: 100 * floor / median; commit: % of copy rate
   std::optional<double> target_us;  ///< contract §6 target (ring mode, preset shapes)
   bool best_bv = false;             ///< fused: the fastest BV of its (phase, T, B, mode)
+  /// verify: the batch's draft shape (--draft-shapes). Rows of another shape than dense are
+  /// written and printed but stay out of the best-BV marks and the dispatch advice.
+  DraftShape draft_shape = DraftShape::kDense;
 
   bool target_ok() const { return target_us && timing.median_us <= *target_us; }
 };
