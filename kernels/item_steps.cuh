@@ -232,9 +232,9 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred, kShaped
                                                  int64_t row, bool snap, int t0, int tc,
                                                  float* u_row, int cursor, int slot = 0) const {
     constexpr int kStepGroup = kWide ? 4 : 1;
-    static_assert(!(kShaped && kWide),
-                  "draft-shaped calls run the 128-register form (steps one "
-                  "at a time: a tree node may restart)");
+    static_assert(!(kShaped && kWide && !FUSED),
+                  "a wide draft-shaped item is a fused ragged chain: a tree (unfused) runs the "
+                  "128-register form, steps one at a time (a node may restart)");
     uint32_t out_item = 0;
     if constexpr (kShaped) {
       out_item = (static_cast<uint32_t>(first_row()) * p.HV + hv) * p.V + col0;

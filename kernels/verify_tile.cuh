@@ -272,12 +272,14 @@ bool launch_verify_stream_if(const TileArgs& args, int64_t ctas, cudaStream_t st
 
 /// One of the instantiation sets: kDeferred for calls with ring_pending, kTrackedExtend for
 /// extends with tracks.
-/// kShaped: a ragged or tree call (contract §8): a fused ragged ring-mode call at BV = 128 takes
-/// the streaming kernel at any item count (there is no one-CTA-per-SM shaped form); every other
-/// shaped call the two-per-SM per-item kernel (its steps run one at a time: a tree node may
-/// restart). The persistent CTAs walk items in a fixed order, so unequal T_n leave some CTAs
-/// longer work than others: the unfused ragged recurrence lost to the per-item kernel on mixed
-/// lengths (+6..+23%, log v64), where the block scheduler balances them.
+/// kShaped: a ragged or tree call (contract §8). A fused shaped call is a ragged chain (trees run
+/// unfused: params::check_fused_shape) and takes the dense call's schedule in its kShaped
+/// instantiations: the one-CTA-per-SM form where a dense grid of the same CTAs would (grouped
+/// steps over the request's T_n tokens), the streaming kernel at BV = 128 (ring mode), else
+/// the two-per-SM form. An unfused shaped call (a ragged chain or a tree) runs the two-per-SM
+/// per-item kernel: its steps one at a time (a tree node may restart), and its block scheduler
+/// balances unequal T_n, which the persistent CTAs' fixed item order does not (streamed, the
+/// unfused ragged recurrence lost 6-23% on mixed lengths: docs/perf_log.md v64).
 template <typename WeightT, int K, int BV, bool FUSED, bool kDeferred, bool kTrackedExtend = false,
           bool kShaped = false>
 void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
@@ -290,48 +292,41 @@ void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
   const int64_t ctas = tiles * p.HV * p.B;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.HV),
                   static_cast<unsigned>(p.B));
-  // Where the one-per-SM form gains. Its grouped ring-mode steps (and extend's): snapshot mode
-  // (one step at a time) proved slower in it at small B. The fused BV = 128 tile in every mode:
-  // in snapshot mode too its one-per-SM CTAs beat the streaming kernel up to kMaxWaves waves.
-  const bool gains = args.extend != 0 || p.mode == RecordMode::kRing || (FUSED && BV == 128);
-  // The fused BV = 128 tile stays one per SM over several waves (launch_utils.h
-  // kWideFusedMaxWaves); the unfused recurrence's does not gain from that.
-  constexpr int kMaxWaves = FUSED && BV == 128 ? kWideFusedMaxWaves : 1;
-  // The narrower fused tiles in snapshot mode: one per SM only where that fills the waves
-  // better.
-  const bool by_wave_fill = FUSED && BV < 128 && !gains;
-  if constexpr (kShaped) {
-    if constexpr (FUSED && BV == 128) {
-      if (p.parents == nullptr &&
-          launch_verify_stream_if<WeightT, K, FUSED, kDeferred, true>(args, ctas, stream)) {
+  // An unfused shaped call takes the two-per-SM form only (see the comment above).
+  if constexpr (!(kShaped && !FUSED)) {
+    // Where the one-per-SM form gains. Its grouped ring-mode steps (and extend's): snapshot mode
+    // (one step at a time) proved slower in it at small B. The fused BV = 128 tile in every
+    // mode: in snapshot mode too its one-per-SM CTAs beat the streaming kernel up to kMaxWaves
+    // waves.
+    const bool gains = args.extend != 0 || p.mode == RecordMode::kRing || (FUSED && BV == 128);
+    // The fused BV = 128 tile stays one per SM over several waves (launch_utils.h
+    // kWideFusedMaxWaves); the unfused recurrence's does not gain from that.
+    constexpr int kMaxWaves = FUSED && BV == 128 ? kWideFusedMaxWaves : 1;
+    // The narrower fused tiles in snapshot mode: one per SM only where that fills the waves
+    // better.
+    const bool by_wave_fill = FUSED && BV < 128 && !gains;
+    if (by_wave_fill ? one_cta_per_sm_by_wave_fill(ctas)
+                     : one_cta_per_sm_tiles(ctas, gains, kMaxWaves)) {
+      if constexpr (kDeferred) {
+        // The tile's register budget decides the CTAs per SM (the BV = 32 tile keeps two).
+        constexpr bool kOnePerSm = TileConfig<K, BV, true, true>::kMinCtasPerSm == 1;
+        const bool folds_first =
+            args.extend == 0 && p.mode == RecordMode::kRing && p.fold_before_wait != 0;
+        args.trigger_at_entry =
+            folds_first && deferred_triggers_at_entry(p.T, kOnePerSm, ctas) ? 1 : 0;
+      }
+      launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1, kDeferred, kTrackedExtend, kShaped>,
+                 grid, block, 0, stream, pdl_enabled(), args);
+      return;
+    }
+    if constexpr (BV == 128 && !kTrackedExtend) {
+      if (launch_verify_stream_if<WeightT, K, FUSED, kDeferred, kShaped>(args, ctas, stream)) {
         return;
       }
     }
-    launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 2, kDeferred, false, true>, grid, block, 0,
-               stream, pdl_enabled(), args);
-    return;
   }
-  if (by_wave_fill ? one_cta_per_sm_by_wave_fill(ctas)
-                   : one_cta_per_sm_tiles(ctas, gains, kMaxWaves)) {
-    if constexpr (kDeferred) {
-      // The tile's register budget decides the CTAs per SM (the BV = 32 tile keeps two).
-      constexpr bool kOnePerSm = TileConfig<K, BV, true, true>::kMinCtasPerSm == 1;
-      const bool folds_first =
-          args.extend == 0 && p.mode == RecordMode::kRing && p.fold_before_wait != 0;
-      args.trigger_at_entry =
-          folds_first && deferred_triggers_at_entry(p.T, kOnePerSm, ctas) ? 1 : 0;
-    }
-    launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1, kDeferred, kTrackedExtend>, grid, block,
-               0, stream, pdl_enabled(), args);
-    return;
-  }
-  if constexpr (BV == 128 && !kTrackedExtend) {
-    if (launch_verify_stream_if<WeightT, K, FUSED, kDeferred, false>(args, ctas, stream)) {
-      return;
-    }
-  }
-  launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 2, kDeferred, kTrackedExtend>, grid, block,
-             0, stream, pdl_enabled(), args);
+  launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 2, kDeferred, kTrackedExtend, kShaped>, grid,
+             block, 0, stream, pdl_enabled(), args);
 }
 
 template <typename WeightT, int K, int BV, bool FUSED>

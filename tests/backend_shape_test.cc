@@ -16,6 +16,7 @@
 // the CUDA kernels (backend_shape_cuda_test, GPU host).
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -577,6 +578,118 @@ TEST_CASE("ragged: the streaming verify equals the per-item ragged kernel and th
         CHECK(same_bits(streamed.pool().ssm_state(layer), bytes_of(eager.pool().ssm_state(layer))));
         CHECK(
             same_bits(streamed.pool().conv_state(layer), bytes_of(eager.pool().conv_state(layer))));
+      }
+    }
+  }
+}
+
+TEST_CASE("ragged: the one-CTA-per-SM form equals the two-per-SM form and the dense chain",
+          "[shape]") {
+  // A fused ragged call takes the dense call's schedule (kernels/verify_tile.cuh): at small B
+  // the one-CTA-per-SM per-item form, its steps grouped over each request's T_n tokens. Forced
+  // one and two CTAs per SM (streaming off), for every fused tile and both head dims, in
+  // snapshot, eager ring and deferred ring mode, over rounds of random lengths and accepted
+  // counts, reversed and non-contiguous slots, a padding request and a changing batch: every
+  // output (the whole garbage-filled tensor) and every pool tensor after each verify and each
+  // commit are equal; a ragged round of lengths T is the dense chain in the one-per-SM form;
+  // the deferred harness's materialized state is an eager per-item run's.
+  const auto with_occupancy = [](kernels::TileOccupancy m, const std::function<void()>& f) {
+    kernels::set_state_stream_mode(kernels::StateStreamMode::kNever);
+    kernels::set_tile_occupancy_mode(m);
+    f();
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    kernels::set_tile_occupancy_mode(kernels::TileOccupancy::kAuto);
+    kernels::set_state_stream_mode(kernels::StateStreamMode::kAuto);
+  };
+  constexpr auto kOne = kernels::TileOccupancy::kOnePerSm;
+  constexpr auto kTwo = kernels::TileOccupancy::kTwoPerSm;
+  enum class Mode { kSnapshot, kRing, kDeferred };
+  // KDA_TEST_QUICK=1 (compute-sanitizer runs): the wide tiles' three forms (BV = 16 on warps
+  // 4-7, BV = 32 with lanes 4 apart, BV = 128).
+  const std::vector<int> bvs = std::getenv("KDA_TEST_QUICK") != nullptr
+                                   ? std::vector<int>{16, 32, 128}
+                                   : std::vector<int>{8, 16, 32, 64, 128};
+  for (const int K : {64, 128}) {
+    for (const Mode mode : {Mode::kSnapshot, Mode::kRing, Mode::kDeferred}) {
+      for (const int bv : bvs) {
+        const bool ring = mode != Mode::kSnapshot, deferred = mode == Mode::kDeferred;
+        CAPTURE(K, ring, deferred, bv);
+        ModelConfig m = model_for(kGqaCase);
+        m.K = K;
+        m.V = K;
+        EngineFlags f = shape_flags(ring, kT, 1, deferred);
+        f.fused_ring_max_batch = 64;
+        f.fused_verify = true;
+        f.verify_block_v = bv;
+        EngineFlags fe = f;
+        fe.deferred_commit = static_cast<int>(DeferredCommit::kOff);
+        Harness wide(m, f, fake_platform(9, 0));
+        Harness two(m, f, fake_platform(9, 0));
+        Harness dense(m, f, fake_platform(9, 0));
+        Harness eager(m, fe, fake_platform(9, 0));
+        REQUIRE(wide.backend->deferred_commit() == deferred);
+        for (Harness* h : {&wide, &two, &dense, &eager}) {
+          h->fill_scratch(29);
+        }
+        std::mt19937 rng(static_cast<unsigned>(K + bv + 3 * static_cast<int>(mode)));
+        for (int round = 0; round < 3; ++round) {
+          CAPTURE(round);
+          BatchSpec batch(
+              kT,
+              round % 2 == 0 ? std::vector<int32_t>{4, 2, -1, 0} : std::vector<int32_t>{1, 3, 0},
+              round % 2 == 0 ? std::vector<int32_t>{3, 0, 2, 1} : std::vector<int32_t>{2, 0, 1});
+          std::vector<int32_t> accepted;
+          int64_t N = 0;
+          for (size_t i = 0; i < batch.slots.size(); ++i) {
+            const int len =
+                round == 0 ? kT : 1 + static_cast<int>(rng() % static_cast<unsigned>(kT));
+            batch.lengths.push_back(len);
+            accepted.push_back(1 + static_cast<int>(rng() % static_cast<unsigned>(len)));
+            N += len;
+          }
+          const auto inputs = layer_inputs(m, N, 500 + round);
+          std::vector<Acts> a, b, c;
+          with_occupancy(kOne, [&] { a = verify_rows(wide, batch, inputs, iota_rows(0, N)); });
+          with_occupancy(kTwo, [&] { b = verify_rows(two, batch, inputs, iota_rows(0, N)); });
+          for (int layer = 0; layer < kLayers; ++layer) {
+            CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
+                            bytes_of(b[static_cast<size_t>(layer)].out_view)));
+          }
+          CHECK(pool_checksum(wide.pool()) == pool_checksum(two.pool()));
+          if (deferred) {
+            std::vector<Acts> d;
+            with_occupancy(kTwo, [&] { d = verify_rows(eager, batch, inputs, iota_rows(0, N)); });
+            for (int layer = 0; layer < kLayers; ++layer) {
+              CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
+                              bytes_of(d[static_cast<size_t>(layer)].out_view)));
+            }
+          }
+          if (round == 0) {  // lengths T: the dense chain in the one-per-SM form
+            BatchSpec chain(kT, batch.slots, batch.rows);
+            with_occupancy(kOne, [&] { c = verify_rows(dense, chain, inputs, iota_rows(0, N)); });
+            for (int layer = 0; layer < kLayers; ++layer) {
+              CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
+                              bytes_of(c[static_cast<size_t>(layer)].out_view)));
+            }
+            CHECK(pool_checksum(wide.pool()) == pool_checksum(dense.pool()));
+            dense.backend->abort_round();
+          }
+          commit(wide, accepted);
+          commit(two, accepted);
+          if (deferred) {
+            commit(eager, accepted);
+          }
+          REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+          CHECK(pool_checksum(wide.pool()) == pool_checksum(two.pool()));
+        }
+        if (deferred) {
+          with_occupancy(kOne, [&] { wide.backend->materialize({0, 1, 2, 3, 4}, nullptr); });
+          for (int layer = 0; layer < kLayers; ++layer) {
+            CHECK(same_bits(wide.pool().ssm_state(layer), bytes_of(eager.pool().ssm_state(layer))));
+            CHECK(
+                same_bits(wide.pool().conv_state(layer), bytes_of(eager.pool().conv_state(layer))));
+          }
+        }
       }
     }
   }
