@@ -16,8 +16,9 @@ namespace kda {
 namespace {
 
 // Whether the backend defers its commits (contract §7): ring mode only; on, or auto where
-// dispatch/commit_policy.h's measured rule says it pays for the configured batch.
-bool defers_commit(const ModelConfig& m, const EngineFlags& f) {
+// dispatch/commit_policy.h's measured rule says it pays for the configured batch on the measured
+// card nearest to the device (by its peak memory bandwidth).
+bool defers_commit(const ModelConfig& m, const EngineFlags& f, const Platform& platform) {
   // Trees commit eagerly: an accepted path is not a contiguous ring range (flags reject on).
   if (!f.replayssm_spec || f.tree_drafts()) {
     return false;
@@ -30,11 +31,12 @@ bool defers_commit(const ModelConfig& m, const EngineFlags& f) {
     case DeferredCommit::kAuto:
       break;
   }
-  return deferred_commit_pays({m.HV, m.K, m.V, f.max_running_requests, f.num_draft_tokens});
+  return deferred_commit_pays(
+      {m.HV, m.K, m.V, f.max_running_requests, f.num_draft_tokens, platform.memory_gbps});
 }
 
 PoolConfig make_pool_config(const ModelConfig& m, const EngineFlags& f, const Device& device,
-                            const BackendOptions& o) {
+                            const Platform& platform, const BackendOptions& o) {
   KDA_CHECK(o.extra_slots >= 0 &&
                 o.extra_slots <= std::numeric_limits<int>::max() - f.max_running_requests,
             "BackendOptions.extra_slots: expected in [0, {}], got {}",
@@ -50,7 +52,7 @@ PoolConfig make_pool_config(const ModelConfig& m, const EngineFlags& f, const De
   c.T_max = f.num_draft_tokens;
   c.ring_mode = f.replayssm_spec;
   c.ring_len = f.replayssm_cache_len;
-  c.deferred_commit = defers_commit(m, f);  // the u records (kda_state_pool.h)
+  c.deferred_commit = defers_commit(m, f, platform);  // the u records (kda_state_pool.h)
   c.device = device;
   c.memory_budget_bytes = o.memory_budget_bytes;
   return c;
@@ -135,12 +137,12 @@ KdaAttentionBackend::KdaAttentionBackend(const ModelConfig& model, const EngineF
       kernels_(non_null(std::move(kernels))),
       device_(device_for(*kernels_, model_)),
       platform_(platform_for(device_, options)),
-      pool_(make_pool_config(model_, flags_, device_, options)),
+      pool_(make_pool_config(model_, flags_, device_, platform_, options)),
       weights_(static_cast<size_t>(model.num_layers)),
       indices_(device_, flags.max_running_requests, flags.num_draft_tokens),
       error_flag_(zeroed_flag(device_)),
       round_(model.num_layers),
-      deferred_(defers_commit(model_, flags_)),
+      deferred_(defers_commit(model_, flags_, platform_)),
       verify_ran_(static_cast<size_t>(model.num_layers), 0),
       checked_accepted_(device_, int64_t{flags.max_running_requests} * 4),
       last_decision_(static_cast<size_t>(model.num_layers)) {

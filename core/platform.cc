@@ -34,7 +34,11 @@ std::string Platform::describe() const {
   if (!has_device) {
     return fmt::format("no CUDA device ({})", reason);
   }
-  return fmt::format("{} (sm_{}{}, {} SMs)", name, sm_major, sm_minor, sm_count);
+  if (memory_gbps <= 0.0) {
+    return fmt::format("{} (sm_{}{}, {} SMs)", name, sm_major, sm_minor, sm_count);
+  }
+  return fmt::format("{} (sm_{}{}, {} SMs, {:.0f} GB/s peak memory)", name, sm_major, sm_minor,
+                     sm_count, memory_gbps);
 }
 
 Platform detect_platform(int device) {
@@ -71,6 +75,15 @@ Platform detect_platform(int device) {
   p.sm_minor = prop.minor;
   p.sm_count = prop.multiProcessorCount;
   p.name = prop.name;
+  // Peak memory bandwidth: the memory clock (kHz) and bus width (bits) attributes; left 0 where
+  // the driver does not report them.
+  int clock_khz = 0, bus_bits = 0;
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess) {
+    p.memory_gbps = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+  } else {
+    cudaGetLastError();
+  }
   return p;
 }
 

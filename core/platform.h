@@ -16,6 +16,10 @@ struct Platform {
   int sm_major = 0;
   int sm_minor = 0;
   int sm_count = 0;
+  /// Peak device-memory bandwidth in GB/s from the CUDA attributes (memory clock x bus width x
+  /// 2, double data rate): 3352 on an H100 SXM, 4800 on an H200; 0 = unknown (no device, a fake
+  /// platform, or the attributes unavailable).
+  double memory_gbps = 0.0;
   std::string name;    ///< e.g. "NVIDIA H200"
   std::string reason;  ///< why there is no device ("no CUDA device", driver error text)
 

@@ -159,6 +159,7 @@ TEST_CASE("platform: detection without a GPU is clean; families", "[core]") {
     CHECK_FALSE(p.reason.empty());
     CHECK(p.describe().rfind("no CUDA device", 0) == 0);
     CHECK(p.family() == ArchFamily::kOther);
+    CHECK(p.memory_gbps == 0.0);
     CHECK_THROWS_AS(Buffer(Device::cuda(0), 16), Error);
   } else {
     CHECK(p.sm_count > 0);
@@ -169,6 +170,9 @@ TEST_CASE("platform: detection without a GPU is clean; families", "[core]") {
   CHECK(fake_platform(8, 9).family() == ArchFamily::kOther);
   CHECK(fake_platform(12, 0).family() == ArchFamily::kOther);
   CHECK(fake_platform(9, 0, 132).describe() == "fake sm_90 (sm_90, 132 SMs)");
+  Platform h100 = fake_platform(9, 0, 132);
+  h100.memory_gbps = 3352.32;
+  CHECK(h100.describe() == "fake sm_90 (sm_90, 132 SMs, 3352 GB/s peak memory)");
 }
 
 TEST_CASE("logging: level by name, bad name rejected", "[core]") {

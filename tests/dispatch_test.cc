@@ -769,3 +769,51 @@ TEST_CASE("dispatch: the deferred-commit rule follows its measured table", "[dis
   CHECK_FALSE(deferred_commit_pays({7, 64, 64, 64, 4}));
   CHECK_FALSE(deferred_commit_pays({32, 128, 128, 0, 4}));
 }
+
+TEST_CASE("dispatch: the deferred-commit rule takes the table of the nearest measured card",
+          "[dispatch]") {
+  // H100 SXM (3352 GB/s; docs/bench/h100_v66_auto_table.txt): Kimi-Linear defers at every row
+  // but T = 7-8 B = 1; K3 TP8 at T <= 2 from B = 2, at T >= 3 from B = 4. The card is the one
+  // whose peak memory bandwidth is nearest by ratio: an H200 (4800), and an unknown device (0),
+  // take the H200's table; a device between them the nearer one's.
+  const auto pays = [](double gbps, int HV, int B, int T) {
+    CommitPolicyShape s{HV, 128, 128, B, T};
+    s.memory_gbps = gbps;
+    return deferred_commit_pays(s);
+  };
+  for (int T = 1; T <= 8; ++T) {
+    CAPTURE(T);
+    CHECK(pays(3352.0, 32, 1, T) == (T <= 6));
+    for (const int B : {2, 4, 7, 8, 15, 16, 32, 64, 256}) {
+      CHECK(pays(3352.0, 32, B, T));
+    }
+    CHECK_FALSE(pays(3352.0, 12, 1, T));
+    for (const int B : {2, 3}) {
+      CHECK(pays(3352.0, 12, B, T) == (T <= 2));
+    }
+    for (const int B : {4, 8, 31, 32, 63, 64, 512}) {
+      CHECK(pays(3352.0, 12, B, T));
+    }
+  }
+  // Rows where the two cards differ: the H200 and an unknown card stay eager there.
+  for (const double gbps : {0.0, 4800.0, 4100.0, 8000.0}) {
+    CAPTURE(gbps);
+    CHECK_FALSE(pays(gbps, 32, 1, 5));
+    CHECK_FALSE(pays(gbps, 32, 4, 8));
+    CHECK_FALSE(pays(gbps, 32, 8, 7));
+    CHECK_FALSE(pays(gbps, 12, 2, 2));
+    CHECK_FALSE(pays(gbps, 12, 32, 8));
+  }
+  for (const double gbps : {3352.0, 3900.0, 2000.0}) {
+    CAPTURE(gbps);
+    CHECK(pays(gbps, 32, 1, 5));
+    CHECK(pays(gbps, 32, 4, 8));
+    CHECK(pays(gbps, 32, 8, 7));
+    CHECK(pays(gbps, 12, 2, 2));
+    CHECK(pays(gbps, 12, 32, 8));
+  }
+  // Unmeasured shapes stay eager on either card.
+  CHECK_FALSE(pays(3352.0, 32, 64, 9));
+  CHECK_FALSE(pays(3352.0, 7, 64, 4));
+  CHECK_FALSE(pays(3352.0, 32, 0, 4));
+}

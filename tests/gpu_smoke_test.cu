@@ -1,5 +1,6 @@
 // gpu_smoke_test.cu: the device is there, a kernel launches, and its result comes back.
 #include <catch2/catch.hpp>
+#include <string>
 #include <vector>
 
 #include "core/buffer.h"
@@ -19,6 +20,10 @@ TEST_CASE("gpu_smoke: device present and a kernel runs", "[core][gpu]") {
   const kda::Platform p = kda::detect_platform();
   INFO(p.describe());
   REQUIRE(p.has_device);
+  // The peak memory bandwidth the deferred-commit policy picks its card by
+  // (dispatch/commit_policy.h): an HBM part reports terabytes per second.
+  CHECK(p.memory_gbps > 1000.0);
+  CHECK(p.describe().find("GB/s peak memory") != std::string::npos);
   const int n = 1000;
   std::vector<float> x(n), y(n);
   for (int i = 0; i < n; ++i) {
