@@ -496,24 +496,103 @@ TEST_CASE("ragged: deferred rounds equal eager ones after materialize", "[shape]
 }
 
 #ifdef KDA_BACKEND_TEST_CUDA
-TEST_CASE("ragged: the streaming verify equals the per-item ragged kernel and the dense chain",
-          "[shape]") {
-  // A fused ragged ring-mode call at BV = 128 takes the persistent streaming kernel (the
-  // unfused one keeps the per-item kernel: kernels/verify_tile.cuh); forced here with
-  // three CTAs, so that each walks many items and plans the next one's rows. Against the
-  // per-item ragged kernel (streaming off) over rounds of random lengths and accepted counts,
-  // reversed and non-contiguous slots, a padding request and a changing batch: every output
-  // (the whole garbage-filled tensor) and every pool tensor after each verify and commit; a
-  // ragged round of lengths T against the dense chain on the streaming kernel; under the
-  // deferred commit, the materialized state against an eager per-item run.
-  const auto with_stream = [](kernels::StateStreamMode m, const std::function<void()>& f) {
-    kernels::set_state_stream_mode(m, /*max_ctas=*/3);
+namespace {
+
+/// Runs `f` with a kernel schedule forced (kernels/launch_utils.h), then waits for the device.
+using Schedule = std::function<void(const std::function<void()>&)>;
+
+Schedule streamed(kernels::StateStreamMode mode) {
+  return [mode](const std::function<void()>& f) {
+    kernels::set_state_stream_mode(mode, /*max_ctas=*/3);
     f();
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     kernels::set_state_stream_mode(kernels::StateStreamMode::kAuto);
   };
-  constexpr auto kAlways = kernels::StateStreamMode::kAlways;
-  constexpr auto kNever = kernels::StateStreamMode::kNever;
+}
+
+Schedule per_item(kernels::TileOccupancy occupancy) {
+  return [occupancy](const std::function<void()>& f) {
+    kernels::set_state_stream_mode(kernels::StateStreamMode::kNever);
+    kernels::set_tile_occupancy_mode(occupancy);
+    f();
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    kernels::set_tile_occupancy_mode(kernels::TileOccupancy::kAuto);
+    kernels::set_state_stream_mode(kernels::StateStreamMode::kAuto);
+  };
+}
+
+/// One ragged verify path against another: harnesses of flags `f` verify under schedules `one`
+/// and `other`, over three rounds of random lengths and accepted counts, reversed and
+/// non-contiguous slots, a padding request and a changing batch. Every output (the whole
+/// garbage-filled tensor) and every pool tensor after each verify and each commit are equal; the
+/// first round (lengths T) is the dense chain under `one`; the outputs are an eager harness's
+/// (flags `eager`, schedule `other`), and so is the state after `one` materializes every slot.
+void check_ragged_paths(const ModelConfig& m, const EngineFlags& f, const EngineFlags& eager,
+                        const Schedule& one, const Schedule& other, unsigned seed) {
+  Harness a_h(m, f, fake_platform(9, 0));
+  Harness b_h(m, f, fake_platform(9, 0));
+  Harness dense(m, f, fake_platform(9, 0));
+  Harness eager_h(m, eager, fake_platform(9, 0));
+  for (Harness* h : {&a_h, &b_h, &dense, &eager_h}) {
+    h->fill_scratch(seed);
+  }
+  std::mt19937 rng(seed);
+  for (int round = 0; round < 3; ++round) {
+    CAPTURE(round);
+    BatchSpec batch(
+        kT, round % 2 == 0 ? std::vector<int32_t>{4, 2, -1, 0} : std::vector<int32_t>{1, 3, 0},
+        round % 2 == 0 ? std::vector<int32_t>{3, 0, 2, 1} : std::vector<int32_t>{2, 0, 1});
+    std::vector<int32_t> accepted;
+    int64_t N = 0;
+    for (size_t i = 0; i < batch.slots.size(); ++i) {
+      const int len = round == 0 ? kT : 1 + static_cast<int>(rng() % static_cast<unsigned>(kT));
+      batch.lengths.push_back(len);
+      accepted.push_back(1 + static_cast<int>(rng() % static_cast<unsigned>(len)));
+      N += len;
+    }
+    const auto inputs = layer_inputs(m, N, seed * 7 + round);
+    std::vector<Acts> a, b, c, d;
+    one([&] { a = verify_rows(a_h, batch, inputs, iota_rows(0, N)); });
+    other([&] { b = verify_rows(b_h, batch, inputs, iota_rows(0, N)); });
+    other([&] { d = verify_rows(eager_h, batch, inputs, iota_rows(0, N)); });
+    for (int layer = 0; layer < kLayers; ++layer) {
+      CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
+                      bytes_of(b[static_cast<size_t>(layer)].out_view)));
+      CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
+                      bytes_of(d[static_cast<size_t>(layer)].out_view)));
+    }
+    CHECK(pool_checksum(a_h.pool()) == pool_checksum(b_h.pool()));
+    if (round == 0) {  // lengths T: the dense chain
+      BatchSpec chain(kT, batch.slots, batch.rows);
+      one([&] { c = verify_rows(dense, chain, inputs, iota_rows(0, N)); });
+      for (int layer = 0; layer < kLayers; ++layer) {
+        CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
+                        bytes_of(c[static_cast<size_t>(layer)].out_view)));
+      }
+      CHECK(pool_checksum(a_h.pool()) == pool_checksum(dense.pool()));
+      dense.backend->abort_round();
+    }
+    commit(a_h, accepted);
+    commit(b_h, accepted);
+    commit(eager_h, accepted);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(pool_checksum(a_h.pool()) == pool_checksum(b_h.pool()));
+  }
+  one([&] { a_h.backend->materialize({0, 1, 2, 3, 4}, nullptr); });
+  for (int layer = 0; layer < kLayers; ++layer) {
+    CHECK(same_bits(a_h.pool().ssm_state(layer), bytes_of(eager_h.pool().ssm_state(layer))));
+    CHECK(same_bits(a_h.pool().conv_state(layer), bytes_of(eager_h.pool().conv_state(layer))));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ragged: the streaming verify equals the per-item ragged kernel and the dense chain",
+          "[shape]") {
+  // A fused ragged ring-mode call at BV = 128 takes the persistent streaming kernel (the
+  // unfused one keeps the per-item kernel: kernels/verify_tile.cuh); forced here with three
+  // CTAs, so that each walks many items and plans the next one's rows, against the per-item
+  // ragged kernel (streaming off), eager and deferred, K = 64 and 128 (check_ragged_paths).
   for (const int K : {64, 128}) {
     for (const bool deferred : {false, true}) {
       CAPTURE(K, deferred);
@@ -524,61 +603,9 @@ TEST_CASE("ragged: the streaming verify equals the per-item ragged kernel and th
       f.fused_ring_max_batch = 64;
       f.fused_verify = true;
       f.verify_block_v = 128;
-      Harness streamed(m, f, fake_platform(9, 0));
-      Harness per_item(m, f, fake_platform(9, 0));
-      Harness dense(m, f, fake_platform(9, 0));
-      Harness eager(m, shape_flags(true, kT, 1, false), fake_platform(9, 0));
-      for (Harness* h : {&streamed, &per_item, &dense, &eager}) {
-        h->fill_scratch(23);
-      }
-      std::mt19937 rng(static_cast<unsigned>(K + deferred));
-      for (int round = 0; round < 4; ++round) {
-        CAPTURE(round);
-        BatchSpec batch(
-            kT, round % 2 == 0 ? std::vector<int32_t>{4, 2, -1, 0} : std::vector<int32_t>{1, 3, 0},
-            round % 2 == 0 ? std::vector<int32_t>{3, 0, 2, 1} : std::vector<int32_t>{2, 0, 1});
-        std::vector<int32_t> accepted;
-        int64_t N = 0;
-        for (size_t i = 0; i < batch.slots.size(); ++i) {
-          const int len = round == 0 ? kT : 1 + static_cast<int>(rng() % static_cast<unsigned>(kT));
-          batch.lengths.push_back(len);
-          accepted.push_back(1 + static_cast<int>(rng() % static_cast<unsigned>(len)));
-          N += len;
-        }
-        const auto inputs = layer_inputs(m, N, 300 + round);
-        std::vector<Acts> a, b, c, d;
-        with_stream(kAlways, [&] { a = verify_rows(streamed, batch, inputs, iota_rows(0, N)); });
-        with_stream(kNever, [&] { b = verify_rows(per_item, batch, inputs, iota_rows(0, N)); });
-        with_stream(kNever, [&] { d = verify_rows(eager, batch, inputs, iota_rows(0, N)); });
-        for (int layer = 0; layer < kLayers; ++layer) {
-          CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
-                          bytes_of(b[static_cast<size_t>(layer)].out_view)));
-          CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
-                          bytes_of(d[static_cast<size_t>(layer)].out_view)));
-        }
-        CHECK(pool_checksum(streamed.pool()) == pool_checksum(per_item.pool()));
-        if (round == 0) {  // lengths T: the dense chain, also streamed
-          BatchSpec chain(kT, batch.slots, batch.rows);
-          with_stream(kAlways, [&] { c = verify_rows(dense, chain, inputs, iota_rows(0, N)); });
-          for (int layer = 0; layer < kLayers; ++layer) {
-            CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
-                            bytes_of(c[static_cast<size_t>(layer)].out_view)));
-          }
-          CHECK(pool_checksum(streamed.pool()) == pool_checksum(dense.pool()));
-          dense.backend->abort_round();
-        }
-        commit(streamed, accepted);
-        commit(per_item, accepted);
-        commit(eager, accepted);
-        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-        CHECK(pool_checksum(streamed.pool()) == pool_checksum(per_item.pool()));
-      }
-      with_stream(kAlways, [&] { streamed.backend->materialize({0, 1, 2, 3, 4}, nullptr); });
-      for (int layer = 0; layer < kLayers; ++layer) {
-        CHECK(same_bits(streamed.pool().ssm_state(layer), bytes_of(eager.pool().ssm_state(layer))));
-        CHECK(
-            same_bits(streamed.pool().conv_state(layer), bytes_of(eager.pool().conv_state(layer))));
-      }
+      check_ragged_paths(
+          m, f, shape_flags(true, kT, 1, false), streamed(kernels::StateStreamMode::kAlways),
+          streamed(kernels::StateStreamMode::kNever), static_cast<unsigned>(23 + K + deferred));
     }
   }
 }
@@ -588,21 +615,8 @@ TEST_CASE("ragged: the one-CTA-per-SM form equals the two-per-SM form and the de
   // A fused ragged call takes the dense call's schedule (kernels/verify_tile.cuh): at small B
   // the one-CTA-per-SM per-item form, its steps grouped over each request's T_n tokens. Forced
   // one and two CTAs per SM (streaming off), for every fused tile and both head dims, in
-  // snapshot, eager ring and deferred ring mode, over rounds of random lengths and accepted
-  // counts, reversed and non-contiguous slots, a padding request and a changing batch: every
-  // output (the whole garbage-filled tensor) and every pool tensor after each verify and each
-  // commit are equal; a ragged round of lengths T is the dense chain in the one-per-SM form;
-  // the deferred harness's materialized state is an eager per-item run's.
-  const auto with_occupancy = [](kernels::TileOccupancy m, const std::function<void()>& f) {
-    kernels::set_state_stream_mode(kernels::StateStreamMode::kNever);
-    kernels::set_tile_occupancy_mode(m);
-    f();
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    kernels::set_tile_occupancy_mode(kernels::TileOccupancy::kAuto);
-    kernels::set_state_stream_mode(kernels::StateStreamMode::kAuto);
-  };
-  constexpr auto kOne = kernels::TileOccupancy::kOnePerSm;
-  constexpr auto kTwo = kernels::TileOccupancy::kTwoPerSm;
+  // snapshot, eager ring and deferred ring mode (check_ragged_paths; the eager harness is the
+  // same tile in the same mode with the eager commit).
   enum class Mode { kSnapshot, kRing, kDeferred };
   // KDA_TEST_QUICK=1 (compute-sanitizer runs): the wide tiles' three forms (BV = 16 on warps
   // 4-7, BV = 32 with lanes 4 apart, BV = 128).
@@ -621,75 +635,11 @@ TEST_CASE("ragged: the one-CTA-per-SM form equals the two-per-SM form and the de
         f.fused_ring_max_batch = 64;
         f.fused_verify = true;
         f.verify_block_v = bv;
-        EngineFlags fe = f;
-        fe.deferred_commit = static_cast<int>(DeferredCommit::kOff);
-        Harness wide(m, f, fake_platform(9, 0));
-        Harness two(m, f, fake_platform(9, 0));
-        Harness dense(m, f, fake_platform(9, 0));
-        Harness eager(m, fe, fake_platform(9, 0));
-        REQUIRE(wide.backend->deferred_commit() == deferred);
-        for (Harness* h : {&wide, &two, &dense, &eager}) {
-          h->fill_scratch(29);
-        }
-        std::mt19937 rng(static_cast<unsigned>(K + bv + 3 * static_cast<int>(mode)));
-        for (int round = 0; round < 3; ++round) {
-          CAPTURE(round);
-          BatchSpec batch(
-              kT,
-              round % 2 == 0 ? std::vector<int32_t>{4, 2, -1, 0} : std::vector<int32_t>{1, 3, 0},
-              round % 2 == 0 ? std::vector<int32_t>{3, 0, 2, 1} : std::vector<int32_t>{2, 0, 1});
-          std::vector<int32_t> accepted;
-          int64_t N = 0;
-          for (size_t i = 0; i < batch.slots.size(); ++i) {
-            const int len =
-                round == 0 ? kT : 1 + static_cast<int>(rng() % static_cast<unsigned>(kT));
-            batch.lengths.push_back(len);
-            accepted.push_back(1 + static_cast<int>(rng() % static_cast<unsigned>(len)));
-            N += len;
-          }
-          const auto inputs = layer_inputs(m, N, 500 + round);
-          std::vector<Acts> a, b, c;
-          with_occupancy(kOne, [&] { a = verify_rows(wide, batch, inputs, iota_rows(0, N)); });
-          with_occupancy(kTwo, [&] { b = verify_rows(two, batch, inputs, iota_rows(0, N)); });
-          for (int layer = 0; layer < kLayers; ++layer) {
-            CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
-                            bytes_of(b[static_cast<size_t>(layer)].out_view)));
-          }
-          CHECK(pool_checksum(wide.pool()) == pool_checksum(two.pool()));
-          if (deferred) {
-            std::vector<Acts> d;
-            with_occupancy(kTwo, [&] { d = verify_rows(eager, batch, inputs, iota_rows(0, N)); });
-            for (int layer = 0; layer < kLayers; ++layer) {
-              CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
-                              bytes_of(d[static_cast<size_t>(layer)].out_view)));
-            }
-          }
-          if (round == 0) {  // lengths T: the dense chain in the one-per-SM form
-            BatchSpec chain(kT, batch.slots, batch.rows);
-            with_occupancy(kOne, [&] { c = verify_rows(dense, chain, inputs, iota_rows(0, N)); });
-            for (int layer = 0; layer < kLayers; ++layer) {
-              CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
-                              bytes_of(c[static_cast<size_t>(layer)].out_view)));
-            }
-            CHECK(pool_checksum(wide.pool()) == pool_checksum(dense.pool()));
-            dense.backend->abort_round();
-          }
-          commit(wide, accepted);
-          commit(two, accepted);
-          if (deferred) {
-            commit(eager, accepted);
-          }
-          REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-          CHECK(pool_checksum(wide.pool()) == pool_checksum(two.pool()));
-        }
-        if (deferred) {
-          with_occupancy(kOne, [&] { wide.backend->materialize({0, 1, 2, 3, 4}, nullptr); });
-          for (int layer = 0; layer < kLayers; ++layer) {
-            CHECK(same_bits(wide.pool().ssm_state(layer), bytes_of(eager.pool().ssm_state(layer))));
-            CHECK(
-                same_bits(wide.pool().conv_state(layer), bytes_of(eager.pool().conv_state(layer))));
-          }
-        }
+        EngineFlags eager = f;
+        eager.deferred_commit = static_cast<int>(DeferredCommit::kOff);
+        check_ragged_paths(m, f, eager, per_item(kernels::TileOccupancy::kOnePerSm),
+                           per_item(kernels::TileOccupancy::kTwoPerSm),
+                           static_cast<unsigned>(29 + K + bv + 3 * static_cast<int>(mode)));
       }
     }
   }
