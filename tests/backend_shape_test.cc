@@ -487,10 +487,15 @@ TEST_CASE("ragged: deferred rounds equal eager ones after materialize", "[shape]
     }
     commit(eager, accepted);
     commit(deferred, accepted);
-    deferred.backend->materialize({0, 1, 2, 3, 4}, nullptr);
-    for (int layer = 0; layer < kLayers; ++layer) {
-      CHECK(same_bits(eager.pool().ssm_state(layer), bytes_of(deferred.pool().ssm_state(layer))));
-      CHECK(same_bits(eager.pool().conv_state(layer), bytes_of(deferred.pool().conv_state(layer))));
+    // Materialized after rounds 2 and 5 only: the other rounds' verifies fold pending steps of
+    // a ragged round (the outputs above compare them), these two the materialize.
+    if (round % 3 == 2) {
+      deferred.backend->materialize({0, 1, 2, 3, 4}, nullptr);
+      for (int layer = 0; layer < kLayers; ++layer) {
+        CHECK(same_bits(eager.pool().ssm_state(layer), bytes_of(deferred.pool().ssm_state(layer))));
+        CHECK(
+            same_bits(eager.pool().conv_state(layer), bytes_of(deferred.pool().conv_state(layer))));
+      }
     }
   }
 }
