@@ -8,7 +8,9 @@
 //           whole commit per mode (one launch: the state kernel carries the conv copy); with
 //           --commit-tracks also the commits with a prefix-cache track per request and the
 //           deferred commit with and without;
-//   round   every layer's verify + the commit, one graph per round.
+//   round   every layer's verify + the commit, one graph per round;
+//   step    the round inside a model: per layer the projection GEMMs around the verify, then the
+//           commit, one graph per step; the KDA share = the step - its gemm-only twin.
 // Methodology (contract §6): --calls calls in one CUDA graph, --warmup replays, then --reps
 // repetitions of --iters timed replays; median / min / max of us per call. Byte model and
 // floor: tools/bench/bench_bytes.h. See --help for the flags.
@@ -29,6 +31,7 @@
 #include "tools/bench/bench_phases.h"
 #include "tools/bench/bench_plan.h"
 #include "tools/bench/bench_report.h"
+#include "tools/bench/bench_step.h"
 #include "tools/bench/bench_timer.h"
 
 namespace kda::bench {
@@ -115,6 +118,11 @@ int run(const BenchArgs& cli_args, int argc, const char* const* argv) {
 
   ctx.info.device = platform.describe();
   ctx.info.shape = args.shape.describe();
+  ctx.info.H = args.shape.H;
+  ctx.info.HV = args.shape.HV;
+  ctx.info.K = args.shape.K;
+  ctx.info.V = args.shape.V;
+  ctx.info.hidden = args.phase_step ? args.step_hidden() : 0;
   ctx.info.command_line = join_argv(argc, argv);
   ctx.info.hbm_gbps = args.hbm_gbps;
   ctx.info.l2_bytes = ctx.l2_bytes;
@@ -157,6 +165,9 @@ int run(const BenchArgs& cli_args, int argc, const char* const* argv) {
   }
   if (args.phase_round) {
     run_round_phase(ctx);
+  }
+  if (args.phase_step) {
+    run_step_phase(ctx);
   }
 
   const Recommendation rec = recommend(ctx.rows, args);
@@ -203,7 +214,7 @@ int main(int argc, char** argv) {
   try {
     return run(*args, argc, argv);
   } catch (const GuardFailure&) {
-    fmt::print(stderr, "kda_bench: fused and unfused verify differ; not timing them\n");
+    fmt::print(stderr, "kda_bench: a bitwise guard failed (see above); not timing\n");
     return kExitGuard;
   } catch (const kda::Error& e) {
     fmt::print(stderr, "kda_bench: error: {}\n", e.what());

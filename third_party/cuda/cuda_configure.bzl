@@ -17,6 +17,17 @@ cc_library(
     linkopts = ["-ldl", "-lpthread", "-lrt"],
     deps = [":cuda_headers"],
 )
+
+# cuBLASLt, shared (the toolkit ships no static copy): tools only (kda_bench's step GEMMs), never
+# the library. The run path points at the toolkit's lib64, where a GPU host with the toolkit has it.
+cc_library(
+    name = "cublaslt",
+    srcs = ["lib64/libcublasLt.so"],
+    hdrs = glob(["include/*.hpp", "include/nv/**"]),  # cublasLt.h pulls in cuda_fp16.h
+    includes = ["include"],
+    linkopts = ["-Wl,-rpath,%s/lib64"],
+    deps = [":cuda_headers"],
+)
 """
 
 def _cuda_configure_impl(rctx):
@@ -26,7 +37,7 @@ def _cuda_configure_impl(rctx):
         fail("CUDA toolkit not found: %s does not exist (set CUDA_HOME)" % nvcc)
     rctx.symlink(root + "/include", "include")
     rctx.symlink(root + "/lib64", "lib64")
-    rctx.file("BUILD", _BUILD)
+    rctx.file("BUILD", _BUILD.replace("%s/lib64", root + "/lib64"))
     rctx.file("defs.bzl", 'CUDA_HOME = "%s"\nNVCC = "%s"\n' % (root, nvcc))
 
 cuda_configure = repository_rule(

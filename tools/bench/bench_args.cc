@@ -72,6 +72,8 @@ Shape preset_shape(Preset p) {
   return s;
 }
 
+int preset_hidden(Preset p) { return p == Preset::kK3Tp8 ? 7168 : 2304; }
+
 std::string Shape::describe() const {
   std::string gate_str =
       gate == GateKind::kStandard ? std::string("std") : fmt::format("safe({:g})", lower_bound);
@@ -148,10 +150,16 @@ Sweep:
   --block-v BV|auto      fused V tile: one of {} or auto (default: the dispatcher's
                          kernels::default_block_v per B, as --kda-verify-block-v=auto)
   --sweep-bv             time every fused BV and report the best
-  --phases LIST          verify,commit,round or all (default verify)
+  --phases LIST          verify,commit,round,step or all (default verify)
                          commit: fold (ring), snapshot commit and conv commit of all layers;
-                         round: every layer's verify + the commit in one graph
-  --layers N             layers of the commit / round pools (default 20, Kimi-Linear)
+                         round: every layer's verify + the commit in one graph;
+                         step (contract §6, what an engine pays): per layer the input projection
+                         GEMM (cuBLASLt), the verify on column views of its output, the output
+                         projection GEMM + residual, then the commit, one graph; also the same
+                         step without the verifies and the commit (gemm-only) and the KDA share
+  --layers N             layers of the commit / round / step pools (default 20, Kimi-Linear)
+  --hidden N             step: the model's hidden size (default: kimi-linear 2304, k3-tp8 7168)
+  --mlp N                step: a dense MLP GEMM pair of width N per layer (default 0: none)
   --accepted N           commit: accepted length of every request (default T: all accepted)
   --commit-tracks        commit: also time the commits with prefix-cache tracks (every
                          request tracks its last accepted step, n-1, into a slot of its own
@@ -165,6 +173,7 @@ Timing (contract §6 methodology):
   --reps N               repetitions; report median / min / max (default 5)
   --commit-iters N       timed replays of a commit graph (default 20; each call = all layers)
   --round-iters N        timed replays of the one-round graph (default 20)
+  --step-iters N         timed replays of the one-step graph (default 20)
   --l2-cold              verify: rotate through independent layer copies so the bytes touched
                          between two uses of one copy exceed 2x the L2 size
   --max-copies N         cap on --l2-cold copies (default 256)
@@ -175,9 +184,12 @@ Other:
   --ring-len L           ring length (power of two >= 2*T_max; default max(16, pow2(2*T_max)))
   --seed N               input RNG seed (default 0)
   --skip-guard           skip the bitwise guards run before timing: fused vs unfused (verify
-                         phase) and the deferred round vs the eager round (round phase:
+                         phase), the deferred round vs the eager round (round phase:
                          4 replays of a graph of two rounds, every layer's outputs and
-                         windows after each, the materialized state after the last)
+                         windows after each, the materialized state after the last) and the
+                         step guard (step phase: eager, deferred and snapshot steps from one
+                         state, 3 replays each, every layer's outputs, the last hidden state
+                         and every request's committed state; the gemm-only step twice)
   --brief                table: fused rows only for the best BV (files always get every row)
   --dry-run              print the plan: device memory per B, timings, a device-time lower
                          bound (assumes an H200: 50 MiB L2); needs no GPU
@@ -194,7 +206,7 @@ Other:
   -h, --help             this text
 
 Exit status: 0 ok, 1 error (no CUDA device, CUDA or kernel error), 2 bad arguments,
-3 bitwise guard mismatch (fused vs unfused, or deferred vs eager rounds, differ).
+3 bitwise guard mismatch (fused vs unfused, deferred vs eager rounds, or step modes differ).
 )",
       fmt::join(kernels::kFusedBlockVs, ","));
 }
@@ -317,12 +329,17 @@ void validate(const BenchArgs& a) {
     throw ArgError(fmt::format("--ring-len: L={} must be >= 2*T_max={} (contract §2)", a.ring_len,
                                2 * a.max_T()));
   }
-  if ((a.phase_commit || a.phase_round) && int64_t{a.layers} * s.HV > 65535) {
+  if ((a.phase_commit || a.phase_round || a.phase_step) && int64_t{a.layers} * s.HV > 65535) {
     throw ArgError(fmt::format("--layers: layers*HV = {}*{} exceeds the commit grid limit 65535",
                                a.layers, s.HV));
   }
   if (a.variants.empty()) {
     throw ArgError("--variants: nothing to time");
+  }
+  if (a.step_hidden() % 8 != 0 || a.mlp % 8 != 0) {
+    throw ArgError(
+        fmt::format("--hidden / --mlp: {} / {} must be multiples of 8 (16-byte rows for the GEMMs)",
+                    a.step_hidden(), a.mlp));
   }
   if (a.commit_tracks && !a.phase_commit) {
     throw ArgError("--commit-tracks: times commit rows, needs the commit phase (--phases commit)");
@@ -335,26 +352,49 @@ struct FlagSpec {
 };
 // Every flag bench_usage() documents (the handlers below must cover the same set).
 constexpr FlagSpec kFlags[] = {
-    {"--preset", true},         {"--heads", true},
-    {"--hv-heads", true},       {"--head-k-dim", true},
-    {"--head-v-dim", true},     {"--lower-bound", true},
-    {"--conv-weight", true},    {"--conv-bias", false},
-    {"--batch-sizes", true},    {"--draft-tokens", true},
-    {"--variants", true},       {"--block-v", true},
-    {"--draft-shapes", true},   {"--sweep-bv", false},
-    {"--phases", true},         {"--layers", true},
-    {"--accepted", true},       {"--commit-tracks", false},
-    {"--calls", true},          {"--warmup", true},
-    {"--iters", true},          {"--reps", true},
-    {"--round-iters", true},    {"--commit-iters", true},
-    {"--l2-cold", false},       {"--max-copies", true},
-    {"--hbm-gbps", true},       {"--copy-mib", true},
-    {"--ring-len", true},       {"--seed", true},
-    {"--skip-guard", false},    {"--brief", false},
-    {"--dry-run", false},       {"--no-pdl", false},
-    {"--device", true},         {"--state-stream", true},
-    {"--tile-occupancy", true}, {"--out", true},
-    {"--help", false},          {"-h", false},
+    {"--preset", true},
+    {"--heads", true},
+    {"--hv-heads", true},
+    {"--head-k-dim", true},
+    {"--head-v-dim", true},
+    {"--lower-bound", true},
+    {"--conv-weight", true},
+    {"--conv-bias", false},
+    {"--batch-sizes", true},
+    {"--draft-tokens", true},
+    {"--variants", true},
+    {"--block-v", true},
+    {"--draft-shapes", true},
+    {"--sweep-bv", false},
+    {"--phases", true},
+    {"--layers", true},
+    {"--hidden", true},
+    {"--mlp", true},
+    {"--step-iters", true},
+    {"--accepted", true},
+    {"--commit-tracks", false},
+    {"--calls", true},
+    {"--warmup", true},
+    {"--iters", true},
+    {"--reps", true},
+    {"--round-iters", true},
+    {"--commit-iters", true},
+    {"--l2-cold", false},
+    {"--max-copies", true},
+    {"--hbm-gbps", true},
+    {"--copy-mib", true},
+    {"--ring-len", true},
+    {"--seed", true},
+    {"--skip-guard", false},
+    {"--brief", false},
+    {"--dry-run", false},
+    {"--no-pdl", false},
+    {"--device", true},
+    {"--state-stream", true},
+    {"--tile-occupancy", true},
+    {"--out", true},
+    {"--help", false},
+    {"-h", false},
 };
 
 }  // namespace
@@ -487,7 +527,7 @@ std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
       {"--sweep-bv", [&](auto&, auto&) { a.sweep_bv = true; }},
       {"--phases",
        [&](auto& n, auto& v) {
-         a.phase_verify = a.phase_commit = a.phase_round = false;
+         a.phase_verify = a.phase_commit = a.phase_round = a.phase_step = false;
          for (std::string_view p : split_commas(v)) {
            if (p == "verify") {
              a.phase_verify = true;
@@ -495,14 +535,19 @@ std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
              a.phase_commit = true;
            } else if (p == "round") {
              a.phase_round = true;
+           } else if (p == "step") {
+             a.phase_step = true;
            } else if (p == "all") {
-             a.phase_verify = a.phase_commit = a.phase_round = true;
+             a.phase_verify = a.phase_commit = a.phase_round = a.phase_step = true;
            } else {
-             arg_fail(n, p, "verify, commit, round or all");
+             arg_fail(n, p, "verify, commit, round, step or all");
            }
          }
        }},
       {"--layers", [&](auto& n, auto& v) { a.layers = parse_int(n, v, 1, 4096); }},
+      {"--hidden", [&](auto& n, auto& v) { a.hidden = parse_int(n, v, 8, 1 << 16); }},
+      {"--mlp", [&](auto& n, auto& v) { a.mlp = parse_int(n, v, 0, 1 << 18); }},
+      {"--step-iters", [&](auto& n, auto& v) { a.step_iters = parse_int(n, v, 1, 1000000); }},
       {"--accepted", [&](auto& n, auto& v) { a.accepted = parse_int(n, v, 1, 64); }},
       {"--commit-tracks", [&](auto&, auto&) { a.commit_tracks = true; }},
       {"--calls", [&](auto& n, auto& v) { a.calls = parse_int(n, v, 1, 1000); }},

@@ -52,6 +52,9 @@ const char* draft_shape_name(DraftShape s);
 enum class Preset : uint8_t { kNone, kKimiLinear, kK3Tp8 };
 const char* preset_name(Preset p);
 Shape preset_shape(Preset p);
+/// The model's hidden size for the step's projections (contract §6): Kimi-Linear-48B 2304 (also
+/// without a preset), K3 TP8 7168.
+int preset_hidden(Preset p);
 
 struct BenchArgs {
   Preset preset = Preset::kNone;
@@ -67,6 +70,10 @@ struct BenchArgs {
   bool phase_verify = true;
   bool phase_commit = false;
   bool phase_round = false;
+  /// step (contract §6): per layer the projection GEMMs around the verify, then the commit.
+  bool phase_step = false;
+  int hidden = 0;    ///< step: the model's hidden size; 0 = the preset's (preset_hidden)
+  int mlp = 0;       ///< step: width of a dense MLP GEMM pair per layer; 0 = none
   int layers = 20;   ///< Kimi-Linear KDA layer count
   int accepted = 0;  ///< commit: accepted length per request; 0 = T (all accepted)
   /// commit: also time the commits with prefix-cache tracks (every request tracks its last
@@ -79,6 +86,7 @@ struct BenchArgs {
   int reps = 5;           ///< repetitions (median / min / max)
   int commit_iters = 20;  ///< timed replays of a commit graph (all layers per call)
   int round_iters = 20;   ///< timed replays of the one-round graph
+  int step_iters = 20;    ///< timed replays of the one-step graph
   bool l2_cold = false;
   int max_copies = 256;  ///< l2-cold: cap on independent layer copies
 
@@ -97,6 +105,8 @@ struct BenchArgs {
   std::string out_path;  ///< .csv or .json; empty: none
 
   int max_T() const;
+  /// hidden, or the preset's when 0.
+  int step_hidden() const { return hidden > 0 ? hidden : preset_hidden(preset); }
   int effective_ring_len() const;
   bool has_variant(Variant v) const;
   bool any_mode(RecordMode m) const;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <random>
+
 namespace kda::bench {
 
 int64_t VerifyBytes::model() const {
@@ -56,6 +58,70 @@ TrackBytes track_bytes(const Shape& s, int layers, int tracks, int step) {
   t.snapshot = per * (2 * state_bytes(s) + conv);
   t.deferred = per * (2 * state_bytes(s) + (int64_t{step} + 1) * ring_step_bytes(s) + conv);
   return t;
+}
+
+int64_t deferred_round_delta(const Shape& s, int layers, int B, int T, int64_t accepted_sum) {
+  const int64_t head_u = int64_t{s.HV} * s.V * 4;  // one step's u records
+  const int64_t raw_v_beta = int64_t{s.HV} * (int64_t{s.V} * 2 + 4);
+  const int64_t u =
+      int64_t{layers} * (int64_t{B} * T * head_u + accepted_sum * (head_u - raw_v_beta));
+  return u - int64_t{layers} * B * state_bytes(s);
+}
+
+StepBytes step_kda_bytes(const Shape& s, int layers, int B, int T,
+                         const std::vector<int>& accepted) {
+  int64_t sum = 0;
+  for (const int n : accepted) {
+    sum += n;
+  }
+  const int64_t verify_ring = int64_t{layers} * verify_bytes(s, B, T, RecordMode::kRing).model();
+  const int64_t verify_snap =
+      int64_t{layers} * verify_bytes(s, B, T, RecordMode::kSnapshot).model();
+  const CommitBytes all = commit_bytes(s, layers, B, 0);  // the fold's ring steps come per request
+  StepBytes b;
+  b.ring = verify_ring + all.fold + int64_t{layers} * sum * ring_step_bytes(s) + all.conv;
+  b.deferred = b.ring + deferred_round_delta(s, layers, B, T, sum);
+  b.snapshot = verify_snap + all.snapshot + all.conv;
+  return b;
+}
+
+std::vector<int> step_accepted(uint64_t seed, int T, int B) {
+  std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(T) * 1000003u +
+                      static_cast<uint64_t>(B));
+  std::uniform_int_distribution<int> length(1, T);
+  std::vector<int> out(static_cast<size_t>(B));
+  for (int& n : out) {
+    n = length(rng);
+  }
+  return out;
+}
+
+int64_t step_gemm_weight_bytes(const Shape& s, int layers, int hidden, int mlp) {
+  const int64_t P = s.D() + int64_t{s.HV} * s.K + s.HV;
+  const int64_t per_layer = (P + int64_t{s.HV} * s.V + 2 * int64_t{mlp}) * hidden * 2;
+  return per_layer * layers;
+}
+
+std::vector<std::string> describe_step_model(const Shape& s, int layers, int hidden, int mlp) {
+  std::vector<std::string> l;
+  const int64_t P = s.D() + int64_t{s.HV} * s.K + s.HV;
+  l.push_back(fmt::format(
+      "step (contract §6): per layer x[N, {}] -> input projection GEMM [N, {}] x [{}, {}]^T (bf16, "
+      "fp32 accumulate) -> mixed_qkv | a | b as column views (row stride >= {}) -> verify -> "
+      "output "
+      "projection GEMM [N, {}] x [{}, {}]^T + residual{}; {} layers, then the commit; one CUDA "
+      "graph",
+      hidden, hidden, P, hidden, P, int64_t{s.HV} * s.V, hidden, int64_t{s.HV} * s.V,
+      mlp > 0 ? fmt::format(" -> MLP GEMM pair [{} -> {} -> {}] + residual", hidden, mlp, hidden)
+              : std::string(),
+      layers));
+  l.push_back(
+      "  KDA share = the step - the same step without the verifies and the commit (gemm-only); its "
+      "byte model: layers * the verify model + the commit of the step's accepted lengths (fold: "
+      "2 state passes + n ring steps per request; deferred: one state pass fewer per layer, plus "
+      "the u records; snapshot: snapshot read + state write); the deferred model is the two-pass "
+      "floor; floor = model / the measured D2D copy rate");
+  return l;
 }
 
 std::vector<std::string> describe_byte_model(const Shape& s, double hbm_gbps) {

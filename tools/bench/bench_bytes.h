@@ -57,6 +57,31 @@ struct TrackBytes {
 
 TrackBytes track_bytes(const Shape& s, int layers, int tracks, int step);
 
+/// What the deferred commit (contract §7) changes in a round of `layers` layers, B requests of T
+/// tokens that fold `accepted_sum` steps in all (the sum of the accepted lengths): one state pass
+/// fewer per layer (the fold's read: the next verify folds the state it reads anyway), plus the u
+/// records (each verify writes one per token, HV*V f32; a pending step's fold reads its u in place
+/// of its rawv and beta). Negative: it saves bytes.
+int64_t deferred_round_delta(const Shape& s, int layers, int B, int T, int64_t accepted_sum);
+
+/// The KDA share of one step (contract §6 "step"): every layer's verify of B requests of T tokens
+/// plus the commit of all layers, request i accepting accepted[i] steps (1..T). The step's GEMMs
+/// are not part of it. Deferred ring mode moves the fewest bytes: its model is the two-pass floor.
+struct StepBytes {
+  int64_t ring = 0;      ///< eager ring: verifies + fold (three state passes) + conv commit
+  int64_t deferred = 0;  ///< deferred ring: ring + deferred_round_delta (two state passes)
+  int64_t snapshot = 0;  ///< snapshot mode: verifies (with snapshots) + snapshot copy + conv
+};
+StepBytes step_kda_bytes(const Shape& s, int layers, int B, int T,
+                         const std::vector<int>& accepted);
+/// The step's accepted lengths (contract §6 "step": seeded random 1..T): request i's, uniform in
+/// [1, T], from (seed, T, B) alone.
+std::vector<int> step_accepted(uint64_t seed, int T, int B);
+/// Weight bytes one step's GEMMs read (every layer's projections, and the MLP pair when `mlp`).
+int64_t step_gemm_weight_bytes(const Shape& s, int layers, int hidden, int mlp);
+/// step_kda_bytes as text lines (printed once by the step phase).
+std::vector<std::string> describe_step_model(const Shape& s, int layers, int hidden, int mlp);
+
 /// Microseconds needed to move `bytes` at `gbps` GB/s (1 GB = 1e9 B).
 inline double floor_us(int64_t bytes, double gbps) {
   return static_cast<double>(bytes) / (gbps * 1e3);

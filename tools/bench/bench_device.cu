@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 
 #include "core/cuda_check.h"
 #include "kernels/launch_pdl.cuh"
@@ -194,6 +195,62 @@ int64_t first_mismatch(const void* a, const void* b, int64_t bytes, void* scratc
   KDA_CUDA_CHECK(cudaMemcpyAsync(&host, first, sizeof(host), cudaMemcpyDeviceToHost, stream));
   KDA_CUDA_CHECK(cudaStreamSynchronize(stream));
   return host == ULLONG_MAX ? -1 : static_cast<int64_t>(host);
+}
+
+namespace {
+
+/// stats[0] += non-finite elements, stats[1] = max(stats[1], bits of the largest finite |x|):
+/// non-negative floats order as their bit patterns.
+template <typename T>
+__global__ void finite_stats_kernel(const T* x, int64_t n, unsigned long long* stats) {
+  unsigned long long bad = 0;
+  unsigned int max_bits = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float v;
+    if constexpr (sizeof(T) == 2) {
+      v = __uint_as_float(static_cast<unsigned int>(x[i].bits) << 16);
+    } else {
+      v = x[i];
+    }
+    if (isfinite(v)) {
+      max_bits = max(max_bits, __float_as_uint(fabsf(v)));
+    } else {
+      ++bad;
+    }
+  }
+  if (bad > 0) {
+    atomicAdd(stats, bad);
+  }
+  atomicMax(stats + 1, static_cast<unsigned long long>(max_bits));
+}
+
+}  // namespace
+
+FiniteStats finite_stats(const void* x, DType dtype, int64_t n, void* scratch,
+                         cudaStream_t stream) {
+  KDA_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "finite_stats: f32 or bf16 only");
+  auto* stats = static_cast<unsigned long long*>(scratch);
+  KDA_CUDA_CHECK(cudaMemsetAsync(stats, 0, 2 * sizeof(unsigned long long), stream));
+  if (n > 0) {
+    if (dtype == DType::kF32) {
+      finite_stats_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<const float*>(x), n,
+                                                                stats);
+    } else {
+      finite_stats_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<const bf16_t*>(x), n,
+                                                                stats);
+    }
+    KDA_CUDA_CHECK(cudaGetLastError());
+  }
+  unsigned long long host[2] = {0, 0};
+  KDA_CUDA_CHECK(cudaMemcpyAsync(host, stats, sizeof(host), cudaMemcpyDeviceToHost, stream));
+  KDA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  FiniteStats out;
+  out.nonfinite = static_cast<int64_t>(host[0]);
+  const auto bits = static_cast<uint32_t>(host[1]);
+  static_assert(sizeof(float) == sizeof(uint32_t), "f32 bits");
+  std::memcpy(&out.max_abs, &bits, sizeof(float));
+  return out;
 }
 
 }  // namespace kda::bench

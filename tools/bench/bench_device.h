@@ -28,6 +28,14 @@ void fill_i32(int32_t* dst, int64_t n, int32_t value, cudaStream_t stream);
 int64_t first_mismatch(const void* a, const void* b, int64_t bytes, void* scratch,
                        cudaStream_t stream);
 
+/// Non-finite elements of `n` f32 or bf16 values, and the largest finite |x|. `scratch`: 16
+/// bytes of device memory. Synchronises `stream`.
+struct FiniteStats {
+  int64_t nonfinite = 0;
+  float max_abs = 0.0f;
+};
+FiniteStats finite_stats(const void* x, DType dtype, int64_t n, void* scratch, cudaStream_t stream);
+
 /// Launch-latency probes (enqueue one call on `stream`, PDL as the KDA launchers use it):
 /// an empty kernel (1 CTA: the graph-node floor of any verify call), and a 128-CTA kernel
 /// whose threads each do two dependent global loads (index, then data[index]) and one store

@@ -1,4 +1,5 @@
-// bench_host_test.cc: kda_bench's host-only parts: flags, byte model, targets, dispatch advice.
+// bench_host_test.cc: kda_bench's host-only parts: flags, byte model, plans, targets, dispatch
+// advice (no device: nothing here allocates or launches).
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "kernels/kda_kernels.h"
 #include "tools/bench/bench_args.h"
 #include "tools/bench/bench_bytes.h"
+#include "tools/bench/bench_plan.h"
 #include "tools/bench/bench_report.h"
 
 namespace kda::bench {
@@ -247,11 +249,22 @@ TEST_CASE("kda_bench report: draft-shaped rows in the CSV, not in the advice", "
   REQUIRE(std::getline(in, dense));
   REQUIRE(std::getline(in, unfused));
   REQUIRE(std::getline(in, mixed));
-  CHECK(header.size() > 12);
-  CHECK(header.substr(header.size() - 12) == ",draft_shape");
-  CHECK(dense.substr(dense.size() - 6) == ",dense");
+  // The draft_shape column (the step's columns follow it).
+  const auto column = [](const std::string& line, size_t index) {
+    size_t start = 0;
+    for (size_t i = 0; i < index; ++i) {
+      start = line.find(',', start) + 1;
+    }
+    return line.substr(start, line.find(',', start) - start);
+  };
+  size_t shape_col = 0;
+  while (column(header, shape_col) != "draft_shape" && shape_col < 64) {
+    ++shape_col;
+  }
+  REQUIRE(shape_col < 64);
+  CHECK(column(dense, shape_col) == "dense");
   CHECK(mixed.rfind("verify,4,4,fused+ring mixed (10 tok),", 0) == 0);
-  CHECK(mixed.substr(mixed.size() - 6) == ",mixed");
+  CHECK(column(mixed, shape_col) == "mixed");
 }
 
 TEST_CASE("kda_bench report: targets and dispatch advice", "[tools][bench]") {
@@ -366,6 +379,154 @@ TEST_CASE("kda_bench report: snapshot-only rows get no ring verdict", "[tools][b
     CHECK(e.snap_path == "fused");
     CHECK_FALSE(e.target_us);
   }
+}
+
+TEST_CASE("kda_bench args: the step phase", "[tools][bench]") {
+  CHECK_FALSE(parse({}).phase_step);
+  const BenchArgs kimi = parse({"--preset", "kimi-linear", "--phases", "step"});
+  CHECK(kimi.phase_step);
+  CHECK_FALSE(kimi.phase_verify);
+  CHECK(kimi.step_hidden() == 2304);
+  CHECK(kimi.mlp == 0);
+  CHECK(kimi.step_iters == 20);
+  CHECK(parse({"--preset", "k3-tp8", "--phases", "step"}).step_hidden() == 7168);
+  CHECK(parse({"--phases", "step"}).step_hidden() == 2304);  // no preset: Kimi-Linear's
+  const BenchArgs custom =
+      parse({"--phases", "step", "--hidden", "4096", "--mlp", "8192", "--step-iters", "7"});
+  CHECK(custom.step_hidden() == 4096);
+  CHECK(custom.mlp == 8192);
+  CHECK(custom.step_iters == 7);
+  const BenchArgs all = parse({"--phases", "all"});
+  CHECK((all.phase_verify && all.phase_commit && all.phase_round && all.phase_step));
+  require_arg_error({"--phases", "step", "--hidden", "2300"}, "multiples of 8");
+  require_arg_error({"--phases", "step", "--mlp", "100"}, "multiples of 8");
+  require_arg_error({"--phases", "steps"}, "verify, commit, round, step or all");
+  require_arg_error({"--hidden", "x"}, "--hidden: bad value 'x'");
+  CHECK(bench_usage().find("--hidden") != std::string::npos);
+}
+
+TEST_CASE("kda_bench bytes: the step's KDA share model", "[tools][bench]") {
+  const Shape kimi = preset_shape(Preset::kKimiLinear);
+  const int64_t state = 32LL * 128 * 128 * 4;
+  const int64_t head_u = 32LL * 128 * 4;
+  const int64_t raw_v_beta = 32LL * (128 * 2 + 4);
+  const std::vector<int> accepted{1, 4, 2};
+  const StepBytes b = step_kda_bytes(kimi, 20, 3, 4, accepted);
+  const int64_t verify = verify_bytes(kimi, 3, 4, RecordMode::kRing).model();
+  const int64_t conv = 20LL * 3 * 3 * kimi.D() * 2 * 2;
+  // Eager: 20 verifies, a fold of 2 state passes + 7 ring steps per layer, the conv commit.
+  CHECK(b.ring == 20 * verify + 20LL * (3 * 2 * state + 7 * ring_step_bytes(kimi)) + conv);
+  // Deferred: one state pass fewer per layer and request, plus u: 12 written, 7 folded from u.
+  CHECK(b.deferred == b.ring - 20LL * 3 * state + 20LL * (12 * head_u + 7 * (head_u - raw_v_beta)));
+  CHECK(b.deferred < b.ring);
+  // Snapshot: verifies with snapshots, one snapshot read + state write per request and layer.
+  CHECK(b.snapshot ==
+        20 * verify_bytes(kimi, 3, 4, RecordMode::kSnapshot).model() + 20LL * 3 * 2 * state + conv);
+  // With every request accepting n, the step's models are the round's (commit_bytes and the
+  // deferred round's delta).
+  const StepBytes all4 = step_kda_bytes(kimi, 20, 3, 4, {4, 4, 4});
+  const CommitBytes c = commit_bytes(kimi, 20, 3, 4);
+  CHECK(all4.ring == 20 * verify + c.fold + c.conv);
+  CHECK(all4.deferred == all4.ring + deferred_round_delta(kimi, 20, 3, 4, 12));
+  // The accepted lengths: in [1, T], reproducible, and they vary with the seed and the batch.
+  for (const int T : {1, 4, 8}) {
+    const std::vector<int> n = step_accepted(0, T, 64);
+    REQUIRE(n.size() == 64);
+    CHECK(*std::min_element(n.begin(), n.end()) >= 1);
+    CHECK(*std::max_element(n.begin(), n.end()) <= T);
+    CHECK(n == step_accepted(0, T, 64));
+    if (T > 1) {
+      CHECK(*std::min_element(n.begin(), n.end()) < *std::max_element(n.begin(), n.end()));
+      CHECK(n != step_accepted(1, T, 64));
+    }
+  }
+  CHECK(step_gemm_weight_bytes(kimi, 20, 2304, 0) == 20LL * (16416 + 4096) * 2304 * 2);
+  CHECK(step_gemm_weight_bytes(kimi, 1, 2304, 8192) - step_gemm_weight_bytes(kimi, 1, 2304, 0) ==
+        2LL * 8192 * 2304 * 2);
+  CHECK(describe_step_model(kimi, 20, 2304, 0).size() == 2);
+}
+
+TEST_CASE("kda_bench plan: the step's layout and memory", "[tools][bench]") {
+  const BenchArgs kimi = parse({"--preset", "kimi-linear", "--phases", "step"});
+  const StepLayout k = step_layout(kimi, 4);
+  CHECK(k.P == 12288 + 4096 + 32);
+  CHECK(k.ld_proj == k.P);  // already 16-byte rows
+  CHECK(k.rows == 4 * 8);   // B * T_max
+  CHECK(k.stages == 20);
+  // K3 TP8: P = 6156 pads to 6160, so a and b stay 16-byte aligned and rows are 16-byte pitched.
+  const StepLayout k3 = step_layout(parse({"--preset", "k3-tp8", "--phases", "step"}), 4);
+  CHECK(k3.P == 4608 + 1536 + 12);
+  CHECK(k3.ld_proj == 6160);
+  CHECK(step_layout(parse({"--phases", "step", "--mlp", "64"}), 1).stages == 40);
+
+  const ProblemConfig cfg = step_problem_config(kimi, 4);
+  CHECK(cfg.copies == 20);
+  CHECK_FALSE(cfg.inputs);  // the verifies read the projection's columns
+  CHECK(cfg.ring);
+  CHECK(cfg.snapshot);  // the guard compares the snapshot step
+  const BenchArgs unguarded =
+      parse({"--phases", "step", "--variants", "fused+ring", "--skip-guard"});
+  CHECK_FALSE(step_problem_config(unguarded, 4).snapshot);
+  // Without inputs the Problem holds no mixed_qkv / a / b: 20 layers of them at B = 4, T_max = 8.
+  ProblemConfig with_inputs = cfg;
+  with_inputs.inputs = true;
+  CHECK(Problem::device_bytes(with_inputs) - Problem::device_bytes(cfg) ==
+        20LL * 32 * (12288 + 4096 + 32) * 2);
+  // The guard's references cost memory; the weights dominate at B = 1.
+  CHECK(k.device_bytes(kimi.shape, cfg, true) > k.device_bytes(kimi.shape, cfg, false));
+  CHECK(step_layout(kimi, 1).device_bytes(kimi.shape, cfg, false) >
+        step_gemm_weight_bytes(kimi.shape, 20, 2304, 0));
+}
+
+TEST_CASE("kda_bench report: step rows, the KDA share and the advice", "[tools][bench]") {
+  const BenchArgs args = parse(
+      {"--phases", "step", "--variants", "unfused+ring,fused+ring", "--batch-sizes", "1,2,4"});
+  std::vector<Row> rows;
+  const auto add = [&](int B, const std::string& what, double us) {
+    Row r;
+    r.phase = Phase::kStep;
+    r.T = 4;
+    r.B = B;
+    r.what = what;
+    r.timing.median_us = us;
+    r.gemm_us = 100.0;
+    r.share_us = us - 100.0;
+    rows.push_back(r);
+  };
+  // B = 1: deferred loses; B = 2: wins by 0.5% (noise: eager); B = 4: wins by 5%.
+  // Fused beats unfused at B = 1, 2 but not at 4.
+  add(1, "fused+ring", 200.0);
+  add(1, "fused+ring+deferred", 210.0);
+  add(1, "unfused+ring", 220.0);
+  add(2, "fused+ring", 300.0);
+  add(2, "fused+ring+deferred", 298.5);
+  add(2, "unfused+ring+deferred", 310.0);
+  add(4, "fused+ring", 400.0);
+  add(4, "fused+ring+deferred", 380.0);
+  add(4, "unfused+ring", 379.0);
+  const StepAdvice a = step_advice(rows, args);
+  REQUIRE(a.entries.size() == 3);
+  CHECK_FALSE(a.entries[0].defer);
+  CHECK_FALSE(a.entries[1].defer);
+  CHECK(a.entries[2].defer);
+  CHECK(a.entries[2].gemm_us == 100.0);
+  REQUIRE(a.fused_ring_max_batch.has_value());
+  CHECK(*a.fused_ring_max_batch == 2);
+
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/kda_bench_step.csv";
+  RunInfo info;
+  info.H = info.HV = 32;
+  info.K = info.V = 128;
+  info.hidden = 2304;
+  write_rows(path, info, rows, Recommendation{});
+  std::ifstream f(path);
+  std::string header, first;
+  std::getline(f, header);
+  std::getline(f, first);
+  CHECK(header.find(",gemm_us,share_us,H,HV,K,V,hidden") != std::string::npos);
+  CHECK(first.rfind("step,4,1,fused+ring,", 0) == 0);
+  CHECK(first.find(",100.0000,100.0000,32,32,128,128,2304") != std::string::npos);
 }
 
 }  // namespace kda::bench

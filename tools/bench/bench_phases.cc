@@ -13,6 +13,7 @@
 #include "kernels/tile_policy.h"
 #include "tools/bench/bench_bytes.h"
 #include "tools/bench/bench_guard.h"
+#include "tools/bench/bench_ops.h"
 #include "tools/bench/bench_plan.h"
 #include "tools/bench/bench_problem.h"
 
@@ -60,15 +61,6 @@ void check_fits(const ProblemConfig& cfg, const char* what) {
                  "{} B={}: needs {:.2f} GiB of device memory ({} layer copies), {:.2f} GiB free; "
                  "lower --batch-sizes, --layers or --max-copies, or drop the snapshot variants",
                  what, cfg.B, gib(need), cfg.copies, gib(static_cast<int64_t>(free_b)));
-}
-
-/// Enqueues one verify of `variant`.
-void enqueue_verify(Variant v, int bv, const VerifyParams& p, cudaStream_t stream) {
-  if (variant_is_fused(v)) {
-    kernels::invoke_verify_fused(p, bv, stream);
-  } else {
-    kernels::invoke_verify_unfused(p, stream);
-  }
 }
 
 Row verify_row(const BenchContext& ctx, Phase phase, Variant v, int bv, int T, int B) {
@@ -286,72 +278,6 @@ void fill_records(const BenchContext& ctx, const Problem& problem, int T) {
   KDA_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
 }
 
-void check_error_flag(const BenchContext& ctx, const Problem& problem, const char* what) {
-  const int32_t flag = problem.read_and_clear_error_flag(ctx.stream);
-  KDA_CHECK_CODE(flag == 0, ErrorCode::kInternal,
-                 "{}: the commit kernels reported an error (flag {}: {} = bad accepted length, {} "
-                 "= bad track): the bench set up bad accepted lengths or tracks",
-                 what, flag, static_cast<int>(kBadAcceptedLength), static_cast<int>(kBadTrack));
-}
-
-/// A deferred commit's bookkeeping (contract §7) over every slot of a Problem: ring_cursor [S]
-/// and ring_pending [layers, S] (layer pitch S), zeroed by reset(), and the u records ring_u
-/// [layers, S, HV, L, V] f32 (written by the deferred verifies before any fold reads them).
-class DeferredState {
- public:
-  DeferredState(const BenchContext& ctx, const Problem& problem)
-      : slots_(problem.num_slots()),
-        u_slot_(int64_t{problem.config().shape.HV} * problem.config().L * problem.config().shape.V),
-        cursor_(Device::cuda(ctx.args.device), slots_ * 4),
-        pending_(Device::cuda(ctx.args.device), int64_t{ctx.args.layers} * slots_ * 4),
-        u_(Device::cuda(ctx.args.device), int64_t{ctx.args.layers} * slots_ * u_slot_ * 4) {
-    KDA_CUDA_CHECK(cudaMemsetAsync(u_.data(), 0, static_cast<size_t>(u_.bytes()), ctx.stream));
-    reset(ctx.stream);
-  }
-  /// Cursors and counts to 0: no slot has anything pending (enqueued on `stream`).
-  void reset(cudaStream_t stream) const {
-    KDA_CUDA_CHECK(
-        cudaMemsetAsync(cursor_.data(), 0, static_cast<size_t>(cursor_.bytes()), stream));
-    KDA_CUDA_CHECK(
-        cudaMemsetAsync(pending_.data(), 0, static_cast<size_t>(pending_.bytes()), stream));
-  }
-  int32_t* cursor() const { return static_cast<int32_t*>(cursor_.data()); }
-  /// Layer `layer`'s counts [S].
-  int32_t* pending(int layer) const {
-    return static_cast<int32_t*>(pending_.data()) + int64_t{layer} * slots_;
-  }
-  /// Layer `layer`'s u records [S, HV, L, V] (slot pitch u_slot_stride()).
-  float* u(int layer) const {
-    return static_cast<float*>(u_.data()) + int64_t{layer} * slots_ * u_slot_;
-  }
-  int64_t u_slot_stride() const { return u_slot_; }
-  /// `p` (a ring-mode verify of layer `layer`) as a deferred verify over these counts.
-  VerifyParams deferred(VerifyParams p, int layer) const {
-    p.ring_cursor = cursor();
-    p.ring_pending = pending(layer);
-    p.ssm_fold_out = const_cast<float*>(p.ssm_state);
-    p.ring_u = u(layer);
-    p.ring_u_slot_stride = u_slot_;
-    p.fold_before_wait = layer > 0 ? 1 : 0;  // the round's layers in order after the commit
-    return p;
-  }
-  /// `p` (a ring-mode commit of every layer) as the kDeferred commit over these counts.
-  CommitParams deferred(CommitParams p) const {
-    p.kind = CommitKind::kDeferred;
-    p.ring_cursor = cursor();
-    p.ring_pending = pending(0);
-    p.ring_pending_layer_stride = slots_;
-    p.ring_u = u(0);
-    p.ring_u_layer_stride = slots_ * u_slot_;
-    p.ring_u_slot_stride = u_slot_;
-    return p;
-  }
-
- private:
-  int64_t slots_, u_slot_;
-  Buffer cursor_, pending_, u_;
-};
-
 }  // namespace
 
 void run_commit_phase(BenchContext& ctx) {
@@ -471,17 +397,6 @@ int round_bv(const BenchContext& ctx, Variant v, int T, int B) {
     }
   }
   return bv;
-}
-
-/// Round BV of the deferred round: --block-v when fixed, else the dispatcher's deferred auto tile
-/// (kernels::default_deferred_block_v; the verify phase's rows time the eager verify).
-int deferred_round_bv(const BenchContext& ctx, Variant v, int T, int B, int eager_bv) {
-  const BenchArgs& a = ctx.args;
-  if (!variant_is_fused(v) || a.block_v > 0) {
-    return eager_bv;
-  }
-  return kernels::default_fused_block_v(RecordMode::kRing, B, T, a.shape.HV, a.shape.V, a.sms,
-                                        /*deferred=*/true);
 }
 
 }  // namespace
@@ -626,13 +541,10 @@ Row run_deferred_round(BenchContext& ctx, const Problem& problem, Variant v, int
   Row r = eager;
   r.what = eager.what + "+deferred";
   r.bv = bv;
-  const int64_t state_pass = verify_bytes(a.shape, B, T, RecordMode::kRing).state * a.layers;
   const int n = a.accepted > 0 ? a.accepted : T;
-  const int64_t head_u = int64_t{a.shape.HV} * a.shape.V * 4;  // one step's u records
-  const int64_t u_bytes = int64_t{a.layers} * B *
-                          (T * head_u + n * (head_u - int64_t{a.shape.HV} * (a.shape.V * 2 + 4)));
-  r.model_bytes += u_bytes - state_pass;
-  r.moved_bytes += u_bytes - state_pass;
+  const int64_t delta = deferred_round_delta(a.shape, a.layers, B, T, int64_t{B} * n);
+  r.model_bytes += delta;
+  r.moved_bytes += delta;
   if (a.guard) {
     std::vector<VerifyParams> eager_params;
     for (int l = 0; l < a.layers; ++l) {
@@ -676,7 +588,7 @@ void run_round_phase(BenchContext& ctx) {
         time_round(ctx, problem, v, bv, params, cp, "round", r);
         if (mode == RecordMode::kRing) {
           const Row deferred =
-              run_deferred_round(ctx, problem, v, deferred_round_bv(ctx, v, T, B, bv), T, B, r);
+              run_deferred_round(ctx, problem, v, deferred_bv(ctx, v, T, B, bv), T, B, r);
           fmt::print(
               "            auto (--kda-deferred-commit): {} at T={} B={} ({:.1f} vs {:.1f} us)\n",
               deferred.timing.median_us < r.timing.median_us ? "deferred" : "eager", T, B,

@@ -43,6 +43,43 @@ ProblemConfig commit_problem_config(const BenchArgs& args, int B) {
   return c;
 }
 
+ProblemConfig step_problem_config(const BenchArgs& args, int B) {
+  ProblemConfig c = problem_config(args, B);
+  c.copies = args.layers;
+  c.inputs = false;
+  c.ring = true;  // the deferred rows and the guard's eager / deferred steps
+  c.snapshot = c.snapshot || args.guard;
+  return c;
+}
+
+StepLayout step_layout(const BenchArgs& args, int B) {
+  const Shape& s = args.shape;
+  StepLayout l;
+  l.P = s.D() + int64_t{s.HV} * s.K + s.HV;
+  l.ld_proj = (l.P + 7) / 8 * 8;
+  l.rows = int64_t{B} * args.max_T();
+  l.hidden = args.step_hidden();
+  l.mlp = args.mlp;
+  l.layers = args.layers;
+  l.stages = args.layers * (args.mlp > 0 ? 2 : 1);
+  return l;
+}
+
+int64_t StepLayout::device_bytes(const Shape& s, const ProblemConfig& problem, bool guard) const {
+  const int64_t weights = step_gemm_weight_bytes(s, layers, hidden, mlp);
+  const int64_t chain = (stages + 1) * rows * hidden * 2;
+  const int64_t acts = rows * (ld_proj + mlp) * 2;
+  int64_t total = weights + chain + acts + (int64_t{32} << 20);  // + the GEMM workspace
+  if (guard) {
+    // Each replay's outputs and hidden chain, the saved and the reference committed states.
+    const int64_t out = int64_t{problem.copies} * rows * s.HV * s.V * 2;
+    const int64_t state = int64_t{problem.copies} * (problem.B + problem.track_slots) *
+                          (int64_t{s.HV} * s.V * s.K * 4 + kConvHistory * s.D() * 2);
+    total += 3 * (out + chain) + 2 * state;
+  }
+  return total;
+}
+
 int l2_cold_copies(const BenchArgs& args, int B, int64_t l2_bytes) {
   const int T_min = *std::min_element(args.draft_tokens.begin(), args.draft_tokens.end());
   const RecordMode lightest =
@@ -123,6 +160,32 @@ void print_plan(const BenchArgs& a, int64_t l2_bytes) {
         }
       }
       fmt::print("  B={:<5} {:>8.2f} GiB, >= {:.1f} s\n", B, gib(Problem::device_bytes(cfg)), s);
+      total += s;
+    }
+  }
+  if (a.phase_step) {
+    fmt::print(
+        "step ({} layers, hidden {}{}; gemm-only, then each variant eager and ring ones "
+        "deferred):\n",
+        a.layers, a.step_hidden(), a.mlp > 0 ? fmt::format(", MLP {}", a.mlp) : std::string());
+    for (int B : a.batch_sizes) {
+      const ProblemConfig cfg = step_problem_config(a, B);
+      const StepLayout lay = step_layout(a, B);
+      double s = 0.0;
+      for (int T : a.draft_tokens) {
+        const int64_t gemm = step_gemm_weight_bytes(a.shape, a.layers, lay.hidden, lay.mlp);
+        const double gemm_us = std::max(floor_us(gemm, a.hbm_gbps), a.layers * 2 * kMinCallUs);
+        const StepBytes kda = step_kda_bytes(a.shape, a.layers, B, T, step_accepted(a.seed, T, B));
+        s += timing_seconds(a, 1, a.step_iters, gemm_us);
+        for (Variant v : a.variants) {
+          const bool ring = variant_mode(v) == RecordMode::kRing;
+          const double us = gemm_us + std::max(floor_us(ring ? kda.ring : kda.snapshot, a.hbm_gbps),
+                                               a.layers * kMinCallUs);
+          s += (ring ? 2 : 1) * timing_seconds(a, 1, a.step_iters, us);
+        }
+      }
+      fmt::print("  B={:<5} {:>8.2f} GiB, >= {:.1f} s\n", B,
+                 gib(Problem::device_bytes(cfg) + lay.device_bytes(a.shape, cfg, a.guard)), s);
       total += s;
     }
   }

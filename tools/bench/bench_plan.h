@@ -18,6 +18,26 @@ ProblemConfig problem_config(const BenchArgs& args, int B);
 /// request (S = 2B).
 ProblemConfig commit_problem_config(const BenchArgs& args, int B);
 
+/// The step phase's Problem (contract §6 "step"): --layers copies of the state, weights and
+/// records, no activations of its own (the verifies read column views of the input projection's
+/// output), snapshots when a snapshot variant is timed or the step guard runs (it compares the
+/// snapshot-mode step with the ring-mode ones).
+ProblemConfig step_problem_config(const BenchArgs& args, int B);
+
+/// The step's buffers besides its Problem, per batch size.
+struct StepLayout {
+  int64_t P = 0;        ///< input projection width: D + HV*K + HV (mixed_qkv | a | b)
+  int64_t ld_proj = 0;  ///< its row pitch: P rounded up to 8 elements (16-byte rows)
+  int64_t rows = 0;     ///< B * T_max: the most tokens a step of this batch runs
+  int hidden = 0, mlp = 0, layers = 0;
+  int stages = 0;  ///< hidden-state hand-offs: layers * (2 with an MLP, else 1)
+  /// Device bytes: weights, the hidden-state chain (stages + 1 buffers, so a step is a function
+  /// of its input), the projection and MLP activations, the GEMM workspace, and the step guard's
+  /// references (with `guard`).
+  int64_t device_bytes(const Shape& s, const ProblemConfig& problem, bool guard) const;
+};
+StepLayout step_layout(const BenchArgs& args, int B);
+
 /// --l2-cold: layer copies so that the bytes touched between two uses of one copy exceed
 /// 2x `l2_bytes` (at least 2, at most --max-copies).
 int l2_cold_copies(const BenchArgs& args, int B, int64_t l2_bytes);

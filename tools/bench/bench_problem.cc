@@ -66,9 +66,10 @@ Problem::Pools Problem::plan(const ProblemConfig& c) {
   const DType wt = s.conv_weight_type == ConvWeightType::kF32 ? DType::kF32 : DType::kBF16;
   const int n = c.copies;
   Pools p;
-  p.mixed_qkv = spec("mixed_qkv", DType::kBF16, {N, D}, n);
-  p.a = spec("a", DType::kBF16, {N, HV * K}, n);
-  p.b = spec("b", DType::kBF16, {N, HV}, n);
+  const int inputs = c.inputs ? n : 0;
+  p.mixed_qkv = spec("mixed_qkv", DType::kBF16, {N, D}, inputs);
+  p.a = spec("a", DType::kBF16, {N, HV * K}, inputs);
+  p.b = spec("b", DType::kBF16, {N, HV}, inputs);
   p.A_log = spec("A_log", DType::kF32, {HV}, n);
   p.dt_bias = spec("dt_bias", DType::kF32, {HV * K}, n);
   p.conv_weight = spec("conv_weight", wt, {D, kConvWidth}, n);
@@ -122,9 +123,11 @@ Problem::Problem(const ProblemConfig& config, cudaStream_t stream)
       }
     }
   };
-  randn(pools_.mixed_qkv, kQkv, 0.5f);
-  randn(pools_.a, kA, 0.5f);
-  randn(pools_.b, kB, 1.0f);
+  if (config.inputs) {
+    randn(pools_.mixed_qkv, kQkv, 0.5f);
+    randn(pools_.a, kA, 0.5f);
+    randn(pools_.b, kB, 1.0f);
+  }
   randn(pools_.A_log, kALog, 0.5f);
   randn(pools_.dt_bias, kDtBias, 0.5f);
   randn(pools_.conv_weight, kConvW, 0.3f);
@@ -195,12 +198,14 @@ VerifyParams Problem::verify_params(int copy, int T, RecordMode mode, int set) c
   p.lower_bound = s.lower_bound;
   p.mode = mode;
 
-  p.mixed_qkv = pools_.mixed_qkv.as<const bf16_t>(copy);
-  p.mixed_qkv_stride = D;
-  p.a = pools_.a.as<const bf16_t>(copy);
-  p.a_stride = int64_t{s.HV} * s.K;
-  p.b = pools_.b.as<const bf16_t>(copy);
-  p.b_stride = s.HV;
+  if (c.inputs) {
+    p.mixed_qkv = pools_.mixed_qkv.as<const bf16_t>(copy);
+    p.mixed_qkv_stride = D;
+    p.a = pools_.a.as<const bf16_t>(copy);
+    p.a_stride = int64_t{s.HV} * s.K;
+    p.b = pools_.b.as<const bf16_t>(copy);
+    p.b_stride = s.HV;
+  }
   p.A_log = pools_.A_log.as<const float>(copy);
   p.dt_bias = pools_.dt_bias.as<const float>(copy);
   p.conv_weight = pools_.conv_weight.at(copy);
@@ -312,6 +317,16 @@ void Problem::set_tracks(int k, cudaStream_t stream) const {
 void Problem::set_accepted(int n, cudaStream_t stream) const {
   int32_t* idx = static_cast<int32_t*>(indices_.data());
   fill_i32(idx + 2 * config_.B, config_.B, n, stream);
+}
+
+void Problem::set_accepted(const std::vector<int>& lengths, cudaStream_t stream) const {
+  KDA_CHECK(static_cast<int64_t>(lengths.size()) == config_.B,
+            "Problem::set_accepted: {} lengths for B={}", lengths.size(), config_.B);
+  const std::vector<int32_t> host(lengths.begin(), lengths.end());
+  int32_t* idx = static_cast<int32_t*>(indices_.data());
+  KDA_CUDA_CHECK(cudaMemcpyAsync(idx + 2 * config_.B, host.data(), host.size() * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, stream));
+  KDA_CUDA_CHECK(cudaStreamSynchronize(stream));  // `host` is pageable and local
 }
 
 int32_t Problem::read_and_clear_error_flag(cudaStream_t stream) const {

@@ -41,6 +41,9 @@ struct ProblemConfig {
   bool snapshot = true;    ///< allocate snapshots
   bool guard_set = false;  ///< allocate output set 1 (copy 0 only)
   int track_slots = 0;     ///< state slots past the batch (track targets); S = B + track_slots
+  /// Allocate mixed_qkv / a / b. false (the step): the caller points the verify at its own
+  /// activations, and verify_params leaves them null.
+  bool inputs = true;
   uint64_t seed = 0;
   int device = 0;  ///< CUDA ordinal
 };
@@ -96,6 +99,8 @@ class Problem {
   CommitParams tracked_commit_params(int T, RecordMode mode, int layers) const;
   /// accepted[i] = n for every request (enqueued on `stream`).
   void set_accepted(int n, cudaStream_t stream) const;
+  /// accepted[i] = lengths[i] (B entries; uploaded on `stream`, then synchronised).
+  void set_accepted(const std::vector<int>& lengths, cudaStream_t stream) const;
   /// track_steps[i] = k for requests i < track_slots, -1 (no track) for the others (enqueued on
   /// `stream`). A valid track needs 0 <= k < the accepted length.
   void set_tracks(int k, cudaStream_t stream) const;

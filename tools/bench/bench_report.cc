@@ -22,6 +22,8 @@ const char* phase_name(Phase p) {
       return "commit";
     case Phase::kRound:
       return "round";
+    case Phase::kStep:
+      return "step";
   }
   return "?";
 }
@@ -136,6 +138,12 @@ void print_table_header(Phase phase) {
                  "B", "round", "BV", "layers", "us/round", "min", "max", "us/layer", "GB/s",
                  "%floor");
       break;
+    case Phase::kStep:
+      fmt::print(
+          "\n{:>3} {:>5}  {:<21} {:>4} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
+          "T", "B", "step", "BV", "layers", "us/step", "min", "max", "gemm-only", "KDA share",
+          "us/layer", "floor", "%floor");
+      break;
   }
   std::fflush(stdout);
 }
@@ -160,6 +168,109 @@ void print_row(const Row& r) {
           r.T, r.B, r.what, bv_cell(r), r.layers, t.median_us, t.min_us, t.max_us,
           t.median_us / r.layers, r.gbps, r.pct);
       break;
+    case Phase::kStep:
+      if (r.what == "gemm-only") {
+        fmt::print("{:>3} {:>5}  {:<21} {:>4} {:>6} {:>9.1f} {:>9.1f} {:>9.1f}\n", r.T, r.B, r.what,
+                   "-", r.layers, t.median_us, t.min_us, t.max_us);
+      } else {
+        fmt::print(
+            "{:>3} {:>5}  {:<21} {:>4} {:>6} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.2f} "
+            "{:>9.1f} {:>6.1f}%\n",
+            r.T, r.B, r.what, bv_cell(r), r.layers, t.median_us, t.min_us, t.max_us, r.gemm_us,
+            r.share_us, r.share_us / r.layers, r.floor_us, r.pct);
+      }
+      break;
+  }
+  std::fflush(stdout);
+}
+
+StepAdvice step_advice(const std::vector<Row>& rows, const BenchArgs& args) {
+  StepAdvice advice;
+  // (T, B) -> variant -> step us.
+  std::map<std::pair<int, int>, std::map<std::string, const Row*>> steps;
+  for (const Row& r : rows) {
+    if (r.phase == Phase::kStep) {
+      steps[{r.T, r.B}][r.what] = &r;
+    }
+  }
+  const std::string fused = variant_name(Variant::kFusedRing);
+  const std::string unfused = variant_name(Variant::kUnfusedRing);
+  for (const auto& [tb, by] : steps) {
+    const auto eager = by.find(fused);
+    const auto deferred = by.find(fused + "+deferred");
+    if (eager == by.end() || deferred == by.end()) {
+      continue;
+    }
+    StepAdviceEntry e;
+    e.T = tb.first;
+    e.B = tb.second;
+    e.eager_us = eager->second->timing.median_us;
+    e.deferred_us = deferred->second->timing.median_us;
+    e.gemm_us = eager->second->gemm_us;
+    e.defer = e.deferred_us < e.eager_us * (1.0 - kStepDeferMinGainPct / 100.0);
+    advice.entries.push_back(e);
+  }
+  // --kda-fused-ring-max-batch on the step: per T, the largest B with fused+ring faster than
+  // unfused+ring at every measured B' <= B (each with its better commit).
+  const auto best_of = [&](const std::map<std::string, const Row*>& by, const std::string& v) {
+    std::optional<double> best;
+    for (const std::string& name : {v, v + "+deferred"}) {
+      if (const auto it = by.find(name); it != by.end()) {
+        best = std::min(best.value_or(it->second->timing.median_us), it->second->timing.median_us);
+      }
+    }
+    return best;
+  };
+  for (int T : args.draft_tokens) {
+    int max_b = 0;
+    bool decided = false;
+    for (int B : args.batch_sizes) {
+      const auto it = steps.find({T, B});
+      if (it == steps.end()) {
+        break;
+      }
+      const std::optional<double> f = best_of(it->second, fused);
+      const std::optional<double> u = best_of(it->second, unfused);
+      if (!f || !u) {
+        break;
+      }
+      decided = true;
+      if (*f < *u) {
+        max_b = B;
+      } else {
+        break;
+      }
+    }
+    if (decided) {
+      advice.max_batch_per_T.emplace_back(T, max_b);
+      advice.fused_ring_max_batch = std::min(advice.fused_ring_max_batch.value_or(max_b), max_b);
+    }
+  }
+  return advice;
+}
+
+void print_step_advice(const StepAdvice& advice) {
+  if (!advice.entries.empty()) {
+    fmt::print(
+        "\n--kda-deferred-commit auto on the step (fused+ring; deferred where faster by more than "
+        "{:g}%):\n{:>3} {:>5}  {:>10} {:>11} {:>9}  {}\n",
+        kStepDeferMinGainPct, "T", "B", "eager us", "deferred us", "deferred", "choice");
+    for (const StepAdviceEntry& e : advice.entries) {
+      fmt::print("{:>3} {:>5}  {:>10.1f} {:>11.1f} {:>+8.1f}%  {}\n", e.T, e.B, e.eager_us,
+                 e.deferred_us, 100.0 * (e.deferred_us / e.eager_us - 1.0),
+                 e.defer ? "deferred" : "eager");
+    }
+  }
+  if (!advice.max_batch_per_T.empty()) {
+    std::vector<std::string> per_t;
+    for (const auto& [T, b] : advice.max_batch_per_T) {
+      per_t.push_back(fmt::format("T={}: {}", T, b));
+    }
+    fmt::print(
+        "suggested --kda-fused-ring-max-batch={} on the step ({}; largest measured B such that "
+        "the fused+ring step beats the unfused+ring step at every measured B' <= B, each with its "
+        "better commit, min over T)\n",
+        *advice.fused_ring_max_batch, fmt::join(per_t, ", "));
   }
   std::fflush(stdout);
 }
@@ -426,23 +537,26 @@ void write_rows(const std::string& path, const RunInfo& info, const std::vector<
     fmt::print(f.get(),
                "phase,T,B,variant,mode,fused,bv,best_bv,layers,copies,calls_per_graph,median_us,"
                "min_us,max_us,model_bytes,moved_bytes,floor_us,gbps,pct,target_us,target_ok,"
-               "draft_shape\n");
+               "draft_shape,gemm_us,share_us,H,HV,K,V,hidden\n");
     for (const Row& r : rows) {
       fmt::print(f.get(),
                  "{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{},{},{:.4f},{:.2f},"
-                 "{:.2f},{},{},{}\n",
+                 "{:.2f},{},{},{},{:.4f},{:.4f},{},{},{},{},{}\n",
                  phase_name(r.phase), r.T, r.B, r.what, mode_name(r.mode), r.fused ? 1 : 0, r.bv,
                  r.best_bv ? 1 : 0, r.layers, r.copies, r.timing.calls_per_graph,
                  r.timing.median_us, r.timing.min_us, r.timing.max_us, r.model_bytes, r.moved_bytes,
                  r.floor_us, r.gbps, r.pct, r.target_us ? fmt::format("{}", *r.target_us) : "",
                  r.target_us ? (r.target_ok() ? "pass" : "miss") : "",
-                 draft_shape_name(r.draft_shape));
+                 draft_shape_name(r.draft_shape), r.gemm_us, r.share_us, info.H, info.HV, info.K,
+                 info.V, r.phase == Phase::kStep ? info.hidden : 0);
     }
   } else {
     fmt::print(f.get(), "{{\n  \"device\": {},\n  \"shape\": {},\n  \"command\": {},\n",
                json_str(info.device), json_str(info.shape), json_str(info.command_line));
     fmt::print(f.get(), "  \"hbm_gbps\": {},\n  \"copy_gbps\": {},\n  \"l2_bytes\": {},\n",
                json_num(info.hbm_gbps), json_num(info.copy_gbps), info.l2_bytes);
+    fmt::print(f.get(), "  \"H\": {}, \"HV\": {}, \"K\": {}, \"V\": {}, \"hidden\": {},\n", info.H,
+               info.HV, info.K, info.V, info.hidden);
     fmt::print(f.get(), "  \"rows\": [");
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
@@ -452,14 +566,15 @@ void write_rows(const std::string& path, const RunInfo& info, const std::vector<
                  "\"copies\": {}, \"calls_per_graph\": {}, \"median_us\": {}, \"min_us\": {}, "
                  "\"max_us\": {}, \"rep_us\": [{}], \"model_bytes\": {}, \"moved_bytes\": {}, "
                  "\"floor_us\": {}, \"gbps\": {}, \"pct\": {}, \"target_us\": {}, "
-                 "\"target_ok\": {}, \"draft_shape\": \"{}\"}}",
+                 "\"target_ok\": {}, \"draft_shape\": \"{}\", \"gemm_us\": {}, "
+                 "\"share_us\": {}}}",
                  i == 0 ? "" : ",", phase_name(r.phase), r.T, r.B, json_str(r.what),
                  mode_name(r.mode), r.fused, r.bv, r.best_bv, r.layers, r.copies,
                  r.timing.calls_per_graph, json_num(r.timing.median_us), json_num(r.timing.min_us),
                  json_num(r.timing.max_us), fmt::join(r.timing.rep_us, ", "), r.model_bytes,
                  r.moved_bytes, json_num(r.floor_us), json_num(r.gbps), json_num(r.pct),
                  opt_num(r.target_us), r.target_us ? (r.target_ok() ? "true" : "false") : "null",
-                 draft_shape_name(r.draft_shape));
+                 draft_shape_name(r.draft_shape), json_num(r.gemm_us), json_num(r.share_us));
     }
     fmt::print(f.get(), "\n  ],\n  \"recommendation\": {{\n    \"dispatch\": [");
     for (size_t i = 0; i < rec.entries.size(); ++i) {

@@ -12,28 +12,32 @@
 
 namespace kda::bench {
 
-enum class Phase : uint8_t { kVerify, kCommit, kRound };
+enum class Phase : uint8_t { kVerify, kCommit, kRound, kStep };
 const char* phase_name(Phase p);
 
 /// One timed configuration.
 struct Row {
   Phase phase = Phase::kVerify;
-  /// verify / round: variant name (round: + "+deferred"); commit: fold, commit_snapshot,
+  /// verify / round / step: variant name (round, step: + "+deferred"; step: also "gemm-only",
+  /// the step without the verifies and the commit); commit: fold, commit_snapshot,
   /// commit_conv, commit+ring, commit, and with --commit-tracks commit+ring+track, commit+track,
   /// commit+deferred, commit+deferred+track (at most 21 characters: the commit table's column)
   std::string what;
   RecordMode mode = RecordMode::kRing;
   bool fused = false;
   int T = 0, B = 0;
-  int bv = 0;                       ///< fused V tile; 0 = not applicable
-  int layers = 1;                   ///< commit / round: layers per launch / round
-  int copies = 1;                   ///< verify: layer copies rotated through (--l2-cold)
-  Timing timing;                    ///< us per call (verify, commit) or per round (round)
-  int64_t model_bytes = 0;          ///< the byte model (the floor's bytes)
-  int64_t moved_bytes = 0;          ///< what this variant moves (unfused: + qkv_act round trip)
-  double floor_us = 0.0;            ///< model bytes at the floor rate (verify, round) or copy rate
-  double gbps = 0.0;                ///< moved bytes / median time
-  double pct = 0.0;                 ///< verify, round: 100 * floor / median; commit: % of copy rate
+  int bv = 0;      ///< fused V tile; 0 = not applicable
+  int layers = 1;  ///< commit / round: layers per launch / round
+  int copies = 1;  ///< verify: layer copies rotated through (--l2-cold)
+  Timing timing;   ///< us per call (verify, commit), per round (round) or per step (step)
+  /// step: the gemm-only step's median us, and the KDA share = timing.median_us - gemm_us (the
+  /// byte model, floor and % of a step row are the KDA share's); 0 elsewhere.
+  double gemm_us = 0.0, share_us = 0.0;
+  int64_t model_bytes = 0;  ///< the byte model (the floor's bytes)
+  int64_t moved_bytes = 0;  ///< what this variant moves (unfused: + qkv_act round trip)
+  double floor_us = 0.0;    ///< model bytes at the floor rate (verify, round) or copy rate
+  double gbps = 0.0;        ///< moved bytes / median time
+  double pct = 0.0;  ///< verify, round: 100 * floor / median; step: of the share; commit: % of copy
   std::optional<double> target_us;  ///< contract §6 target (ring mode, preset shapes)
   bool best_bv = false;             ///< fused: the fastest BV of its (phase, T, B, mode)
   /// verify: the batch's draft shape (--draft-shapes). Rows of another shape than dense are
@@ -95,11 +99,33 @@ void print_recommendation(const Recommendation& rec);
 struct RunInfo {
   std::string device;
   std::string shape;
+  int H = 0, HV = 0, K = 0, V = 0;  ///< the shape's letters, in every CSV row
+  int hidden = 0;                   ///< step: the model's hidden size
   std::string command_line;
   double hbm_gbps = 0.0;
   double copy_gbps = 0.0;
   int64_t l2_bytes = 0;
 };
+
+/// What the step rows say (contract §6): per (T, B) whether the deferred commit beats the eager one
+/// on the step's KDA share (fused+ring), and per T the largest batch up to which fused+ring beats
+/// unfused+ring on the step.
+struct StepAdviceEntry {
+  int T = 0, B = 0;
+  double eager_us = 0.0, deferred_us = 0.0;  ///< the two steps (fused+ring)
+  double gemm_us = 0.0;
+  bool defer = false;  ///< the deferred step is faster by more than kStepDeferMinGainPct
+};
+/// The deferred commit is chosen where it is faster by more than this (run-to-run noise): the
+/// choice is then within this of the best mode at every measured row (contract §6 asks 2%).
+constexpr double kStepDeferMinGainPct = 1.0;
+struct StepAdvice {
+  std::vector<StepAdviceEntry> entries;
+  std::vector<std::pair<int, int>> max_batch_per_T;  ///< (T, largest B with fused fastest)
+  std::optional<int> fused_ring_max_batch;           ///< min over T; nullopt: not measured
+};
+StepAdvice step_advice(const std::vector<Row>& rows, const BenchArgs& args);
+void print_step_advice(const StepAdvice& advice);
 
 /// Writes every row to `path` (.csv or .json; JSON adds the run info and recommendation).
 /// Throws kda::Error(kIo) when the file cannot be written.

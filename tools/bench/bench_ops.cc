@@ -1,0 +1,72 @@
+#include "tools/bench/bench_ops.h"
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "kernels/kda_kernels.h"
+#include "kernels/tile_policy.h"
+
+namespace kda::bench {
+
+void enqueue_verify(Variant v, int bv, const VerifyParams& p, cudaStream_t stream) {
+  if (variant_is_fused(v)) {
+    kernels::invoke_verify_fused(p, bv, stream);
+  } else {
+    kernels::invoke_verify_unfused(p, stream);
+  }
+}
+
+void check_error_flag(const BenchContext& ctx, const Problem& problem, const char* what) {
+  const int32_t flag = problem.read_and_clear_error_flag(ctx.stream);
+  KDA_CHECK_CODE(flag == 0, ErrorCode::kInternal,
+                 "{}: the commit kernels reported an error (flag {}: {} = bad accepted length, {} "
+                 "= bad track): the bench set up bad accepted lengths or tracks",
+                 what, flag, static_cast<int>(kBadAcceptedLength), static_cast<int>(kBadTrack));
+}
+
+int deferred_bv(const BenchContext& ctx, Variant v, int T, int B, int eager_bv) {
+  const BenchArgs& a = ctx.args;
+  if (!variant_is_fused(v) || a.block_v > 0) {
+    return eager_bv;
+  }
+  return kernels::default_fused_block_v(RecordMode::kRing, B, T, a.shape.HV, a.shape.V, a.sms,
+                                        /*deferred=*/true);
+}
+
+DeferredState::DeferredState(const BenchContext& ctx, const Problem& problem)
+    : slots_(problem.num_slots()),
+      u_slot_(int64_t{problem.config().shape.HV} * problem.config().L * problem.config().shape.V),
+      cursor_(Device::cuda(ctx.args.device), slots_ * 4),
+      pending_(Device::cuda(ctx.args.device), int64_t{ctx.args.layers} * slots_ * 4),
+      u_(Device::cuda(ctx.args.device), int64_t{ctx.args.layers} * slots_ * u_slot_ * 4) {
+  KDA_CUDA_CHECK(cudaMemsetAsync(u_.data(), 0, static_cast<size_t>(u_.bytes()), ctx.stream));
+  reset(ctx.stream);
+}
+
+void DeferredState::reset(cudaStream_t stream) const {
+  KDA_CUDA_CHECK(cudaMemsetAsync(cursor_.data(), 0, static_cast<size_t>(cursor_.bytes()), stream));
+  KDA_CUDA_CHECK(
+      cudaMemsetAsync(pending_.data(), 0, static_cast<size_t>(pending_.bytes()), stream));
+}
+
+VerifyParams DeferredState::deferred(VerifyParams p, int layer) const {
+  p.ring_cursor = cursor();
+  p.ring_pending = pending(layer);
+  p.ssm_fold_out = const_cast<float*>(p.ssm_state);
+  p.ring_u = u(layer);
+  p.ring_u_slot_stride = u_slot_;
+  p.fold_before_wait = layer > 0 ? 1 : 0;
+  return p;
+}
+
+CommitParams DeferredState::deferred(CommitParams p) const {
+  p.kind = CommitKind::kDeferred;
+  p.ring_cursor = cursor();
+  p.ring_pending = pending(0);
+  p.ring_pending_layer_stride = slots_;
+  p.ring_u = u(0);
+  p.ring_u_layer_stride = slots_ * u_slot_;
+  p.ring_u_slot_stride = u_slot_;
+  return p;
+}
+
+}  // namespace kda::bench
