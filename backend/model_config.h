@@ -9,7 +9,7 @@
 
 namespace kda {
 
-/// The KDA layers' shape (letters as in contract.md §2). A plain value.
+/// The KDA layers' shape (letters as in docs/contract.md §2). A plain value.
 struct ModelConfig {
   int num_layers = 0;  ///< KDA layers driven by this backend (>= 1)
   int H = 0;           ///< q/k heads

@@ -2,7 +2,7 @@
 // fused kernel write rings (contract §4; upstream §3.3). Pure functions on views: they
 // never throw, allocate or touch tensor memory.
 //
-// Expected per-layer ring views (letters as in contract.md §2):
+// Expected per-layer ring views (letters as in docs/contract.md §2):
 //   rawv [S', HV, L, V] act dtype (bf16), strides (pitch, L*V, V, 1)
 //   rawk [S', H,  L, K] act dtype (bf16), strides (pitch, L*K, K, 1)   one record per k-head
 //   g    [S', HV, L, K] f32,              strides (pitch, L*K, K, 1)

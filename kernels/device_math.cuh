@@ -52,7 +52,7 @@ __device__ __forceinline__ float kda_sqrt(float x) {
 // it. They give the contract form's bits on their domain; tests/forms_gpu_test.cu checks every
 // float input of each use (2^32 of them) on the device, and plants a bug to show it can fail.
 // PTX promises neither that the .ftz ex2 nor that rcp times a gives these bits elsewhere, so the
-// short forms are compiled only for the target they were checked on (sm_90: the H200); other
+// short forms are compiled only for the target they were checked on (sm_90); other
 // targets (sm_100) compute the contract forms as written until forms_gpu_test has run there.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
 #define KDA_SHORT_FORMS 1

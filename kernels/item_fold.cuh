@@ -116,8 +116,8 @@ __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
   // that frees `sm` and store them after it, so their latency overlaps that wait; their wide
   // forms (kEarlyTile: up to 255 registers) also load their state columns there (one memory
   // round trip after the slot's cursor, not two) and hold them across chunks. The streaming
-  // kernel, at its register cap, would hold the records through the barrier (slower there: log
-  // v49c), so there each job loads after the barrier; it and the 128-register per-item forms
+  // kernel, at its register cap, would hold the records through the barrier (measured slower
+  // there), so there each job loads after the barrier; it and the 128-register per-item forms
   // (which spill holding the columns through the job loads) load the columns per chunk.
   constexpr int kJobs = (2 * Cfg::kChunk + Cfg::kWarps - 1) / Cfg::kWarps;
   constexpr int kUPerLane = (BV + 31) / 32;

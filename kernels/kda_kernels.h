@@ -3,7 +3,7 @@
 // Each invoke_* validates the launch-relevant parameters (throws kda::Error before anything
 // is enqueued), picks a compile-time configuration and enqueues on `stream`. None of them
 // synchronises, allocates or reads device memory on the host: all are graph-capturable.
-// The numerics are contract.md §3 exactly; every family shares the device functions of
+// The numerics are docs/contract.md §3 exactly; every family shares the device functions of
 // kernels/device_math.cuh, so results are bitwise identical across paths.
 //
 // Programmatic dependent launch (sm_90+, on unless set_pdl_enabled(false)): a kernel may start

@@ -1,7 +1,7 @@
 // kda_params.h: the POD parameter structs every KDA kernel family takes: CUDA kernels (by
 // value, __grid_constant__), their launchers and the host reference (kda::host).
 //
-// Letters as in contract.md §2: B requests, T draft tokens (N = B*T rows), H q/k heads,
+// Letters as in docs/contract.md §2: B requests, T draft tokens (N = B*T rows), H q/k heads,
 // HV v heads (HV % H == 0; v-head hv reads k-head hv / (HV/H)), K = head_k_dim (64 or 128),
 // V = head_v_dim, W = 4 conv taps, D = 2*H*K + HV*V, S slots, R scratch rows, L ring length.
 // All strides are in *elements* and 64-bit. Pointers are device pointers for the CUDA

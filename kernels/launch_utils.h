@@ -67,8 +67,7 @@ enum class StreamFrom {
 /// Grids of at most kEntryTriggerSmallGridCtas CTAs, which leave room for almost two more
 /// layers' CTAs, do so up to T = kEntryTriggerSmallGridMaxT. The two-per-SM forms never do: the
 /// next layer's CTAs would share this one's SMs.
-/// Measured: up to 21% faster where it applies, slower past these bounds (docs/perf_log.md v56,
-/// v59).
+/// Measured: faster where it applies, slower past these bounds.
 inline constexpr int kEntryTriggerMaxT = 2;
 inline constexpr int kEntryTriggerSmallGridMaxT = 4;
 inline constexpr int64_t kEntryTriggerSmallGridCtas = 48;

@@ -39,7 +39,7 @@ struct TileConfig {
   /// this one finishes, which up to 255 registers lose at 96-128 CTAs (the next layer's folds
   /// wait for free SMs); the eager BV = 32 tile gains from 255 registers in the round, its next
   /// CTA having little to do before its wait. At 128 registers the BV = 16 and 64 tiles proved
-  /// slower. Measured: docs/perf_log.md v61.
+  /// slower (measured).
   static constexpr int kMinCtasPerSm = !kWide_ || (BV == 32 && kDeferred_) ? 2 : 1;
   static constexpr bool kHalfStepThreads = kWide_ && BV == 16;
   static constexpr int kStepThreads = kHalfStepThreads ? kThreads / 2 : kThreads;

@@ -5,8 +5,8 @@
 // KDA_FUSED_BLOCK_VS is the one list of fused tiles: it feeds the dispatch switch
 // (invoke.cu), the instantiation files (kernels/inst/), kFusedBlockVs (error messages, flag
 // help, the bench's sweep) and is_fused_block_v. A tile is added here and nowhere else.
-// The rules are fitted to H200 (132 SMs) measurements; docs/perf_log.md records them and how
-// they were found.
+// The rules come from kda_bench measurements on 132-SM cards; docs/perf_log.md records them and
+// how they were found.
 #pragma once
 
 #include <cstdint>
@@ -123,7 +123,7 @@ inline constexpr int kDeferredMinCtas = 48;
 /// A deferred verify at T <= kDeferredSplitMaxT whose BV = 128 head tile runs
 /// kDeferredSplitMinCtas to two waves of one-CTA-per-SM CTAs splits it into BV = 64, two per
 /// SM: its folds and short step chains gain from twice the CTAs.
-/// Measured: faster at every row it changes, slower at T = 4 (docs/perf_log.md v58).
+/// Measured: faster at every row it changes, slower at T = 4.
 inline constexpr int kDeferredSplitMaxT = 3;
 inline constexpr int kDeferredSplitMinCtas = 128;
 
@@ -137,7 +137,7 @@ inline constexpr int kDeferredSplitMinCtas = 128;
 /// over twice the columns cost more than the fold it saves, and default_block_v's BV = 32
 /// stands). From 2 * kDeferredMinCtas head-tile CTAs default_block_v, but for the split above.
 /// Without a device, default_block_v.
-/// Measured: the deferred round 1-22% faster at every row it changes (docs/perf_log.md v54).
+/// Measured: the deferred round faster at every row it changes.
 constexpr int default_deferred_block_v(int B, int HV, int V, int one_per_sm_ctas, int T) {
   const int head = head_block_v(V);
   if (one_per_sm_ctas <= 0) {

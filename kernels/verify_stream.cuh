@@ -250,7 +250,7 @@ struct StagedSource : WeightReads<Item> {
   /// The stage's generic-proxy stores are fenced for the async proxy and complete for every
   /// thread (load_state's swizzled columns read other threads' stores); then thread 0 writes the
   /// folded tile to the committed state with one bulk store (the vector stores it replaced were
-  /// the largest part of the deferred verify's fold at large B: log v49e). Thread 0 waits
+  /// the largest part of the deferred verify's fold at large B). Thread 0 waits
   /// for it to have read the stage before the stage's refill (load_state) and for its completion
   /// before the CTA exits (verify_stream_kernel).
   __device__ __forceinline__ void fold_done(const Item& it, int slot) const {

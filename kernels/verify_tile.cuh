@@ -279,7 +279,7 @@ bool launch_verify_stream_if(const TileArgs& args, int64_t ctas, cudaStream_t st
 /// the two-per-SM form. An unfused shaped call (a ragged chain or a tree) runs the two-per-SM
 /// per-item kernel: its steps one at a time (a tree node may restart), and its block scheduler
 /// balances unequal T_n, which the persistent CTAs' fixed item order does not (streamed, the
-/// unfused ragged recurrence lost 6-23% on mixed lengths: docs/perf_log.md v64).
+/// unfused ragged recurrence measured slower on mixed lengths).
 template <typename WeightT, int K, int BV, bool FUSED, bool kDeferred, bool kTrackedExtend = false,
           bool kShaped = false>
 void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {

@@ -1,6 +1,6 @@
 // kda_state_pool.h: the KDA layers' persistent per-request state and verify scratch.
 //
-// Tensors (letters as in contract.md §2; every one has a leading [layers] dim):
+// Tensors (letters as in docs/contract.md §2; every one has a leading [layers] dim):
 //   indexed by slot (persistent, one slot per running request):
 //     conv_state   [layers, S, W-1, D]          bf16  raw (pre-conv) inputs, oldest first
 //     ssm_state    [layers, S, HV, V, K]        f32   K contiguous

@@ -1,6 +1,6 @@
 // pool_config.h: the shape of a KdaStatePool and the invariants it must satisfy.
 //
-// Letters as in contract.md §2. Every tensor of the pool carries a leading [layers] dim.
+// Letters as in docs/contract.md §2. Every tensor of the pool carries a leading [layers] dim.
 #pragma once
 
 #include <cstdint>

@@ -15,7 +15,7 @@ namespace math = kda::host::math;
 
 namespace {
 
-// contract.md §3: relative L2 error bound for f32 states.
+// docs/contract.md §3: relative L2 error bound for f32 states.
 constexpr double kStateRelTol = 1e-5;
 // Outputs against the unrounded fp64 oracle: bf16 round-to-nearest moves each element by at
 // most its unit roundoff 2^-8 (relative), so the rounding alone keeps the relative L2 error

@@ -1,4 +1,4 @@
-// host_math.h: the per-step functions of contract.md §3, shared by every host path.
+// host_math.h: the per-step functions of docs/contract.md §3, shared by every host path.
 //
 // Templated on the real type R: float for the reference that mirrors the kernels, double for
 // the fp64 oracle. One implementation, two instantiations, so the oracle differs from the

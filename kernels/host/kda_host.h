@@ -3,7 +3,7 @@
 // backend without a GPU.
 //
 // Params: each function takes the same struct as its CUDA counterpart (kernels/kda_params.h;
-// layouts, strides in elements, contract.md §2) with *host* pointers. Nothing is owned or
+// layouts, strides in elements, docs/contract.md §2) with *host* pointers. Nothing is owned or
 // allocated beyond per-call temporaries; the caller keeps every tensor alive for the call.
 // Errors: every entry validates first (kda::Error, kInvalidArgument, naming the field, what
 // was expected and what came) and writes nothing when it throws. Indices (slots, rows,
@@ -11,7 +11,7 @@
 // Execution: synchronous, single-threaded on the calling thread; reentrant (concurrent calls
 // must not write the same memory).
 //
-// Numerics: contract.md §3, in order: the same elementwise forms, FMA exactly where the
+// Numerics: docs/contract.md §3, in order: the same elementwise forms, FMA exactly where the
 // contract says fma, and the contract's 32-partial reduction tree for every K-length sum,
 // with <cmath> exp/log/sqrt and IEEE division where the GPU uses approximate instructions.
 // Hence the host paths agree *bitwise* with each other (fused == unfused, N tokens ==

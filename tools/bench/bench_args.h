@@ -13,7 +13,7 @@
 
 namespace kda::bench {
 
-/// One layer's KDA shape (letters: contract.md §2).
+/// One layer's KDA shape (letters: docs/contract.md §2).
 struct Shape {
   int H = 32, HV = 32, K = 128, V = 128;
   GateKind gate = GateKind::kStandard;

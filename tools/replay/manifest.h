@@ -1,5 +1,5 @@
 // manifest.h: the replay directory's manifest.json: the shape parameters of one captured
-// verify step (one layer) and which tensors (.npy files, layouts of contract.md §2) are
+// verify step (one layer) and which tensors (.npy files, layouts of docs/contract.md §2) are
 // present. The format is documented for users in kda_replay --help (replay_help_text()).
 #pragma once
 

@@ -1,5 +1,5 @@
 // problem.h: a replay directory loaded into host memory, in the module's layouts
-// (contract.md §2): transposed conv files are converted on load, absent optional tensors are
+// (docs/contract.md §2): transposed conv files are converted on load, absent optional tensors are
 // given their defaults (rows = arange(B), zero-filled scratch and rings).
 #pragma once
 
