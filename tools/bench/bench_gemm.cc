@@ -11,13 +11,13 @@ namespace kda::bench {
 namespace {
 
 /// Throws kda::Error(kCuda) naming the failed cuBLASLt call and its status.
-#define KDA_LT_CHECK(expr)                                                                    \
-  do {                                                                                        \
-    const cublasStatus_t kda_lt_status_ = (expr);                                             \
-    if (kda_lt_status_ != CUBLAS_STATUS_SUCCESS) {                                            \
-      KDA_THROW(::kda::ErrorCode::kCuda, "cuBLASLt call `{}` failed: status {}", #expr,       \
-                static_cast<int>(kda_lt_status_));                                            \
-    }                                                                                         \
+#define KDA_LT_CHECK(expr)                                                              \
+  do {                                                                                  \
+    const cublasStatus_t kda_lt_status_ = (expr);                                       \
+    if (kda_lt_status_ != CUBLAS_STATUS_SUCCESS) {                                      \
+      KDA_THROW(::kda::ErrorCode::kCuda, "cuBLASLt call `{}` failed: status {}", #expr, \
+                static_cast<int>(kda_lt_status_));                                      \
+    }                                                                                   \
   } while (0)
 
 template <typename T>
@@ -44,10 +44,10 @@ LtHandle::~LtHandle() {
 }
 
 Gemm::Gemm(const LtHandle& lt, const GemmShape& s) : lt_(&lt), shape_(s) {
-  KDA_CHECK(s.rows >= 1 && s.out >= 1 && s.in >= 1 && s.ld_x >= s.in && s.ld_w >= s.in &&
-                s.ld_y >= s.out,
-            "Gemm: bad shape rows={} out={} in={} ld_x={} ld_w={} ld_y={}", s.rows, s.out, s.in,
-            s.ld_x, s.ld_w, s.ld_y);
+  KDA_CHECK(
+      s.rows >= 1 && s.out >= 1 && s.in >= 1 && s.ld_x >= s.in && s.ld_w >= s.in && s.ld_y >= s.out,
+      "Gemm: bad shape rows={} out={} in={} ld_x={} ld_w={} ld_y={}", s.rows, s.out, s.in, s.ld_x,
+      s.ld_w, s.ld_y);
   // Column-major view: Y^T [M, N] = op(W^T as stored [K, M]) * X^T [K, N]; op = transpose.
   KDA_LT_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   set_desc(desc_, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
@@ -75,8 +75,8 @@ Gemm::Gemm(const LtHandle& lt, const GemmShape& s) : lt_(&lt), shape_(s) {
                                                 &reductions, sizeof(reductions));
     }
     if (st == CUBLAS_STATUS_SUCCESS) {
-      st = cublasLtMatmulAlgoGetHeuristic(lt.get(), desc_, a_, b_, c_, c_, pref, 1, &result,
-                                          &found);
+      st =
+          cublasLtMatmulAlgoGetHeuristic(lt.get(), desc_, a_, b_, c_, c_, pref, 1, &result, &found);
     }
     return st;
   }();
@@ -114,8 +114,8 @@ Gemm::~Gemm() {
   }
 }
 
-void Gemm::run(const bf16_t* x, const bf16_t* w, const bf16_t* residual, bf16_t* y,
-               void* workspace, cudaStream_t stream) const {
+void Gemm::run(const bf16_t* x, const bf16_t* w, const bf16_t* residual, bf16_t* y, void* workspace,
+               cudaStream_t stream) const {
   KDA_CHECK(shape_.residual == (residual != nullptr), "Gemm::run: residual {} for a Gemm made {}",
             residual != nullptr ? "given" : "missing", shape_.residual ? "with one" : "without");
   const float alpha = 1.0f;

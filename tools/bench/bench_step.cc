@@ -69,8 +69,7 @@ class StepModel {
       fill_randn_bf16(w + (D + HVK) * lay.hidden, int64_t{shape_.HV} * lay.hidden, in_scale,
                       mix_seed(s + 2), stream);
       fill_randn_bf16(const_cast<bf16_t*>(w_out(l)), w_out_,
-                      0.5f / std::sqrt(static_cast<float>(hvv)), step_seed(seed, kWOut, l),
-                      stream);
+                      0.5f / std::sqrt(static_cast<float>(hvv)), step_seed(seed, kWOut, l), stream);
       if (lay.mlp > 0) {
         fill_randn_bf16(const_cast<bf16_t*>(w_up(l)), w_mlp_, in_scale, step_seed(seed, kWUp, l),
                         stream);
@@ -273,11 +272,10 @@ void run_step_guard(BenchContext& ctx, const Problem& problem, const StepModel& 
     Variant variant;
     bool deferred;
   };
-  const Mode modes[] = {{"eager", ring, false},
-                        {"deferred", ring, true},
-                        {"snapshot", ring == Variant::kFusedRing ? Variant::kFused
-                                                                 : Variant::kUnfused,
-                         false}};
+  const Mode modes[] = {
+      {"eager", ring, false},
+      {"deferred", ring, true},
+      {"snapshot", ring == Variant::kFusedRing ? Variant::kFused : Variant::kUnfused, false}};
   for (const Mode& mode : modes) {
     start.restore(problem, stream);
     deferred.reset(stream);
@@ -343,13 +341,15 @@ void check_finite(const BenchContext& ctx, const Problem& problem, const StepMod
   FiniteStats state;
   const Pool& ssm = problem.ssm_state();
   for (int c = 0; c < ssm.copies; ++c) {
-    const FiniteStats s = finite_stats(ssm.at(c), DType::kF32, ssm.numel, scratch.data(), ctx.stream);
+    const FiniteStats s =
+        finite_stats(ssm.at(c), DType::kF32, ssm.numel, scratch.data(), ctx.stream);
     state.nonfinite += s.nonfinite;
     state.max_abs = std::max(state.max_abs, s.max_abs);
   }
-  fmt::print("            finite after the timed replays: last hidden state max |x| {:.3g}, "
-             "committed states max |S| {:.3g}\n",
-             x.max_abs, state.max_abs);
+  fmt::print(
+      "            finite after the timed replays: last hidden state max |x| {:.3g}, "
+      "committed states max |S| {:.3g}\n",
+      x.max_abs, state.max_abs);
   KDA_CHECK_CODE(x.nonfinite == 0 && state.nonfinite == 0, ErrorCode::kInternal,
                  "step T={} B={}: {} non-finite hidden values, {} non-finite state values: the "
                  "step's scaling does not keep the model bounded",
@@ -398,11 +398,11 @@ void run_step_phase(BenchContext& ctx) {
       size_t free_b = 0, total_b = 0;
       KDA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
       const int64_t need = Problem::device_bytes(cfg) + lay.device_bytes(a.shape, cfg, a.guard);
-      KDA_CHECK_CODE(static_cast<double>(need) <= 0.95 * static_cast<double>(free_b),
-                     ErrorCode::kOutOfMemory,
-                     "step B={}: needs {:.2f} GiB of device memory, {:.2f} GiB free; lower "
-                     "--batch-sizes or --layers, or --skip-guard (no snapshot pools)",
-                     B, static_cast<double>(need) / (1 << 30), static_cast<double>(free_b) / (1 << 30));
+      KDA_CHECK_CODE(
+          static_cast<double>(need) <= 0.95 * static_cast<double>(free_b), ErrorCode::kOutOfMemory,
+          "step B={}: needs {:.2f} GiB of device memory, {:.2f} GiB free; lower "
+          "--batch-sizes or --layers, or --skip-guard (no snapshot pools)",
+          B, static_cast<double>(need) / (1 << 30), static_cast<double>(free_b) / (1 << 30));
     }
     const Problem problem(cfg, ctx.stream);
     const StepModel model(ctx, lay, ctx.stream);
@@ -411,8 +411,8 @@ void run_step_phase(BenchContext& ctx) {
       const std::vector<int> accepted = step_accepted(a.seed, T, B);
       problem.set_accepted(accepted, ctx.stream);
       const StepGemms gemms(lt, lay, a.shape, int64_t{B} * T);
-      fmt::print(stderr, "kda_bench: [step] T={} B={} layers={}: GEMMs {} | {}{}\n", T, B,
-                 a.layers, gemms.in.describe(), gemms.out.describe(),
+      fmt::print(stderr, "kda_bench: [step] T={} B={} layers={}: GEMMs {} | {}{}\n", T, B, a.layers,
+                 gemms.in.describe(), gemms.out.describe(),
                  gemms.up ? fmt::format(" | {} | {}", gemms.up->describe(), gemms.down->describe())
                           : std::string());
       if (a.guard) {
