@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "dispatch/verify_dispatch.h"
-#include "kernels/kda_params.h"
+#include "kernels/params/kda_params.h"
 
 namespace kda {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "core/tensor_view.h"
-#include "kernels/kda_params.h"
+#include "kernels/params/kda_params.h"
 
 namespace kda {
 

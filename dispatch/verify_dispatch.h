@@ -21,7 +21,7 @@
 #include "core/platform.h"
 #include "core/tensor_view.h"
 #include "dispatch/ring_layout.h"
-#include "kernels/kda_params.h"
+#include "kernels/params/kda_params.h"
 
 namespace kda {
 

@@ -7,11 +7,11 @@
 
 #include "core/error.h"
 #include "core/logging.h"
-#include "kernels/commit.cuh"
-#include "kernels/conv_update.cuh"
+#include "kernels/commit/commit.cuh"
+#include "kernels/conv_update/conv_update.cuh"
 #include "kernels/kda_kernels.h"
-#include "kernels/params_check.h"
-#include "kernels/verify_tile.cuh"
+#include "kernels/params/params_check.h"
+#include "kernels/verify/per_item.cuh"
 
 // Runtime value -> constexpr, else a precise error naming the knob and the supported set.
 #define KDA_DISPATCH_K(k, K_, ...)                                          \

@@ -23,9 +23,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/kda_params.h"
-#include "kernels/launch_utils.h"
-#include "kernels/tile_policy.h"
+#include "kernels/common/launch_utils.h"
+#include "kernels/params/kda_params.h"
+#include "kernels/verify/tile_policy.h"
 
 namespace kda::kernels {
 

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "core/tensor_view.h"
-#include "kernels/kda_params.h"
+#include "kernels/params/kda_params.h"
 
 namespace kda {
 

@@ -24,7 +24,7 @@
 #include "core/platform.h"
 #include "tests/backend_fixture.h"
 #ifdef KDA_BACKEND_TEST_CUDA
-#include "kernels/launch_utils.h"
+#include "kernels/common/launch_utils.h"
 #endif
 
 using namespace kda;

@@ -21,8 +21,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/common/launch_utils.h"
 #include "kernels/kda_kernels.h"
-#include "kernels/launch_utils.h"
 #include "tests/test_problem.h"
 
 using namespace kda;

@@ -10,8 +10,8 @@
 #include "dispatch/commit_policy.h"
 #include "dispatch/ring_layout.h"
 #include "dispatch/verify_dispatch.h"
+#include "kernels/common/launch_utils.h"
 #include "kernels/kda_kernels.h"
-#include "kernels/launch_utils.h"
 #include "memory_pool/kda_state_pool.h"
 
 using namespace kda;

@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/fast_divisor.h"
+#include "kernels/common/fast_divisor.h"
 
 using kda::kernels::FastDivisor;
 

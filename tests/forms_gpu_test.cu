@@ -9,7 +9,7 @@
 
 #include "core/buffer.h"
 #include "core/cuda_check.h"
-#include "kernels/device_math.cuh"
+#include "kernels/common/device_math.cuh"
 
 namespace {
 

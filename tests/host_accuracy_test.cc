@@ -5,8 +5,8 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/host/host_math.h"
-#include "kernels/host/kda_host.h"
+#include "kernels/ref/host_math.h"
+#include "kernels/ref/kda_host.h"
 #include "tests/test_problem.h"
 
 using namespace kda;

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/host/kda_host.h"
+#include "kernels/ref/kda_host.h"
 #include "tests/test_problem.h"
 
 using namespace kda;

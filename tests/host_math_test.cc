@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/host/host_math.h"
+#include "kernels/ref/host_math.h"
 
 using namespace kda;
 namespace math = kda::host::math;

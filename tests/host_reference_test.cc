@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/host/host_math.h"
-#include "kernels/host/kda_host.h"
 #include "kernels/kernel_set.h"
+#include "kernels/ref/host_math.h"
+#include "kernels/ref/kda_host.h"
 #include "tests/test_problem.h"
 
 using namespace kda;

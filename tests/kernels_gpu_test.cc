@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "core/cuda_check.h"
-#include "kernels/host/kda_host.h"
+#include "kernels/common/launch_utils.h"
 #include "kernels/kda_kernels.h"
-#include "kernels/launch_utils.h"
+#include "kernels/ref/kda_host.h"
 #include "tests/gpu_test_util.h"
 #include "tests/test_problem.h"
 

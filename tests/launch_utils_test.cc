@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <random>
 
-#include "kernels/launch_utils.h"
-#include "kernels/tile_policy.h"
+#include "kernels/common/launch_utils.h"
+#include "kernels/verify/tile_policy.h"
 
 using kda::kernels::ceil_div;
 using kda::kernels::ctas_per_unit_filling_waves;

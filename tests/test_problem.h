@@ -26,7 +26,7 @@
 #include "core/buffer.h"
 #include "core/dtype.h"
 #include "core/tensor_view.h"
-#include "kernels/kda_params.h"
+#include "kernels/params/kda_params.h"
 
 namespace kda::testing {
 

@@ -4,7 +4,7 @@
 #include <catch2/catch.hpp>
 #include <vector>
 
-#include "kernels/host/kda_host.h"
+#include "kernels/ref/kda_host.h"
 #include "tests/test_problem.h"
 
 using namespace kda;

@@ -24,7 +24,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/platform.h"
-#include "kernels/launch_utils.h"
+#include "kernels/common/launch_utils.h"
 #include "tools/bench/bench_args.h"
 #include "tools/bench/bench_bytes.h"
 #include "tools/bench/bench_device.h"

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/kda_params.h"
-#include "kernels/launch_utils.h"
+#include "kernels/common/launch_utils.h"
+#include "kernels/params/kda_params.h"
 
 namespace kda::bench {
 

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "core/cuda_check.h"
-#include "kernels/launch_pdl.cuh"
+#include "kernels/common/launch_pdl.cuh"
 #include "tools/bench/bench_device.h"
 
 namespace kda::bench {

@@ -3,7 +3,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "kernels/kda_kernels.h"
-#include "kernels/tile_policy.h"
+#include "kernels/verify/tile_policy.h"
 
 namespace kda::bench {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "core/buffer.h"
-#include "kernels/kda_params.h"
+#include "kernels/params/kda_params.h"
 #include "tools/bench/bench_args.h"
 #include "tools/bench/bench_phases.h"
 #include "tools/bench/bench_problem.h"

@@ -10,7 +10,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "kernels/kda_kernels.h"
-#include "kernels/tile_policy.h"
+#include "kernels/verify/tile_policy.h"
 #include "tools/bench/bench_bytes.h"
 #include "tools/bench/bench_guard.h"
 #include "tools/bench/bench_ops.h"

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "core/buffer.h"
-#include "kernels/kda_params.h"
+#include "kernels/params/kda_params.h"
 #include "tools/bench/bench_args.h"
 
 namespace kda::bench {

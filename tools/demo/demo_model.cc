@@ -4,7 +4,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "kernels/kda_params.h"
+#include "kernels/params/kda_params.h"
 #include "tools/demo/demo_random.h"
 
 namespace kda::demo {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ptxas_table.py: registers, spills and static shared memory of every CUDA kernel, per ptxas.
 
-Compiles kernels/*.cu and kernels/inst/*.cu for sm_90a with the build's device flags
+Compiles every kernels/**/*.cu for sm_90a with the build's device flags
 (tools/bazel/cuda.bzl and kernels/BUILD: -O3 -lineinfo --fmad=false; keep them in step) and
 -Xptxas -v, and prints one line per kernel in docs/ptxas_sm90.txt's format:
 
@@ -67,8 +67,7 @@ def kernels_of(source, workdir):
 
 
 def table():
-    sources = sorted(glob.glob(os.path.join(ROOT, "kernels", "*.cu")) +
-                     glob.glob(os.path.join(ROOT, "kernels", "inst", "*.cu")))
+    sources = sorted(glob.glob(os.path.join(ROOT, "kernels", "**", "*.cu"), recursive=True))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for src in sources:

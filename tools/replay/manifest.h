@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/kda_params.h"
+#include "kernels/params/kda_params.h"
 
 namespace kda::replay {
 

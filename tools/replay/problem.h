@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "kernels/kda_params.h"
+#include "kernels/params/kda_params.h"
 #include "tools/replay/manifest.h"
 
 namespace kda::replay {
