@@ -50,8 +50,8 @@ constexpr FlagSpec kFlags[] = {
      "auto|N", "fused verify V tile"},
     {"--kda-deferred-commit", FlagKind::kAutoOnOff, 0, 2, &EngineFlags::deferred_commit, nullptr,
      "auto|on|off",
-     "ring mode: fold the accepted steps inside the next verify (auto: where the benchmark "
-     "measured it faster on the nearest measured card, dispatch/commit_policy.h)"},
+     "ring mode: fold the accepted steps inside the next verify (auto: where the step "
+     "benchmark measured it faster on the nearest measured card, dispatch/commit_policy.h)"},
     {"--speculative-eagle-topk", FlagKind::kInt, 1, 16, &EngineFlags::eagle_topk, nullptr, "N",
      "children per draft-tree node (1: chains; > 1: tree drafts, at most 8 nodes per request)"},
 };

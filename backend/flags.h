@@ -14,8 +14,8 @@
 //                                      8|16|32|64|128
 //   --kda-deferred-commit auto|on|off  ring mode: commit only records the accepted length and
 //                                      the next verify folds it (contract §7); auto (default):
-//                                      dispatch/commit_policy.h's measured rule (the table
-//                                      of the measured card nearest to the device)
+//                                      dispatch/commit_policy.h's measured rule (the step
+//                                      table of the measured card nearest to the device)
 #pragma once
 
 #include <string>

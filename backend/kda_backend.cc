@@ -16,8 +16,8 @@ namespace kda {
 namespace {
 
 // Whether the backend defers its commits (contract §7): ring mode only; on, or auto where
-// dispatch/commit_policy.h's measured rule says it pays for the configured batch on the measured
-// card nearest to the device (by its peak memory bandwidth).
+// dispatch/commit_policy.h's measured rule says it pays on the step (contract §6) for the
+// configured batch on the measured card nearest to the device (by its peak memory bandwidth).
 bool defers_commit(const ModelConfig& m, const EngineFlags& f, const Platform& platform) {
   // Trees commit eagerly: an accepted path is not a contiguous ring range (flags reject on).
   if (!f.replayssm_spec || f.tree_drafts()) {

@@ -703,117 +703,82 @@ TEST_CASE("dispatch: a BV = 128 default below 192 CTAs always runs one CTA per S
   }
 }
 
-TEST_CASE("dispatch: the deferred-commit rule follows its measured table", "[dispatch]") {
-  // H200 (dispatch/commit_policy.cc, docs/bench/h200_v56_auto_table.txt, B = 1-2 re-measured in
-  // h200_v61_bv32_uncapped.txt): Kimi-Linear defers at
-  // T <= 4 at every B, at T = 5-6 from B = 2, at T = 7 at B = 2-7 and from B = 16, at T = 8 at
-  // B = 2-3 and from B = 16; K3 TP8 at T = 1 from B = 2, at T = 2-5 from B = 4, at T = 6-7 at
-  // B = 4-31 and from B = 64, at T = 8 at B = 8-31 and from B = 64. A configured batch between
-  // measured rows takes the largest row below it; unmeasured shapes (HV = 7, other head dims,
-  // T > 8, no batch) stay eager.
-  const auto pays = [](int HV, int B, int T) { return deferred_commit_pays({HV, 128, 128, B, T}); };
-  for (const int T : {1, 2, 3, 4}) {
-    for (const int B : {1, 2, 3, 4, 8, 16, 64, 256}) {
-      CHECK(pays(32, B, T));
+TEST_CASE("dispatch: the deferred-commit rule follows its measured step table", "[dispatch]") {
+  // Every card's table (dispatch/auto_tables/*.def, made from kda_bench --phases step CSVs by
+  // tools/bench/make_auto_table.py): at each measured row the rule defers exactly where the
+  // deferred step beat the eager one by more than kDeferredMinGainPct; a configured batch between
+  // measured rows takes the largest measured B below it.
+  size_t cards = 0;
+  const CommitPolicyCard* card = commit_policy_cards(&cards);
+  REQUIRE(cards >= 1);
+  for (size_t c = 0; c < cards; ++c) {
+    CAPTURE(card[c].name);
+    REQUIRE(card[c].count > 0);
+    int defers = 0, stays = 0;
+    for (size_t i = 0; i < card[c].count; ++i) {
+      const CommitPolicyRow& r = card[c].rows[i];
+      CAPTURE(r.HV, r.K, r.V, r.T, r.B, r.eager_us, r.deferred_us);
+      REQUIRE(r.gemm_us > 0.0);
+      REQUIRE(r.eager_us > r.gemm_us);  // a step row: the KDA layers cost something
+      CommitPolicyShape s{r.HV, r.K, r.V, r.B, r.T};
+      s.memory_gbps = card[c].memory_gbps;
+      CHECK(&nearest_commit_policy_card(s.memory_gbps) == &card[c]);
+      CHECK(deferred_commit_row(s) == &r);
+      const bool faster = r.deferred_us < r.eager_us * (1.0 - kDeferredMinGainPct / 100.0);
+      CHECK(deferred_commit_pays(s) == faster);
+      (faster ? defers : stays) += 1;
+      // The next batch up to the next measured row decides by this row.
+      s.max_batch = r.B + 1;
+      const CommitPolicyRow* next = deferred_commit_row(s);
+      REQUIRE(next != nullptr);
+      CHECK((next == &r || next->B == r.B + 1));
     }
+    CHECK(defers > 0);  // the table decides both ways: a rule flipped everywhere fails above
+    CHECK(stays > 0);
   }
-  for (const int T : {5, 6}) {
-    CHECK_FALSE(pays(32, 1, T));
-    for (const int B : {2, 3, 4, 8, 15, 16, 32, 64, 256}) {
-      CHECK(pays(32, B, T));
-    }
-  }
-  for (const int B : {1, 8, 15}) {
-    CHECK_FALSE(pays(32, B, 7));
-  }
-  for (const int B : {2, 4, 7, 16, 32, 64, 256}) {
-    CHECK(pays(32, B, 7));
-  }
-  for (const int B : {1, 4, 8, 15}) {
-    CHECK_FALSE(pays(32, B, 8));
-  }
-  for (const int B : {2, 3, 16, 32, 48, 64, 256}) {
-    CHECK(pays(32, B, 8));
-  }
-  CHECK_FALSE(pays(12, 1, 1));
-  for (const int B : {2, 3, 4, 8, 16, 64, 512}) {
-    CHECK(pays(12, B, 1));
-  }
-  for (const int T : {2, 3, 4, 5}) {
-    for (const int B : {1, 2, 3}) {
-      CHECK_FALSE(pays(12, B, T));
-    }
-    for (const int B : {4, 7, 8, 16, 32, 64, 512}) {
-      CHECK(pays(12, B, T));
-    }
-  }
-  for (const int T : {6, 7}) {
-    for (const int B : {1, 2, 3, 32, 63}) {
-      CHECK_FALSE(pays(12, B, T));
-    }
-    for (const int B : {4, 8, 16, 31, 64, 512}) {
-      CHECK(pays(12, B, T));
-    }
-  }
-  for (const int B : {1, 2, 4, 7, 32, 63}) {
-    CHECK_FALSE(pays(12, B, 8));
-  }
-  for (const int B : {8, 16, 31, 64, 512}) {
-    CHECK(pays(12, B, 8));
-  }
-  CHECK_FALSE(pays(32, 64, 9));
-  CHECK_FALSE(pays(12, 64, 16));
-  for (const int T : {4, 8}) {
-    CHECK_FALSE(deferred_commit_pays({32, 64, 128, 64, T}));
-  }
-  CHECK_FALSE(deferred_commit_pays({7, 64, 64, 64, 4}));
-  CHECK_FALSE(deferred_commit_pays({32, 128, 128, 0, 4}));
 }
 
-TEST_CASE("dispatch: the deferred-commit rule takes the table of the nearest measured card",
+TEST_CASE("dispatch: the deferred-commit rule on the H100 step, and unmeasured shapes",
           "[dispatch]") {
-  // H100 SXM (3352 GB/s; docs/bench/h100_v66_auto_table.txt): Kimi-Linear defers at every row
-  // but T = 7-8 B = 1; K3 TP8 at T <= 2 from B = 2, at T >= 3 from B = 4. The card is the one
-  // whose peak memory bandwidth is nearest by ratio: an H200 (4800), and an unknown device (0),
-  // take the H200's table; a device between them the nearer one's.
-  const auto pays = [](double gbps, int HV, int B, int T) {
+  // The H100 step table (docs/perf.md §5, docs/bench/h100_step_*): Kimi-Linear defers from
+  // B = 16 at every T and never below (the previous kernel of a verify is a GEMM, so the fold
+  // before the PDL wait has nothing to overlap at small B); K3 TP8 (hidden 7168: the GEMMs
+  // dominate) at B = 64 at every T and at B = 32 for T = 7-8.
+  const auto pays = [](int HV, int B, int T) {
     CommitPolicyShape s{HV, 128, 128, B, T};
-    s.memory_gbps = gbps;
+    s.memory_gbps = 3352.0;
     return deferred_commit_pays(s);
   };
   for (int T = 1; T <= 8; ++T) {
     CAPTURE(T);
-    CHECK(pays(3352.0, 32, 1, T) == (T <= 6));
-    for (const int B : {2, 4, 7, 8, 15, 16, 32, 64, 256}) {
-      CHECK(pays(3352.0, 32, B, T));
+    for (const int B : {1, 2, 3, 4, 8, 15}) {
+      CHECK_FALSE(pays(32, B, T));
     }
-    CHECK_FALSE(pays(3352.0, 12, 1, T));
-    for (const int B : {2, 3}) {
-      CHECK(pays(3352.0, 12, B, T) == (T <= 2));
+    for (const int B : {16, 31, 32, 64, 256}) {
+      CHECK(pays(32, B, T));
     }
-    for (const int B : {4, 8, 31, 32, 63, 64, 512}) {
-      CHECK(pays(3352.0, 12, B, T));
+    for (const int B : {1, 2, 4, 8, 16, 31}) {
+      CHECK_FALSE(pays(12, B, T));
+    }
+    CHECK(pays(12, 32, T) == (T >= 7));
+    for (const int B : {64, 512}) {
+      CHECK(pays(12, B, T));
     }
   }
-  // Rows where the two cards differ: the H200 and an unknown card stay eager there.
-  for (const double gbps : {0.0, 4800.0, 4100.0, 8000.0}) {
+  // Unmeasured shapes (other heads or head dims, T > 8, no batch) keep the eager commit, on any
+  // card; an unknown device (0) takes the first card's table.
+  for (const double gbps : {0.0, 3352.0, 4800.0}) {
     CAPTURE(gbps);
-    CHECK_FALSE(pays(gbps, 32, 1, 5));
-    CHECK_FALSE(pays(gbps, 32, 4, 8));
-    CHECK_FALSE(pays(gbps, 32, 8, 7));
-    CHECK_FALSE(pays(gbps, 12, 2, 2));
-    CHECK_FALSE(pays(gbps, 12, 32, 8));
+    const auto at = [gbps](CommitPolicyShape s) {
+      s.memory_gbps = gbps;
+      return deferred_commit_pays(s);
+    };
+    CHECK_FALSE(at({32, 128, 128, 64, 9}));
+    CHECK_FALSE(at({12, 128, 128, 64, 16}));
+    CHECK_FALSE(at({32, 64, 128, 64, 4}));
+    CHECK_FALSE(at({32, 128, 64, 64, 4}));
+    CHECK_FALSE(at({7, 128, 128, 64, 4}));
+    CHECK_FALSE(at({32, 128, 128, 0, 4}));
+    CHECK(at({32, 128, 128, 64, 4}));
   }
-  for (const double gbps : {3352.0, 3900.0, 2000.0}) {
-    CAPTURE(gbps);
-    CHECK(pays(gbps, 32, 1, 5));
-    CHECK(pays(gbps, 32, 4, 8));
-    CHECK(pays(gbps, 32, 8, 7));
-    CHECK(pays(gbps, 12, 2, 2));
-    CHECK(pays(gbps, 12, 32, 8));
-  }
-  // Unmeasured shapes stay eager on either card.
-  CHECK_FALSE(pays(3352.0, 32, 64, 9));
-  CHECK_FALSE(pays(3352.0, 7, 64, 4));
-  CHECK_FALSE(pays(3352.0, 32, 0, 4));
 }
