@@ -602,14 +602,12 @@ DispatchDecision KdaAttentionBackend::verify(int layer, const VerifyInputs& in,
                                              const TensorView& out, cudaStream_t stream) {
   check_layer_ready(RoundKind::kVerify, layer);
   validate_activations("verify", layer, in, out);
-  const DispatchDecision decision =
+  DispatchDecision decision =
       choose_verify_path(make_dispatch_problem(layer, in), platform_, flags_.dispatch_flags());
   const VerifyParams params = make_verify_params(layer, in, out);
-  if (decision.fused()) {
-    kernels_->verify_fused(params, decision.block_v, stream);
-  } else {
-    kernels_->verify_unfused(params, stream);
-  }
+  // Plan once (the kernel, its schedule and grid), launch what the plan says.
+  decision.plan = kernels_->plan_verify(params, decision.path, decision.block_v);
+  kernels_->verify(params, decision.plan, stream);
   record_decision(layer, decision);
   // Only a deferred backend needs it (abort_round); the query is a driver call per verify.
   verify_ran_[static_cast<size_t>(layer)] = deferred_ && !capturing(device_, stream);

@@ -12,6 +12,9 @@ namespace kda {
 
 /// The host reference for Device::host(), the CUDA kernels for Device::cuda(i) (throws
 /// kUnsupported when that device is not usable).
-std::unique_ptr<KernelSet> make_kernel_set(const Device& device);
+/// The kernel set of `device` (host: the reference; CUDA: the kernels on that device, every launch
+/// with `overrides`: tests and benchmarks; engines keep the defaults).
+std::unique_ptr<KernelSet> make_kernel_set(const Device& device,
+                                           const kernels::LaunchOverrides& overrides = {});
 
 }  // namespace kda

@@ -260,6 +260,11 @@ DispatchDecision choose_verify_path(const DispatchProblem& p, const Platform& pl
 }
 
 std::string DispatchDecision::describe() const {
+  const std::string reason_text = describe_reason();
+  return plan.K == 0 ? reason_text : fmt::format("{}; runs {}", reason_text, plan.kernel());
+}
+
+std::string DispatchDecision::describe_reason() const {
   const char* path_text = verify_path_name(path);
   switch (reason) {
     case DispatchReason::kSnapshotFused:

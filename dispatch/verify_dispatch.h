@@ -22,6 +22,7 @@
 #include "core/tensor_view.h"
 #include "dispatch/ring_layout.h"
 #include "kernels/params/kda_params.h"
+#include "kernels/verify/verify_plan.h"
 
 namespace kda {
 
@@ -31,8 +32,7 @@ namespace kda {
 /// unit inner strides, packed conv weights, [B] int32 contiguous index tensors, one device.
 constexpr int kFusedMaxTokens = 16;
 
-enum class VerifyPath : uint8_t { kUnfused, kFused };
-/// "fused" or "unfused".
+/// "fused" or "unfused" (VerifyPath: kernels/verify/verify_traits.h).
 const char* verify_path_name(VerifyPath path) noexcept;
 
 /// Why a path was chosen; one value per rule outcome.
@@ -101,13 +101,20 @@ struct DispatchDecision {
   int B = 0;                               ///< the batch the decision was made for
   ArchFamily arch = ArchFamily::kOther;    ///< the platform family seen
   RingLayoutCheck ring;                    ///< kRingLayoutRejected: the failed layout rule
+  /// The kernel-level plan of the call (kernels/verify/verify_plan.h): filled by the caller that
+  /// has the call's params (the backend: its kernel set's plan_verify for this path and tile),
+  /// and launched as it is; default (K = 0) until then.
+  kernels::VerifyPlan plan;
 
   bool fused() const { return path == VerifyPath::kFused; }
-  /// e.g. "unfused: ring mode with B = 4 > --kda-fused-ring-max-batch = 1".
+  /// e.g. "unfused: ring mode with B = 4 > --kda-fused-ring-max-batch = 1", then the plan's
+  /// kernel when the plan is filled ("; runs verify_tile<...>").
   std::string describe() const;
-  /// Same path, reason and tile (what "the decision changed" means for logging).
+  /// The path and reason alone.
+  std::string describe_reason() const;
+  /// Same path, reason, tile and plan (what "the decision changed" means for logging).
   bool same_choice(const DispatchDecision& o) const {
-    return path == o.path && reason == o.reason && block_v == o.block_v;
+    return path == o.path && reason == o.reason && block_v == o.block_v && plan == o.plan;
   }
 };
 

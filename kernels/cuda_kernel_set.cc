@@ -11,29 +11,32 @@ namespace {
 
 class CudaKernelSet final : public KernelSet {
  public:
-  explicit CudaKernelSet(int device) : device_(device) {}
+  CudaKernelSet(int device, const kernels::LaunchOverrides& o) : device_(device), overrides_(o) {}
   const char* name() const override { return "cuda"; }
   Device device() const override { return Device::cuda(device_); }
-  void verify_unfused(const VerifyParams& p, cudaStream_t stream) override {
-    kernels::invoke_verify_unfused(p, stream);
+  kernels::VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v) override {
+    return kernels::plan_verify_on_device(p, path, block_v, overrides_);
   }
-  void verify_fused(const VerifyParams& p, int block_v, cudaStream_t stream) override {
-    kernels::invoke_verify_fused(p, block_v, stream);
+  void verify(const VerifyParams& p, const kernels::VerifyPlan& plan,
+              cudaStream_t stream) override {
+    kernels::invoke_verify(p, plan, stream);
   }
   void extend(const ExtendParams& p, cudaStream_t stream) override {
-    kernels::invoke_extend(p, stream);
+    kernels::invoke_extend(p, stream, overrides_);
   }
   void commit(const CommitParams& p, cudaStream_t stream) override {
-    kernels::invoke_commit(p, stream);
+    kernels::invoke_commit(p, stream, overrides_);
   }
 
  private:
   int device_;
+  kernels::LaunchOverrides overrides_;
 };
 
 }  // namespace
 
-std::unique_ptr<KernelSet> make_cuda_kernel_set(int device) {
+std::unique_ptr<KernelSet> make_cuda_kernel_set(int device,
+                                                const kernels::LaunchOverrides& overrides) {
   int count = 0;
   const cudaError_t st = cudaGetDeviceCount(&count);
   if (st != cudaSuccess || device < 0 || device >= count) {
@@ -41,7 +44,7 @@ std::unique_ptr<KernelSet> make_cuda_kernel_set(int device) {
     KDA_THROW(ErrorCode::kUnsupported, "make_cuda_kernel_set: CUDA device {} not available ({})",
               device, st != cudaSuccess ? cudaGetErrorString(st) : "no such device");
   }
-  return std::make_unique<CudaKernelSet>(device);
+  return std::make_unique<CudaKernelSet>(device, overrides);
 }
 
 }  // namespace kda

@@ -6,7 +6,10 @@
 // The numerics are docs/contract.md §3 exactly; every family shares the device functions of
 // kernels/device_math.cuh, so results are bitwise identical across paths.
 //
-// Programmatic dependent launch (sm_90+, on unless set_pdl_enabled(false)): a kernel may start
+// Every entry point takes the launch overrides (launch_utils.h LaunchOverrides; the defaults are
+// what engines run): no process-wide launch state.
+//
+// Programmatic dependent launch (sm_90+, on unless LaunchOverrides::pdl is off): a kernel may start
 // while the kernel before it on the stream is finishing, and waits for it (griddepcontrol.wait)
 // before reading activations, state or records. Before that wait the verify kernels read the
 // layer weights (conv_weight, conv_bias, dt_bias, A_log) and the index arrays (slots, rows), so
@@ -26,43 +29,50 @@
 #include "kernels/common/launch_utils.h"
 #include "kernels/params/kda_params.h"
 #include "kernels/verify/tile_policy.h"
+#include "kernels/verify/verify_plan.h"
 
 namespace kda::kernels {
 
 /// Unfused step 1: conv + SiLU of all T tokens into p.qkv_act, conv windows into
 /// p.conv_window. Reads conv_state, never writes it.
-void invoke_conv_update(const VerifyParams& p, cudaStream_t stream);
+void invoke_conv_update(const VerifyParams& p, cudaStream_t stream, const LaunchOverrides& o = {});
 
-/// Both unfused steps.
-void invoke_verify_unfused(const VerifyParams& p, cudaStream_t stream);
+/// The plan of a verify call on `path` with fused tile `block_v` (kFusedBlockVs; the unfused
+/// path ignores it) on the current device: plan_verify (verify_plan.h) with the device's caps and
+/// the occupancy of the persistent kernel the call would take (asked once and cached). Host-only,
+/// legal during stream capture. Throws kda::Error on an unsupported K or tile.
+VerifyPlan plan_verify_on_device(const VerifyParams& p, VerifyPath path, int block_v,
+                                 const LaunchOverrides& o = {});
+/// Validates `p` for the plan's path and that `plan` is this call's plan (its instantiation, tile,
+/// features and items), then enqueues it: the unfused path the conv update, then the recurrence.
+void invoke_verify(const VerifyParams& p, const VerifyPlan& plan, cudaStream_t stream);
 
-/// Fused conv + gate + recurrence, one kernel, V tile `block_v` (kFusedBlockVs).
-void invoke_verify_fused(const VerifyParams& p, int block_v, cudaStream_t stream);
+/// Both unfused steps, as planned on the current device.
+void invoke_verify_unfused(const VerifyParams& p, cudaStream_t stream,
+                           const LaunchOverrides& o = {});
+/// Fused conv + gate + recurrence, one kernel, V tile `block_v` (kFusedBlockVs), as planned on
+/// the current device.
+void invoke_verify_fused(const VerifyParams& p, int block_v, cudaStream_t stream,
+                         const LaunchOverrides& o = {});
 
 /// Extend: process and commit p.v.T tokens per request in place (any T >= 1).
-void invoke_extend(const ExtendParams& p, cudaStream_t stream);
+void invoke_extend(const ExtendParams& p, cudaStream_t stream, const LaunchOverrides& o = {});
 
 /// Commit of all layers: fold (ring mode) or snapshot copy, and the conv commit. One launch
 /// when conv_commit_vec8(p) (the state commit kernel copies the conv windows too), else two.
-void invoke_commit(const CommitParams& p, cudaStream_t stream);
+void invoke_commit(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o = {});
 
-/// Whether a verify call's layout lets its BV = 128 tile run as persistent streaming CTAs
-/// (verify_stream.cuh): T <= 8, the state tile one 16-byte-aligned bulk copy per item, and
-/// every input piece 16 bytes aligned (fused: mixed_qkv, conv_state, a; unfused: qkv_act, a).
-/// Streaming also needs sm_90+ and, for the unfused recurrence, more items than one wave of
-/// CTAs (state_stream_mode(), StreamFrom); a call that fails any of it runs one CTA per item
-/// instead, with the same bits.
-bool verify_stream_layout_ok(const VerifyParams& p, bool fused);
-/// The same for the fold (fold.cu): T <= 8, state and ring records (rawk, g, rawv rows)
-/// copyable as 16-byte-aligned bulk runs.
-bool fold_stream_layout_ok(const CommitParams& p);
+/// Whether a fold's layout lets it run persistent (fold.cu): T <= 8, state and ring records
+/// (rawk, g, rawv rows) copyable as 16-byte-aligned bulk runs.
+bool fold_persistent_layout_ok(const CommitParams& p);
 /// Whether every conv commit offset is 16-byte aligned (8 bf16 per access): then invoke_commit
 /// copies the conv windows inside the fold / snapshot launch.
 bool conv_commit_vec8(const CommitParams& p);
 
 /// The pieces of invoke_commit, for tests and the benchmark.
-void invoke_fold(const CommitParams& p, cudaStream_t stream);
-void invoke_commit_snapshot(const CommitParams& p, cudaStream_t stream);
-void invoke_commit_conv(const CommitParams& p, cudaStream_t stream);
+void invoke_fold(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o = {});
+void invoke_commit_snapshot(const CommitParams& p, cudaStream_t stream,
+                            const LaunchOverrides& o = {});
+void invoke_commit_conv(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o = {});
 
 }  // namespace kda::kernels

@@ -67,8 +67,8 @@ TEST_CASE("backend: an odd head_v_dim is refused on CUDA before anything is allo
    public:
     const char* name() const override { return "cuda device only"; }
     Device device() const override { return Device::cuda(0); }
-    void verify_unfused(const VerifyParams&, cudaStream_t) override {}
-    void verify_fused(const VerifyParams&, int, cudaStream_t) override {}
+    kernels::VerifyPlan plan_verify(const VerifyParams&, VerifyPath, int) override { return {}; }
+    void verify(const VerifyParams&, const kernels::VerifyPlan&, cudaStream_t) override {}
     void extend(const ExtendParams&, cudaStream_t) override {}
     void commit(const CommitParams&, cudaStream_t) override {}
   };
@@ -115,16 +115,19 @@ TEST_CASE("backend: dispatch decisions are logged at debug when they change",
   }
   logger().set_level(level);
   logger().sinks().pop_back();
-  // Two rounds at B = 1 (fused, logged once per layer), then B = 2 (unfused, logged again).
+  // Two rounds at B = 1 (fused, logged once per layer), then B = 2 (unfused, logged again); each
+  // line names what ran (the plan's kernel; on the host kernel set, the reference).
   CHECK(log.str() ==
         "debug verify layer 0 (B=1, T=4): fused (block_v = 8): ring mode with B = 1 <= "
-        "--kda-fused-ring-max-batch = 1 on SM90, ring layout ok\n"
+        "--kda-fused-ring-max-batch = 1 on SM90, ring layout ok; runs the host reference "
+        "(fused)\n"
         "debug verify layer 1 (B=1, T=4): fused (block_v = 8): ring mode with B = 1 <= "
-        "--kda-fused-ring-max-batch = 1 on SM90, ring layout ok\n"
+        "--kda-fused-ring-max-batch = 1 on SM90, ring layout ok; runs the host reference "
+        "(fused)\n"
         "debug verify layer 0 (B=2, T=4): unfused: ring mode with B = 2 > "
-        "--kda-fused-ring-max-batch = 1\n"
+        "--kda-fused-ring-max-batch = 1; runs the host reference (unfused)\n"
         "debug verify layer 1 (B=2, T=4): unfused: ring mode with B = 2 > "
-        "--kda-fused-ring-max-batch = 1\n");
+        "--kda-fused-ring-max-batch = 1; runs the host reference (unfused)\n");
   const DispatchStats stats = h.backend->stats();
   CHECK(stats.fused_calls == 4);
   CHECK(stats.unfused_calls == 2);

@@ -31,33 +31,47 @@ const bf16_t kBf16NaN{0x7fc0};
 
 class CountingKernelSet final : public KernelSet {
  public:
-  explicit CountingKernelSet(std::shared_ptr<KernelCounts> counts)
-      : inner_(make_kernel_set(kTestDevice)), counts_(std::move(counts)) {}
+  CountingKernelSet(std::shared_ptr<KernelCounts> counts,
+                    std::shared_ptr<kernels::LaunchOverrides> launch)
+      : inner_(make_kernel_set(kTestDevice, *launch)),
+        counts_(std::move(counts)),
+        launch_(std::move(launch)),
+        made_with_(*launch_) {}
   const char* name() const override { return "counting host"; }
   Device device() const override { return inner_->device(); }
-  void verify_unfused(const VerifyParams& p, cudaStream_t s) override {
-    inner_->verify_unfused(p, s);
-    ++counts_->unfused;
-    counts_->fold_before_wait.push_back(p.fold_before_wait);
+  kernels::VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v) override {
+    return inner().plan_verify(p, path, block_v);
   }
-  void verify_fused(const VerifyParams& p, int block_v, cudaStream_t s) override {
-    inner_->verify_fused(p, block_v, s);
-    ++counts_->fused;
+  void verify(const VerifyParams& p, const kernels::VerifyPlan& plan, cudaStream_t s) override {
+    inner().verify(p, plan, s);
+    ++(plan.path == VerifyPath::kFused ? counts_->fused : counts_->unfused);
     counts_->fold_before_wait.push_back(p.fold_before_wait);
-    counts_->last_block_v = block_v;
+    if (plan.path == VerifyPath::kFused) {
+      counts_->last_block_v = plan.block_v;
+    }
   }
   void extend(const ExtendParams& p, cudaStream_t s) override {
-    inner_->extend(p, s);
+    inner().extend(p, s);
     ++counts_->extend;
   }
   void commit(const CommitParams& p, cudaStream_t s) override {
-    inner_->commit(p, s);
+    inner().commit(p, s);
     ++counts_->commit;
   }
 
  private:
+  /// The wrapped kernel set, made anew when the harness's launch overrides changed.
+  KernelSet& inner() {
+    if (*launch_ != made_with_) {
+      made_with_ = *launch_;
+      inner_ = make_kernel_set(kTestDevice, made_with_);
+    }
+    return *inner_;
+  }
   std::unique_ptr<KernelSet> inner_;
   std::shared_ptr<KernelCounts> counts_;
+  std::shared_ptr<kernels::LaunchOverrides> launch_;
+  kernels::LaunchOverrides made_with_;
 };
 
 // ---- seeded random data ----
@@ -235,12 +249,14 @@ Harness::Harness(const ModelCase& mc, const EngineFlags& flags, const Platform& 
     : Harness(model_for(mc), flags, platform) {}
 
 Harness::Harness(const ModelConfig& m, const EngineFlags& flags, const Platform& platform)
-    : model(m), counts(std::make_shared<KernelCounts>()) {
+    : model(m),
+      counts(std::make_shared<KernelCounts>()),
+      launch(std::make_shared<kernels::LaunchOverrides>()) {
   BackendOptions options;
   options.platform_override = platform;
   options.extra_slots = 1;
   backend = std::make_unique<KdaAttentionBackend>(
-      model, flags, std::make_unique<CountingKernelSet>(counts), options);
+      model, flags, std::make_unique<CountingKernelSet>(counts, launch), options);
   for (int layer = 0; layer < kLayers; ++layer) {
     weights.push_back(make_weights(model, 100 + layer));
     backend->set_layer_weights(layer, weights.back().views);

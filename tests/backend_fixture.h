@@ -109,6 +109,9 @@ struct Harness {
 
   ModelConfig model;
   std::shared_ptr<KernelCounts> counts;
+  /// The launch overrides of the harness's kernel set (CUDA tests force schedules with them; a
+  /// change applies from the next kernel call on).
+  std::shared_ptr<kernels::LaunchOverrides> launch;
   std::unique_ptr<KdaAttentionBackend> backend;
   std::vector<OwnedWeights> weights;
 };

@@ -36,8 +36,12 @@ class StubCudaKernelSet final : public KernelSet {
   explicit StubCudaKernelSet(std::shared_ptr<StubLog> log) : log_(std::move(log)) {}
   const char* name() const override { return "stub cuda"; }
   Device device() const override { return Device::cuda(0); }
-  void verify_unfused(const VerifyParams& p, cudaStream_t s) override { verify(p, s); }
-  void verify_fused(const VerifyParams& p, int, cudaStream_t s) override { verify(p, s); }
+  kernels::VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v) override {
+    return kernels::plan_verify(p, path, block_v, {}, {}, 0);
+  }
+  void verify(const VerifyParams& p, const kernels::VerifyPlan&, cudaStream_t s) override {
+    record_verify(p, s);
+  }
   void extend(const ExtendParams&, cudaStream_t) override {}
   void commit(const CommitParams& p, cudaStream_t s) override {
     log_->commit = p;
@@ -48,7 +52,7 @@ class StubCudaKernelSet final : public KernelSet {
   }
 
  private:
-  void verify(const VerifyParams& p, cudaStream_t s) {
+  void record_verify(const VerifyParams& p, cudaStream_t s) {
     log_->verify = p;
     ++log_->verifies;
     const size_t bytes = static_cast<size_t>(p.B) * p.T * p.HV * p.V * 2;

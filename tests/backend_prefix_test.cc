@@ -282,21 +282,21 @@ TEST_CASE("backend prefix: a commit track equals an independent commit of step +
 }
 
 #ifdef KDA_BACKEND_TEST_CUDA
-TEST_CASE("backend prefix: the tracked streaming fold equals the per-item fold",
+TEST_CASE("backend prefix: the tracked persistent fold equals the per-item fold",
           "[backend][prefix]") {
-  // The persistent streaming fold serves large batches only; forced here with two CTAs so
-  // that each walks many items.
+  // The persistent fold serves large batches only; forced here with two CTAs so that each walks
+  // many items.
   const BatchSpec batch{kT, {1, 2, 0, 3}, {}};
   std::vector<std::vector<uint8_t>> states;
-  for (const kernels::StateStreamMode m :
-       {kernels::StateStreamMode::kNever, kernels::StateStreamMode::kAlways}) {
+  for (const kernels::PersistentMode m :
+       {kernels::PersistentMode::kNever, kernels::PersistentMode::kAlways}) {
     Harness h = make_harness(Mode::kRingEager);
     fill_garbage(h, 4, 13);
     verify_all(h, batch, 41);
-    kernels::set_state_stream_mode(m, /*max_ctas=*/2);
+    h.launch->persistent = m;
+    h.launch->persistent_max_ctas = 2;
     commit_tracked(h, {3, 4, 2, 1}, {-1, 4, -1, -1}, {-1, 2, -1, -1});
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    kernels::set_state_stream_mode(kernels::StateStreamMode::kAuto);
     std::vector<uint8_t> all;
     for (const int s : all_slots(h)) {
       const std::vector<uint8_t> b = slot_state(h, s);

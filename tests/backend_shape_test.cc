@@ -503,26 +503,27 @@ TEST_CASE("ragged: deferred rounds equal eager ones after materialize", "[shape]
 #ifdef KDA_BACKEND_TEST_CUDA
 namespace {
 
-/// Runs `f` with a kernel schedule forced (kernels/launch_utils.h), then waits for the device.
-using Schedule = std::function<void(const std::function<void()>&)>;
+/// Runs `f` on harness `h` with a kernel schedule forced through its launch overrides
+/// (kernels/common/launch_utils.h), then waits for the device.
+using Schedule = std::function<void(Harness&, const std::function<void()>&)>;
 
-Schedule streamed(kernels::StateStreamMode mode) {
-  return [mode](const std::function<void()>& f) {
-    kernels::set_state_stream_mode(mode, /*max_ctas=*/3);
+Schedule persistent(kernels::PersistentMode mode) {
+  return [mode](Harness& h, const std::function<void()>& f) {
+    h.launch->persistent = mode;
+    h.launch->persistent_max_ctas = 3;
     f();
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    kernels::set_state_stream_mode(kernels::StateStreamMode::kAuto);
+    *h.launch = {};
   };
 }
 
 Schedule per_item(kernels::TileOccupancy occupancy) {
-  return [occupancy](const std::function<void()>& f) {
-    kernels::set_state_stream_mode(kernels::StateStreamMode::kNever);
-    kernels::set_tile_occupancy_mode(occupancy);
+  return [occupancy](Harness& h, const std::function<void()>& f) {
+    h.launch->persistent = kernels::PersistentMode::kNever;
+    h.launch->occupancy = occupancy;
     f();
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    kernels::set_tile_occupancy_mode(kernels::TileOccupancy::kAuto);
-    kernels::set_state_stream_mode(kernels::StateStreamMode::kAuto);
+    *h.launch = {};
   };
 }
 
@@ -557,9 +558,9 @@ void check_ragged_paths(const ModelConfig& m, const EngineFlags& f, const Engine
     }
     const auto inputs = layer_inputs(m, N, seed * 7 + round);
     std::vector<Acts> a, b, c, d;
-    one([&] { a = verify_rows(a_h, batch, inputs, iota_rows(0, N)); });
-    other([&] { b = verify_rows(b_h, batch, inputs, iota_rows(0, N)); });
-    other([&] { d = verify_rows(eager_h, batch, inputs, iota_rows(0, N)); });
+    one(a_h, [&] { a = verify_rows(a_h, batch, inputs, iota_rows(0, N)); });
+    other(b_h, [&] { b = verify_rows(b_h, batch, inputs, iota_rows(0, N)); });
+    other(eager_h, [&] { d = verify_rows(eager_h, batch, inputs, iota_rows(0, N)); });
     for (int layer = 0; layer < kLayers; ++layer) {
       CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
                       bytes_of(b[static_cast<size_t>(layer)].out_view)));
@@ -569,7 +570,7 @@ void check_ragged_paths(const ModelConfig& m, const EngineFlags& f, const Engine
     CHECK(pool_checksum(a_h.pool()) == pool_checksum(b_h.pool()));
     if (round == 0) {  // lengths T: the dense chain
       BatchSpec chain(kT, batch.slots, batch.rows);
-      one([&] { c = verify_rows(dense, chain, inputs, iota_rows(0, N)); });
+      one(dense, [&] { c = verify_rows(dense, chain, inputs, iota_rows(0, N)); });
       for (int layer = 0; layer < kLayers; ++layer) {
         CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
                         bytes_of(c[static_cast<size_t>(layer)].out_view)));
@@ -583,7 +584,7 @@ void check_ragged_paths(const ModelConfig& m, const EngineFlags& f, const Engine
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     CHECK(pool_checksum(a_h.pool()) == pool_checksum(b_h.pool()));
   }
-  one([&] { a_h.backend->materialize({0, 1, 2, 3, 4}, nullptr); });
+  one(a_h, [&] { a_h.backend->materialize({0, 1, 2, 3, 4}, nullptr); });
   for (int layer = 0; layer < kLayers; ++layer) {
     CHECK(same_bits(a_h.pool().ssm_state(layer), bytes_of(eager_h.pool().ssm_state(layer))));
     CHECK(same_bits(a_h.pool().conv_state(layer), bytes_of(eager_h.pool().conv_state(layer))));
@@ -609,8 +610,8 @@ TEST_CASE("ragged: the streaming verify equals the per-item ragged kernel and th
       f.fused_verify = true;
       f.verify_block_v = 128;
       check_ragged_paths(
-          m, f, shape_flags(true, kT, 1, false), streamed(kernels::StateStreamMode::kAlways),
-          streamed(kernels::StateStreamMode::kNever), static_cast<unsigned>(23 + K + deferred));
+          m, f, shape_flags(true, kT, 1, false), persistent(kernels::PersistentMode::kAlways),
+          persistent(kernels::PersistentMode::kNever), static_cast<unsigned>(23 + K + deferred));
     }
   }
 }

@@ -33,22 +33,21 @@ namespace {
 struct Path {
   const char* name;
   int block_v;  ///< 0: unfused
-  kernels::StateStreamMode stream;
+  kernels::PersistentMode persistent;
   kernels::TileOccupancy occupancy;
 };
 
 void verify(const VerifyParams& p, const Path& path) {
-  kernels::set_state_stream_mode(
-      path.stream, /*max_ctas=*/path.stream == kernels::StateStreamMode::kAlways ? 3 : 0);
-  kernels::set_tile_occupancy_mode(path.occupancy);
+  kernels::LaunchOverrides o;
+  o.persistent = path.persistent;
+  o.persistent_max_ctas = path.persistent == kernels::PersistentMode::kAlways ? 3 : 0;
+  o.occupancy = path.occupancy;
   if (path.block_v == 0) {
-    kernels::invoke_verify_unfused(p, nullptr);
+    kernels::invoke_verify_unfused(p, nullptr, o);
   } else {
-    kernels::invoke_verify_fused(p, path.block_v, nullptr);
+    kernels::invoke_verify_fused(p, path.block_v, nullptr, o);
   }
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  kernels::set_state_stream_mode(kernels::StateStreamMode::kAuto);
-  kernels::set_tile_occupancy_mode(kernels::TileOccupancy::kAuto);
 }
 
 // New round-2 inputs, the same on both copies.
@@ -98,21 +97,22 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
   c.neg_slot = true;
   c.reversed = true;
   const Path path = GENERATE(values<Path>({
-      {"BV=8 two per SM", 8, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kTwoPerSm},
-      {"BV=8 one per SM", 8, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kOnePerSm},
-      {"BV=16 two per SM", 16, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kTwoPerSm},
-      {"BV=16 one per SM", 16, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kOnePerSm},
-      {"BV=32 two per SM", 32, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kTwoPerSm},
-      {"BV=32 one per SM", 32, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kOnePerSm},
-      {"BV=64 two per SM", 64, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kTwoPerSm},
-      {"BV=64 one per SM", 64, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kOnePerSm},
-      {"BV=128 per item", 128, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kTwoPerSm},
-      {"BV=128 one per SM", 128, kernels::StateStreamMode::kNever,
+      {"BV=8 two per SM", 8, kernels::PersistentMode::kNever, kernels::TileOccupancy::kTwoPerSm},
+      {"BV=8 one per SM", 8, kernels::PersistentMode::kNever, kernels::TileOccupancy::kOnePerSm},
+      {"BV=16 two per SM", 16, kernels::PersistentMode::kNever, kernels::TileOccupancy::kTwoPerSm},
+      {"BV=16 one per SM", 16, kernels::PersistentMode::kNever, kernels::TileOccupancy::kOnePerSm},
+      {"BV=32 two per SM", 32, kernels::PersistentMode::kNever, kernels::TileOccupancy::kTwoPerSm},
+      {"BV=32 one per SM", 32, kernels::PersistentMode::kNever, kernels::TileOccupancy::kOnePerSm},
+      {"BV=64 two per SM", 64, kernels::PersistentMode::kNever, kernels::TileOccupancy::kTwoPerSm},
+      {"BV=64 one per SM", 64, kernels::PersistentMode::kNever, kernels::TileOccupancy::kOnePerSm},
+      {"BV=128 per item", 128, kernels::PersistentMode::kNever, kernels::TileOccupancy::kTwoPerSm},
+      {"BV=128 one per SM", 128, kernels::PersistentMode::kNever,
        kernels::TileOccupancy::kOnePerSm},
-      {"BV=128 streamed", 128, kernels::StateStreamMode::kAlways,
+      {"BV=128 persistent", 128, kernels::PersistentMode::kAlways,
        kernels::TileOccupancy::kTwoPerSm},
-      {"unfused per item", 0, kernels::StateStreamMode::kNever, kernels::TileOccupancy::kTwoPerSm},
-      {"unfused streamed", 0, kernels::StateStreamMode::kAlways, kernels::TileOccupancy::kTwoPerSm},
+      {"unfused per item", 0, kernels::PersistentMode::kNever, kernels::TileOccupancy::kTwoPerSm},
+      {"unfused persistent", 0, kernels::PersistentMode::kAlways,
+       kernels::TileOccupancy::kTwoPerSm},
   }));
   CAPTURE(c, path.name);
   const Device gpu = Device::cuda(0);

@@ -724,7 +724,7 @@ TEST_CASE("host kernel set: forwards to the reference; block_v checked against t
     REQUIRE(bitwise_equal(via_set.raw(t), direct.raw(t)));
   }
   CHECK(error_message([&] { ks->verify_fused(via_set.params(), 7, nullptr); }) ==
-        "HostKernelSet::verify_fused: block_v=7 unsupported, expected one of 8, 16, 32, 64, 128");
+        "HostKernelSet::plan_verify: block_v=7 unsupported, expected one of 8, 16, 32, 64, 128");
   VerifyProblem unfused = base.clone_to(Device::host());
   ks->verify_unfused(unfused.params(), nullptr);
   REQUIRE(bitwise_equal(unfused.raw(Tensor::kOut), direct.raw(Tensor::kOut)));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "kernels/common/device_caps.h"
 #include "kernels/common/launch_utils.h"
 #include "kernels/kda_kernels.h"
 #include "kernels/ref/kda_host.h"
@@ -52,27 +53,28 @@ void require_same_bytes(const VerifyProblem& x, const VerifyProblem& y, const ch
   }
 }
 
-/// Forces the persistent streaming schedule (kernels/state_stream.cuh) for its lifetime, at
-/// most `max_ctas` CTAs so each walks many items (padding items in between).
-class ForceStateStream {
- public:
-  explicit ForceStateStream(kernels::StateStreamMode mode, int max_ctas = 0) {
-    kernels::set_state_stream_mode(mode, max_ctas);
-  }
-  ~ForceStateStream() { kernels::set_state_stream_mode(kernels::StateStreamMode::kAuto); }
-  ForceStateStream(const ForceStateStream&) = delete;
-  ForceStateStream& operator=(const ForceStateStream&) = delete;
-};
+/// Launch overrides that force the persistent schedule (common/persistent_stage.cuh) on or off,
+/// at most `max_ctas` CTAs so each walks many items (padding items in between), and one register
+/// budget of the per-item tiles.
+kernels::LaunchOverrides forced(kernels::PersistentMode persistent, int max_ctas = 0,
+                                kernels::TileOccupancy occupancy = kernels::TileOccupancy::kAuto) {
+  kernels::LaunchOverrides o;
+  o.persistent = persistent;
+  o.persistent_max_ctas = max_ctas;
+  o.occupancy = occupancy;
+  return o;
+}
+kernels::LaunchOverrides forced(kernels::TileOccupancy occupancy) {
+  kernels::LaunchOverrides o;
+  o.occupancy = occupancy;
+  return o;
+}
 
-/// Forces one register budget of the per-item tiles for a scope (kernels::TileOccupancy).
-struct ForceTileOccupancy {
-  explicit ForceTileOccupancy(kernels::TileOccupancy mode) {
-    kernels::set_tile_occupancy_mode(mode);
-  }
-  ~ForceTileOccupancy() { kernels::set_tile_occupancy_mode(kernels::TileOccupancy::kAuto); }
-  ForceTileOccupancy(const ForceTileOccupancy&) = delete;
-  ForceTileOccupancy& operator=(const ForceTileOccupancy&) = delete;
-};
+/// The plan's one-CTA-per-SM decision of a verify call on the current device.
+bool plans_one_per_sm(const VerifyParams& p, int bv, const kernels::LaunchOverrides& o = {}) {
+  return kernels::plan_verify_on_device(p, VerifyPath::kFused, bv, o).schedule ==
+         kernels::VerifySchedule::kPerItemWide;
+}
 
 std::vector<VerifyCase> base_cases() {
   // SGLang's 8 base cases and 3 GQA cases (upstream_backend.md §6.1), then the model shapes.
@@ -165,33 +167,34 @@ TEST_CASE("kernels: fused == unfused bitwise over whole tensors, every BV", "[ke
         // warps; its BV = 32 tile at 128 registers, with spills).
         for (auto occupancy :
              {kernels::TileOccupancy::kTwoPerSm, kernels::TileOccupancy::kOnePerSm}) {
-          const ForceTileOccupancy force(occupancy);
+          const kernels::LaunchOverrides force = forced(occupancy);
           CAPTURE(static_cast<int>(occupancy));
           for (int bv : kernels::kFusedBlockVs) {
             CAPTURE(bv);
             VerifyProblem fused = initial.clone_to(kGpu);
-            kernels::invoke_verify_fused(fused.params(), bv, nullptr);
+            kernels::invoke_verify_fused(fused.params(), bv, nullptr, force);
             sync();
             require_same_bytes(fused, unfused, "fused vs unfused");
           }
         }
-        // The BV = 128 tiles as persistent streaming CTAs (3 CTAs: many items each, padding
-        // items skipped) and as one CTA per item: the same bits, fused and unfused. Every case
-        // with one token chunk streams, except fused with 8-byte conv-state pitches (pad 4).
+        // The BV = 128 tiles as persistent CTAs (3 CTAs: many items each, padding items
+        // skipped) and as one CTA per item: the same bits, fused and unfused. Every case with
+        // one token chunk can go persistent, except fused with 8-byte conv-state pitches (pad 4).
         // Two CTAs per SM: in ring mode these small grids would otherwise take the one-per-SM
         // per-item form ahead of streaming (checked in the BV loop above).
         if (c.T <= 8) {
-          CHECK(kernels::verify_stream_layout_ok(initial.params(), false));
-          CHECK(kernels::verify_stream_layout_ok(initial.params(), true) == (c.pitch_pad % 8 == 0));
+          CHECK(kernels::persistent_layout_ok(initial.params(), VerifyPath::kUnfused));
+          CHECK(kernels::persistent_layout_ok(initial.params(), VerifyPath::kFused) ==
+                (c.pitch_pad % 8 == 0));
         }
-        const ForceTileOccupancy two_per_sm(kernels::TileOccupancy::kTwoPerSm);
-        for (auto sched : {kernels::StateStreamMode::kAlways, kernels::StateStreamMode::kNever}) {
-          const ForceStateStream force(sched, 3);
+        for (auto sched : {kernels::PersistentMode::kAlways, kernels::PersistentMode::kNever}) {
+          const kernels::LaunchOverrides force =
+              forced(sched, 3, kernels::TileOccupancy::kTwoPerSm);
           CAPTURE(static_cast<int>(sched));
           VerifyProblem fused = initial.clone_to(kGpu);
           VerifyProblem unf = initial.clone_to(kGpu);
-          kernels::invoke_verify_fused(fused.params(), 128, nullptr);
-          kernels::invoke_verify_unfused(unf.params(), nullptr);
+          kernels::invoke_verify_fused(fused.params(), 128, nullptr, force);
+          kernels::invoke_verify_unfused(unf.params(), nullptr, force);
           sync();
           require_same_bytes(fused, unfused, "streamed/per-item fused vs unfused");
           require_same_bytes(unf, unfused, "streamed/per-item unfused vs unfused");
@@ -208,7 +211,7 @@ TEST_CASE("kernels: the fused BV = 128 tile's auto schedules give the unfused bi
   // Auto occupancy and streaming, ring and snapshot mode: the per-item tiles one CTA per SM over
   // 1.5 and kWideFusedMaxWaves waves, then one CTA past them (the streaming kernel, two per SM).
   // Kimi-Linear heads, B from the device's SM count; a padding request, reversed slots.
-  const int sms = kernels::device_sm_count();
+  const int sms = kernels::device_caps().sms;
   constexpr int kHV = 32;
   const int most = kernels::kWideFusedMaxWaves * sms / kHV;  // B at the last one-per-SM grid
   int idx = 0;
@@ -223,9 +226,9 @@ TEST_CASE("kernels: the fused BV = 128 tile's auto schedules give the unfused bi
       c.reversed = (idx++ % 2) == 0;
       CAPTURE(c, sms);
       const int64_t ctas = int64_t{B} * kHV;
-      CHECK(kernels::one_cta_per_sm_tiles(ctas, /*grouped=*/true, kernels::kWideFusedMaxWaves) ==
-            (B <= most));
       const VerifyProblem initial(c, kGpu);
+      CHECK(plans_one_per_sm(initial.params(), 128) == (B <= most));
+      (void)ctas;
       VerifyProblem unfused = initial.clone_to(kGpu);
       VerifyProblem fused = initial.clone_to(kGpu);
       kernels::invoke_verify_unfused(unfused.params(), nullptr);
@@ -243,7 +246,7 @@ TEST_CASE("kernels: snapshot mode's auto tile and wave-fill schedule give the un
   // K3 TP8 heads, B so that the BV = 128 grid fills ~1.5 waves of one CTA per SM: the default
   // snapshot tile is BV = 64, and its grid runs one CTA per SM (one_per_sm_fills_waves_better;
   // B = 16, 384 CTAs on 132 SMs). Also the forced two-per-SM form of the same grid.
-  const int sms = kernels::device_sm_count();
+  const int sms = kernels::device_caps().sms;
   constexpr int kHV = 12;
   const int B = 3 * sms / (2 * kHV);  // BV = 64: 3 waves or just under, one per SM
   const int bv = kernels::default_snapshot_block_v(B, kHV, 128, sms);
@@ -254,20 +257,20 @@ TEST_CASE("kernels: snapshot mode's auto tile and wave-fill schedule give the un
   int idx = 0;
   for (const int T : {4, 8}) {
     for (auto occupancy : {kernels::TileOccupancy::kAuto, kernels::TileOccupancy::kTwoPerSm}) {
-      const ForceTileOccupancy force(occupancy);
+      const kernels::LaunchOverrides force = forced(occupancy);
       VerifyCase c = make_case(B, T, kHV, kHV, 128, 128, RecordMode::kSnapshot,
                                run_seed() + 104729 + static_cast<uint64_t>(idx));
       c.neg_slot = true;
       c.pad_at = B / 3;
       c.reversed = (idx++ % 2) == 0;
       CAPTURE(c, static_cast<int>(occupancy));
-      CHECK(kernels::one_cta_per_sm_by_wave_fill(ctas) ==
-            (occupancy == kernels::TileOccupancy::kAuto));
       const VerifyProblem initial(c, kGpu);
+      CHECK(plans_one_per_sm(initial.params(), bv, force) ==
+            (occupancy == kernels::TileOccupancy::kAuto));
       VerifyProblem unfused = initial.clone_to(kGpu);
       VerifyProblem fused = initial.clone_to(kGpu);
-      kernels::invoke_verify_unfused(unfused.params(), nullptr);
-      kernels::invoke_verify_fused(fused.params(), bv, nullptr);
+      kernels::invoke_verify_unfused(unfused.params(), nullptr, force);
+      kernels::invoke_verify_fused(fused.params(), bv, nullptr, force);
       sync();
       require_same_bytes(fused, unfused, "snapshot auto tile vs unfused");
       REQUIRE(bitwise_equal(fused.raw(Tensor::kSsmState), initial.raw(Tensor::kSsmState)));
@@ -499,14 +502,14 @@ TEST_CASE("kernels: fold == snapshot commit bitwise; one all-layer launch == per
     sync();
     REQUIRE(bitwise_equal(pool.bytes(pool.ssm), snap_ssm));
 
-    // The fold as persistent streaming CTAs (2 CTAs walking every item, padding requests
-    // skipped) and as one CTA per item: the same bits.
-    REQUIRE(kernels::fold_stream_layout_ok(pool.params(accepted, RecordMode::kRing)));
-    for (auto sched : {kernels::StateStreamMode::kAlways, kernels::StateStreamMode::kNever}) {
-      const ForceStateStream force(sched, 2);
+    // The fold as persistent CTAs (2 CTAs walking every item, padding requests skipped) and as
+    // one CTA per item: the same bits.
+    REQUIRE(kernels::fold_persistent_layout_ok(pool.params(accepted, RecordMode::kRing)));
+    for (auto sched : {kernels::PersistentMode::kAlways, kernels::PersistentMode::kNever}) {
+      const kernels::LaunchOverrides force = forced(sched, 2);
       CAPTURE(static_cast<int>(sched));
       pool.ssm.upload(before_ssm.data(), static_cast<int64_t>(before_ssm.size()));
-      kernels::invoke_fold(pool.params(accepted, RecordMode::kRing), nullptr);
+      kernels::invoke_fold(pool.params(accepted, RecordMode::kRing), nullptr, force);
       sync();
       REQUIRE(bitwise_equal(pool.bytes(pool.ssm), snap_ssm));
     }
@@ -555,12 +558,12 @@ TEST_CASE("kernels: fold == snapshot commit bitwise; one all-layer launch == per
     REQUIRE(kernels::conv_commit_vec8(pool.params(accepted, RecordMode::kRing)));
     for (int way = 0; way < 3; ++way) {
       const RecordMode mode = way < 2 ? RecordMode::kRing : RecordMode::kSnapshot;
-      const ForceStateStream force(
-          way == 0 ? kernels::StateStreamMode::kAlways : kernels::StateStreamMode::kNever, 2);
+      const kernels::LaunchOverrides force =
+          forced(way == 0 ? kernels::PersistentMode::kAlways : kernels::PersistentMode::kNever, 2);
       CAPTURE(way);
       pool.ssm.upload(before_ssm.data(), static_cast<int64_t>(before_ssm.size()));
       pool.conv_state.upload(before_conv.data(), static_cast<int64_t>(before_conv.size()));
-      kernels::invoke_commit(pool.params(accepted, mode), nullptr);
+      kernels::invoke_commit(pool.params(accepted, mode), nullptr, force);
       sync();
       REQUIRE(bitwise_equal(pool.bytes(pool.ssm), snap_ssm));
       REQUIRE(bitwise_equal(pool.bytes(pool.conv_state), conv));
@@ -627,13 +630,12 @@ TEST_CASE("kernels: extend == verify + full commit, bitwise; matches host extend
     CHECK(bitwise_equal(ext.out(), ver.out()));
     // Both register budgets of the per-item tiles (extend runs BV = 32): the same bits.
     for (auto occupancy : {kernels::TileOccupancy::kTwoPerSm, kernels::TileOccupancy::kOnePerSm}) {
-      const ForceTileOccupancy force(occupancy);
       CAPTURE(static_cast<int>(occupancy));
-      VerifyProblem forced = initial.clone_to(kGpu);
-      kernels::invoke_extend(forced.extend_params(), nullptr);
+      VerifyProblem one_form = initial.clone_to(kGpu);
+      kernels::invoke_extend(one_form.extend_params(), nullptr, forced(occupancy));
       sync();
-      CHECK(bitwise_equal(forced.raw(Tensor::kSsmState), ext.raw(Tensor::kSsmState)));
-      CHECK(bitwise_equal(forced.out(), ext.out()));
+      CHECK(bitwise_equal(one_form.raw(Tensor::kSsmState), ext.raw(Tensor::kSsmState)));
+      CHECK(bitwise_equal(one_form.out(), ext.out()));
     }
     // End to end against the host: the host computes its own conv, so rare 1-ulp activation
     // flips of the approximate SiLU count here (T = 1 has few elements: one flip ~3e-5).
@@ -653,17 +655,16 @@ TEST_CASE("kernels: CUDA-graph capture and replay give the eager bits", "[kernel
   c.bias = true;
   c.neg_slot = true;
   c.seed = run_seed() + 6000;
-  // Passes 2-3: the persistent streaming kernels (BV = 128 verify, fold) under capture. The
-  // graph is captured before the eager run, so run alone (tools/gpu_bundle.sh run_all.sh does)
-  // this also proves the streaming launch's first-use set-up is legal inside a capture. Pass 0
+  // Passes 2-3: the persistent kernels (BV = 128 verify, fold) under capture. The graph is
+  // captured before the eager run, so run alone (tools/gpu_bundle.sh run_all.sh does) this also
+  // proves the persistent launch's first-use set-up is legal inside a capture. Pass 0
   // (ring mode, a small grid) takes the per-item tiles' one-CTA-per-SM form.
   for (int pass = 0; pass < 4; ++pass) {
     const RecordMode mode = pass % 2 == 0 ? RecordMode::kRing : RecordMode::kSnapshot;
     const bool streamed = pass >= 2;
-    const ForceStateStream force(
-        streamed ? kernels::StateStreamMode::kAlways : kernels::StateStreamMode::kAuto, 5);
-    const ForceTileOccupancy occupancy(streamed ? kernels::TileOccupancy::kTwoPerSm
-                                                : kernels::TileOccupancy::kAuto);
+    const kernels::LaunchOverrides force =
+        forced(streamed ? kernels::PersistentMode::kAlways : kernels::PersistentMode::kAuto, 5,
+               streamed ? kernels::TileOccupancy::kTwoPerSm : kernels::TileOccupancy::kAuto);
     const int bv = streamed ? 128 : 16;
     c.mode = mode;
     CAPTURE(c, streamed);
@@ -676,17 +677,17 @@ TEST_CASE("kernels: CUDA-graph capture and replay give the eager bits", "[kernel
     KDA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaGraph_t graph;
     KDA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    kernels::invoke_verify_fused(graphed.params(), bv, stream);
-    kernels::invoke_verify_unfused(graphed.params(), stream);
-    kernels::invoke_commit(graphed.commit_params(accepted), stream);
+    kernels::invoke_verify_fused(graphed.params(), bv, stream, force);
+    kernels::invoke_verify_unfused(graphed.params(), stream, force);
+    kernels::invoke_commit(graphed.commit_params(accepted), stream, force);
     KDA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     cudaGraphExec_t exec;
     KDA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     KDA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     KDA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    kernels::invoke_verify_fused(eager.params(), bv, nullptr);
-    kernels::invoke_verify_unfused(eager.params(), nullptr);
-    kernels::invoke_commit(eager.commit_params(accepted), nullptr);
+    kernels::invoke_verify_fused(eager.params(), bv, nullptr, force);
+    kernels::invoke_verify_unfused(eager.params(), nullptr, force);
+    kernels::invoke_commit(eager.commit_params(accepted), nullptr, force);
     sync();
     require_same_bytes(eager, graphed, "graph vs eager");
     KDA_CUDA_CHECK(cudaGraphExecDestroy(exec));

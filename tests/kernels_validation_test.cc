@@ -187,48 +187,50 @@ TEST_CASE("kernels: commit entry points validate before launching", "[kernels]")
         "multiples of 4");
 }
 
-TEST_CASE("kernels: which layouts the streaming kernels take", "[kernels]") {
+TEST_CASE("kernels: which layouts the persistent kernels take", "[kernels]") {
   // A call that fails these runs one CTA per item (same bits); the GPU tests assert that
-  // their aligned cases do stream, so the streamed == per-item comparisons compare something.
+  // their aligned cases go persistent, so the persistent == per-item comparisons compare
+  // something.
   const VerifyProblem pr = small_problem(RecordMode::kRing);
   const VerifyParams good = pr.params();
-  CHECK(kernels::verify_stream_layout_ok(good, true));
-  CHECK(kernels::verify_stream_layout_ok(good, false));
+  CHECK(kernels::persistent_layout_ok(good, VerifyPath::kFused));
+  CHECK(kernels::persistent_layout_ok(good, VerifyPath::kUnfused));
   VerifyParams p = good;
   p.mixed_qkv_stride += 4;  // 8-byte pieces only: fused needs 16
-  CHECK_FALSE(kernels::verify_stream_layout_ok(p, true));
-  CHECK(kernels::verify_stream_layout_ok(p, false));  // unfused reads qkv_act, not mixed_qkv
+  CHECK_FALSE(kernels::persistent_layout_ok(p, VerifyPath::kFused));
+  CHECK(kernels::persistent_layout_ok(
+      p, VerifyPath::kUnfused));  // unfused reads qkv_act, not mixed_qkv
   p = good;
   p.conv_state_slot_stride += 4;
-  CHECK_FALSE(kernels::verify_stream_layout_ok(p, true));
-  CHECK(kernels::verify_stream_layout_ok(p, false));
+  CHECK_FALSE(kernels::persistent_layout_ok(p, VerifyPath::kFused));
+  CHECK(kernels::persistent_layout_ok(p, VerifyPath::kUnfused));
   p = good;
   p.qkv_act += 2;
-  CHECK(kernels::verify_stream_layout_ok(p, true));
-  CHECK_FALSE(kernels::verify_stream_layout_ok(p, false));
+  CHECK(kernels::persistent_layout_ok(p, VerifyPath::kFused));
+  CHECK_FALSE(kernels::persistent_layout_ok(p, VerifyPath::kUnfused));
   p = good;
   p.a_stride += 4;
-  CHECK_FALSE(kernels::verify_stream_layout_ok(p, true));
-  CHECK_FALSE(kernels::verify_stream_layout_ok(p, false));
+  CHECK_FALSE(kernels::persistent_layout_ok(p, VerifyPath::kFused));
+  CHECK_FALSE(kernels::persistent_layout_ok(p, VerifyPath::kUnfused));
   p = good;
   p.T = 9;  // two token chunks
-  CHECK_FALSE(kernels::verify_stream_layout_ok(p, true));
+  CHECK_FALSE(kernels::persistent_layout_ok(p, VerifyPath::kFused));
   p = good;
   p.ssm_slot_stride += 2;
-  CHECK_FALSE(kernels::verify_stream_layout_ok(p, false));
+  CHECK_FALSE(kernels::persistent_layout_ok(p, VerifyPath::kUnfused));
 
   const Buffer accepted = make_buffer({1, 4}, Device::host());
   const CommitParams cgood = pr.commit_params(accepted);
-  CHECK(kernels::fold_stream_layout_ok(cgood));
+  CHECK(kernels::fold_persistent_layout_ok(cgood));
   CommitParams c = cgood;
   c.ring_rawk_slot_stride += 4;
-  CHECK_FALSE(kernels::fold_stream_layout_ok(c));
+  CHECK_FALSE(kernels::fold_persistent_layout_ok(c));
   c = cgood;
   c.ring_g_slot_stride += 2;
-  CHECK_FALSE(kernels::fold_stream_layout_ok(c));
+  CHECK_FALSE(kernels::fold_persistent_layout_ok(c));
   c = cgood;
   c.T = 9;
-  CHECK_FALSE(kernels::fold_stream_layout_ok(c));
+  CHECK_FALSE(kernels::fold_persistent_layout_ok(c));
 
   // The one-launch commit (the state kernel copies the conv windows 16 bytes at a time) needs
   // every conv offset a multiple of 8 bf16 and both bases 16-byte aligned; else two launches.

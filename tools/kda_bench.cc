@@ -64,15 +64,15 @@ void print_header(const BenchArgs& args) {
                  : "");
   fmt::print(
       "timing: {} calls per CUDA graph, {} warm-up replays, {} reps x {} timed replays; "
-      "us/call = median over reps; PDL {}; state streaming {}; tile occupancy {}{}\n",
-      args.calls, args.warmup, args.reps, args.iters, args.pdl ? "on" : "off",
-      args.state_stream == kernels::StateStreamMode::kAuto
+      "us/call = median over reps; PDL {}; persistent kernels {}; tile occupancy {}{}\n",
+      args.calls, args.warmup, args.reps, args.iters, args.launch.pdl ? "on" : "off",
+      args.launch.persistent == kernels::PersistentMode::kAuto
           ? "auto"
-          : (args.state_stream == kernels::StateStreamMode::kAlways ? "always" : "never"),
-      args.tile_occupancy == kernels::TileOccupancy::kAuto
+          : (args.launch.persistent == kernels::PersistentMode::kAlways ? "always" : "never"),
+      args.launch.occupancy == kernels::TileOccupancy::kAuto
           ? "auto"
-          : (args.tile_occupancy == kernels::TileOccupancy::kOnePerSm ? "one CTA per SM"
-                                                                      : "two CTAs per SM"),
+          : (args.launch.occupancy == kernels::TileOccupancy::kOnePerSm ? "one CTA per SM"
+                                                                        : "two CTAs per SM"),
       args.l2_cold ? "; L2-cold: rotating layer copies (one call per copy)" : "");
   for (const std::string& line : describe_byte_model(args.shape, args.hbm_gbps)) {
     fmt::print("{}\n", line);
@@ -101,9 +101,6 @@ int run(const BenchArgs& cli_args, int argc, const char* const* argv) {
   }
   KDA_CUDA_CHECK(cudaSetDevice(platform.device));
   args.sms = platform.sm_count;
-  kernels::set_pdl_enabled(args.pdl);
-  kernels::set_state_stream_mode(args.state_stream);
-  kernels::set_tile_occupancy_mode(args.tile_occupancy);
   cudaDeviceProp prop{};
   KDA_CUDA_CHECK(cudaGetDeviceProperties(&prop, platform.device));
 
@@ -144,11 +141,13 @@ int run(const BenchArgs& cli_args, int argc, const char* const* argv) {
     const Buffer probe(Device::cuda(args.device), 64 << 10);
     fill_i32(static_cast<int32_t*>(probe.data()), 16 << 10, 7, ctx.stream);
     const Timing empty = time_in_graph(
-        ctx.stream, args.calls, [&](int) { launch_empty_probe(args.pdl, ctx.stream); }, ctx.timer);
+        ctx.stream, args.calls, [&](int) { launch_empty_probe(args.launch.pdl, ctx.stream); },
+        ctx.timer);
     const Timing chain = time_in_graph(
         ctx.stream, args.calls,
         [&](int) {
-          launch_dependent_load_probe(static_cast<int32_t*>(probe.data()), args.pdl, ctx.stream);
+          launch_dependent_load_probe(static_cast<int32_t*>(probe.data()), args.launch.pdl,
+                                      ctx.stream);
         },
         ctx.timer);
     fmt::print(

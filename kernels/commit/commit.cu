@@ -12,6 +12,7 @@
 #include "core/cuda_check.h"
 #include "kernels/commit/commit_copy.cuh"
 #include "kernels/commit/commit_track.h"
+#include "kernels/common/device_caps.h"
 #include "kernels/common/fast_divisor.h"
 #include "kernels/common/launch_pdl.cuh"
 #include "kernels/common/launch_utils.h"
@@ -219,8 +220,8 @@ __global__ void __launch_bounds__(kCopyThreads)
 
 /// A copy kernel taking only the params (the conv commit's own launch).
 template <typename Kernel>
-void launch(Kernel kernel, dim3 grid, const CommitParams& p, cudaStream_t stream) {
-  launch_pdl(kernel, grid, dim3(kCopyThreads), 0, stream, pdl_enabled(), p);
+void launch(Kernel kernel, dim3 grid, const CommitParams& p, cudaStream_t stream, bool pdl) {
+  launch_pdl(kernel, grid, dim3(kCopyThreads), 0, stream, pdl, p);
 }
 
 /// CTAs per (request, layer) for a copy of `vecs` vectors each: 1..64 (at most the copy's
@@ -243,42 +244,43 @@ bool conv_commit_vec8(const CommitParams& p) {
          is_aligned(p.conv_state, 16);
 }
 
-void launch_commit_track(const CommitParams& p, cudaStream_t stream) {
+void launch_commit_track(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o) {
   const int64_t vecs = p.mode == RecordMode::kSnapshot ? static_cast<int64_t>(p.HV) * p.V * p.K / 4
                                                        : 3 * static_cast<int64_t>(qkv_dim(p)) / 8;
   const dim3 grid(copy_chunks(vecs, static_cast<int64_t>(p.B) * p.num_layers),
                   static_cast<unsigned>(p.B), static_cast<unsigned>(p.num_layers));
-  launch_pdl(commit_track_kernel, grid, dim3(kCopyThreads), 0, stream, pdl_enabled(), p,
+  launch_pdl(commit_track_kernel, grid, dim3(kCopyThreads), 0, stream, o.pdl, p,
              conv_commit_vec8(p));
 }
 
-void launch_commit_shape(const CommitParams& p, cudaStream_t stream) {
+void launch_commit_shape(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o) {
   launch(commit_shape_kernel, dim3(static_cast<unsigned>(p.B), static_cast<unsigned>(p.num_layers)),
-         p, stream);
+         p, stream, o.pdl);
 }
 
-void launch_drop_pending(const CommitParams& p, cudaStream_t stream) {
-  launch(drop_pending_kernel, dim3(static_cast<unsigned>(ceil_div(p.B, kCopyThreads))), p, stream);
+void launch_drop_pending(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o) {
+  launch(drop_pending_kernel, dim3(static_cast<unsigned>(ceil_div(p.B, kCopyThreads))), p, stream,
+         o.pdl);
 }
 
-void launch_commit_snapshot(const CommitParams& p, cudaStream_t stream, bool with_conv) {
+void launch_commit_snapshot(const CommitParams& p, cudaStream_t stream, bool with_conv,
+                            const LaunchOverrides& o) {
   const int64_t n4 = static_cast<int64_t>(p.HV) * p.V * p.K / 4;
   const dim3 grid(copy_chunks(n4, static_cast<int64_t>(p.B) * p.num_layers),
                   static_cast<unsigned>(p.B), static_cast<unsigned>(p.num_layers));
-  launch_pdl(commit_snapshot_kernel, grid, dim3(kCopyThreads), 0, stream, pdl_enabled(), p,
-             with_conv);
+  launch_pdl(commit_snapshot_kernel, grid, dim3(kCopyThreads), 0, stream, o.pdl, p, with_conv);
 }
 
-void launch_commit_conv(const CommitParams& p, cudaStream_t stream) {
+void launch_commit_conv(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o) {
   const bool vec8 = conv_commit_vec8(p);
   const int64_t per_step = 3 * static_cast<int64_t>(qkv_dim(p));
   const int64_t nv = vec8 ? per_step / 8 : per_step;
   const dim3 grid(copy_chunks(nv, static_cast<int64_t>(p.B) * p.num_layers),
                   static_cast<unsigned>(p.B), static_cast<unsigned>(p.num_layers));
   if (vec8) {
-    launch(commit_conv_kernel<8>, grid, p, stream);
+    launch(commit_conv_kernel<8>, grid, p, stream, o.pdl);
   } else {
-    launch(commit_conv_kernel<1>, grid, p, stream);
+    launch(commit_conv_kernel<1>, grid, p, stream, o.pdl);
   }
 }
 

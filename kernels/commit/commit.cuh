@@ -26,6 +26,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/common/launch_utils.h"
 #include "kernels/params/kda_params.h"
 
 namespace kda::kernels {
@@ -34,33 +35,42 @@ constexpr int kFoldBlockV = 128;
 
 /// `with_conv`: the same launch also commits the conv windows (requires conv_commit_vec8).
 template <int K>
-void launch_fold(const CommitParams& p, cudaStream_t stream, bool with_conv);
-extern template void launch_fold<64>(const CommitParams&, cudaStream_t, bool);
-extern template void launch_fold<128>(const CommitParams&, cudaStream_t, bool);
+void launch_fold(const CommitParams& p, cudaStream_t stream, bool with_conv,
+                 const LaunchOverrides& o);
+extern template void launch_fold<64>(const CommitParams&, cudaStream_t, bool,
+                                     const LaunchOverrides&);
+extern template void launch_fold<128>(const CommitParams&, cudaStream_t, bool,
+                                      const LaunchOverrides&);
 
 /// kMaterialize: the pending folds of every layer, then the counts zeroed.
 template <int K>
-void launch_materialize(const CommitParams& p, cudaStream_t stream);
-extern template void launch_materialize<64>(const CommitParams&, cudaStream_t);
-extern template void launch_materialize<128>(const CommitParams&, cudaStream_t);
+void launch_materialize(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o);
+extern template void launch_materialize<64>(const CommitParams&, cudaStream_t,
+                                            const LaunchOverrides&);
+extern template void launch_materialize<128>(const CommitParams&, cudaStream_t,
+                                             const LaunchOverrides&);
 
 /// kDeferred with tracks: each valid track's steps 0..k folded from the slot's state into the
 /// track slot (fold_kernel, FoldRole::kTrackOnly). Before the cursor moves.
 template <int K>
-void launch_fold_tracks_deferred(const CommitParams& p, cudaStream_t stream);
-extern template void launch_fold_tracks_deferred<64>(const CommitParams&, cudaStream_t);
-extern template void launch_fold_tracks_deferred<128>(const CommitParams&, cudaStream_t);
+void launch_fold_tracks_deferred(const CommitParams& p, cudaStream_t stream,
+                                 const LaunchOverrides& o);
+extern template void launch_fold_tracks_deferred<64>(const CommitParams&, cudaStream_t,
+                                                     const LaunchOverrides&);
+extern template void launch_fold_tracks_deferred<128>(const CommitParams&, cudaStream_t,
+                                                      const LaunchOverrides&);
 
 /// Tracks (commit_track_kernel): the track's conv window, snapshot mode's track state, the
 /// track slot's pending counts zeroed; reports invalid tracks.
-void launch_commit_track(const CommitParams& p, cudaStream_t stream);
+void launch_commit_track(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o);
 
-void launch_commit_snapshot(const CommitParams& p, cudaStream_t stream, bool with_conv);
-void launch_commit_conv(const CommitParams& p, cudaStream_t stream);
+void launch_commit_snapshot(const CommitParams& p, cudaStream_t stream, bool with_conv,
+                            const LaunchOverrides& o);
+void launch_commit_conv(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o);
 /// ring_pending[layer][slots[n]] <- 0 for layers 0..num_layers-1.
-void launch_drop_pending(const CommitParams& p, cudaStream_t stream);
+void launch_drop_pending(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o);
 /// Stage 1 of a shaped commit (commit_shape_kernel, commit.cu): checked_accepted, and a tree's
 /// accepted windows and ring records moved to steps 0..n-1.
-void launch_commit_shape(const CommitParams& p, cudaStream_t stream);
+void launch_commit_shape(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o);
 
 }  // namespace kda::kernels

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "core/platform_macros.h"
+
 namespace kda::kernels {
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -31,34 +33,69 @@ constexpr int64_t ctas_per_unit_filling_waves(int64_t units, int64_t most, int64
   return best;
 }
 
-/// Programmatic dependent launch on/off for every launcher (default on; it is a no-op
-/// before sm_90). Tests switch it off to compare schedules; a launch on another thread sees
-/// the old or the new setting.
-bool pdl_enabled();
-void set_pdl_enabled(bool on);
+/// When a launch may take a persistent kernel (verify BV = 128, the fold): persistent CTAs that
+/// stream state tiles through shared memory (common/persistent_stage.cuh) instead of one CTA per
+/// work item. kAuto: by each family's rule (PersistentFrom). Both give the same bits; tests force
+/// each to prove it.
+enum class PersistentMode { kAuto, kAlways, kNever };
 
-}  // namespace kda::kernels
+/// The per-item verify tiles' two register budgets: two CTAs per SM (128 registers per thread)
+/// and one (up to 255, ring-mode steps grouped: faster at small B). kAuto: by the plan's rule
+/// (verify_plan.h); tests force each form (both give the same bits).
+enum class TileOccupancy { kAuto, kTwoPerSm, kOnePerSm };
 
-namespace kda::kernels {
+/// The test and benchmark knobs of every launch, handed to the entry points (kda_kernels.h) and
+/// held by a kernel set: no process-wide state. The defaults are what engines run.
+struct LaunchOverrides {
+  /// Programmatic dependent launch (a no-op before sm_90). Off: every kernel waits for the
+  /// previous one to finish (tests compare schedules with it).
+  bool pdl = true;
+  PersistentMode persistent = PersistentMode::kAuto;
+  /// > 0: caps persistent grids at this many CTAs, so that every CTA walks many items (tests).
+  int persistent_max_ctas = 0;
+  TileOccupancy occupancy = TileOccupancy::kAuto;
 
-/// When the large-tile kernels (verify BV = 128, fold) run as persistent CTAs that stream
-/// state tiles through shared memory (state_stream.cuh) instead of one CTA per work item.
-/// kAuto: as the launch's StreamFrom says (below). Both schedules give the same bits; tests force
-/// each to prove it, and cap the persistent grid at `max_ctas` (> 0) so that every CTA walks many
-/// items. A launch on another thread sees the old or the new setting.
-enum class StateStreamMode { kAuto, kAlways, kNever };
-StateStreamMode state_stream_mode();
-void set_state_stream_mode(StateStreamMode mode, int max_ctas = 0);
-
-/// Under StateStreamMode::kAuto: from how many items a streamable launch takes the persistent
-/// kernel, chosen per kernel family: within one wave the per-item kernel is faster for the
-/// unfused recurrence, while the fused verify streams faster at T = 8 and breaks even at
-/// T = 4. The fold streams beyond one wave (an all-layer fold of a 20-layer model exceeds one
-/// wave already at B = 1).
-enum class StreamFrom {
-  kBeyondOneWave,  ///< more items than one wave of resident CTAs
-  kAnyCount,       ///< every streamable launch
+  bool operator==(const LaunchOverrides& o) const {
+    return pdl == o.pdl && persistent == o.persistent &&
+           persistent_max_ctas == o.persistent_max_ctas && occupancy == o.occupancy;
+  }
+  bool operator!=(const LaunchOverrides& o) const { return !(*this == o); }
 };
+
+/// What the launch rules need to know of a device (common/device_caps.cu: device_caps()).
+struct DeviceCaps {
+  int sms = 0;       ///< multiprocessors; 0 = unknown
+  int sm_major = 0;  ///< compute capability major; persistent kernels need >= 9 (TMA)
+};
+
+/// Under PersistentMode::kAuto: from how many items a launch that can take the persistent kernel
+/// does, per kernel family: within one wave the per-item kernel is faster for the unfused
+/// recurrence, while the fused verify is faster persistent at T = 8 and breaks even at T = 4.
+/// The fold goes persistent beyond one wave (an all-layer fold of a 20-layer model exceeds one
+/// wave already at B = 1).
+enum class PersistentFrom {
+  kBeyondOneWave,  ///< more items than one wave of resident CTAs
+  kAnyCount,       ///< every launch that can
+};
+
+/// CTAs of a persistent launch over `items` work items (its kernel holds `ctas_per_sm` resident
+/// CTAs per SM), or 0 when the one-CTA-per-item kernel runs instead: mode kNever, `possible`
+/// false (layout or shape), a device before sm_90, or kAuto below `from`. A pure rule.
+constexpr int64_t persistent_grid(int64_t items, int ctas_per_sm, const DeviceCaps& caps,
+                                  const LaunchOverrides& o, bool possible, PersistentFrom from) {
+  if (o.persistent == PersistentMode::kNever || !possible || items <= 0 || caps.sm_major < 9) {
+    return 0;
+  }
+  int64_t resident = int64_t{ctas_per_sm} * caps.sms;
+  if (o.persistent == PersistentMode::kAuto && from == PersistentFrom::kBeyondOneWave &&
+      items <= resident) {
+    return 0;  // one wave: the per-item kernel
+  }
+  if (o.persistent_max_ctas > 0 && resident > o.persistent_max_ctas) {
+    resident = o.persistent_max_ctas;
+  }
+  return resident <= 0 ? 0 : (items < resident ? items : resident);
+}
 
 /// The longest draft at which a deferred verify that folds before its PDL wait
 /// (VerifyParams::fold_before_wait) in a one-CTA-per-SM form lets its dependents launch at its
@@ -77,42 +114,27 @@ constexpr bool deferred_triggers_at_entry(int T, bool one_cta_per_sm, int64_t ct
   return one_cta_per_sm && T >= 1 && T <= max_t;
 }
 
-/// Multiprocessors of the current device (cached per device; a host-only call, legal during
-/// stream capture).
-int device_sm_count();
+/// The __launch_bounds__ minimum of resident CTAs per SM of a per-item verify tile: 2 (128
+/// registers per thread), but 1 (up to 255) for the one-CTA-per-SM ("wide") tiles, except the
+/// deferred wide BV = 32 tile. The deferred BV = 32 tile keeps the second slot for the next
+/// kernel: its CTA becomes resident under PDL and folds its pending steps before
+/// griddepcontrol.wait while this one finishes, which up to 255 registers lose at 96-128 CTAs
+/// (the next layer's folds wait for free SMs); the eager BV = 32 tile gains from 255 registers in
+/// the round, its next CTA having little to do before its wait. At 128 registers the BV = 16 and
+/// 64 tiles proved slower (measured). TileConfig::kMinCtasPerSm and the plan read it here.
+KDA_HD constexpr int tile_min_ctas_per_sm(int BV, bool wide, bool deferred) {
+  return !wide || (BV == 32 && deferred) ? 2 : 1;
+}
 
-/// The per-item verify tiles come in two register budgets: two CTAs per SM (128 registers per
-/// thread) and one (up to 255, ring-mode steps grouped: faster at small B). kAuto: one per SM
-/// when the launch gains from it (`grouped`: ring mode, extend, or the fused BV = 128 tile in
-/// any mode)
-/// and the grid has at most `max_waves` CTAs per SM (the launcher passes kWideFusedMaxWaves
-/// for the fused BV = 128 tile, 1 otherwise), also ahead of the BV = 128 streaming kernel;
-/// tests force each form (both give the same bits). A launch on another thread sees the old
-/// or the new setting.
-enum class TileOccupancy { kAuto, kTwoPerSm, kOnePerSm };
-TileOccupancy tile_occupancy_mode();
-void set_tile_occupancy_mode(TileOccupancy mode);
-/// The rule behind one_cta_per_sm_tiles on a device of `sms` SMs (a host-side pure function;
-/// kernels::default_block_v's BV = 128 window below 192 CTAs relies on it).
+/// The rule behind the per-item tiles' one-CTA-per-SM form on a device of `sms` SMs: under kAuto,
+/// where the launch gains from it (`grouped`: ring mode, extend, or the fused BV = 128 tile in
+/// any mode) and the grid has at most `max_waves` CTAs per SM (kWideFusedMaxWaves for the fused
+/// BV = 128 tile, 1 otherwise), also ahead of the BV = 128 persistent kernel. A pure rule
+/// (kernels::default_block_v's BV = 128 window below 192 CTAs relies on it).
 constexpr bool one_cta_per_sm_tiles_on(int64_t ctas, bool grouped, int sms, TileOccupancy mode,
                                        int max_waves = 1) {
   return mode == TileOccupancy::kOnePerSm ||
          (mode == TileOccupancy::kAuto && grouped && ctas <= int64_t{max_waves} * sms);
 }
-/// Whether a per-item verify grid of `ctas` CTAs takes the one-CTA-per-SM form on the current
-/// device, under tile_occupancy_mode().
-bool one_cta_per_sm_tiles(int64_t ctas, bool grouped, int max_waves = 1);
-/// The same for a snapshot-mode fused grid below BV = 128: under kAuto where
-/// one_per_sm_fills_waves_better on the current device; the forced modes as above.
-bool one_cta_per_sm_by_wave_fill(int64_t ctas);
-
-/// Grid size for a persistent streaming launch of `kernel` (`threads` per CTA, `smem_bytes`
-/// dynamic shared memory) over `items` work items on the current device, or 0 when the
-/// one-CTA-per-item kernel should run instead (mode kNever, pre-sm_90 device, `streamable`
-/// false, or kAuto below `from`). The first call per kernel and device raises the kernel's
-/// dynamic shared-memory limit and caches its occupancy (host-only calls, legal during
-/// stream capture).
-int state_stream_grid(const void* kernel, int threads, size_t smem_bytes, int64_t items,
-                      bool streamable, StreamFrom from);
 
 }  // namespace kda::kernels

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "kernels/common/delta_rule.cuh"
+#include "kernels/common/launch_utils.h"
 
 namespace kda::kernels {
 
@@ -31,16 +32,10 @@ struct TileConfig {
   static constexpr int BV = BV_;
   static constexpr int kThreads = 256;
   static constexpr int kWarps = kThreads / 32;
-  /// The kernel's __launch_bounds__ minimum of resident CTAs per SM: 2 (128 registers per
-  /// thread), but 1 (up to 255) for the wide tiles, except the deferred wide BV = 32 tile. The
-  /// launcher runs a wide tile only on grids of at most one CTA per SM (or a few waves at
-  /// BV = 128). The deferred BV = 32 tile keeps the second slot for the next kernel: its CTA
-  /// becomes resident under PDL and folds its pending steps before griddepcontrol.wait while
-  /// this one finishes, which up to 255 registers lose at 96-128 CTAs (the next layer's folds
-  /// wait for free SMs); the eager BV = 32 tile gains from 255 registers in the round, its next
-  /// CTA having little to do before its wait. At 128 registers the BV = 16 and 64 tiles proved
-  /// slower (measured).
-  static constexpr int kMinCtasPerSm = !kWide_ || (BV == 32 && kDeferred_) ? 2 : 1;
+  /// The kernel's __launch_bounds__ minimum of resident CTAs per SM (launch_utils.h
+  /// tile_min_ctas_per_sm). The plan runs a wide tile only on grids of at most one CTA per SM (or
+  /// a few waves at BV = 128).
+  static constexpr int kMinCtasPerSm = tile_min_ctas_per_sm(BV, kWide_, kDeferred_);
   static constexpr bool kHalfStepThreads = kWide_ && BV == 16;
   static constexpr int kStepThreads = kHalfStepThreads ? kThreads / 2 : kThreads;
   static constexpr int kFirstStepThread = kThreads - kStepThreads;

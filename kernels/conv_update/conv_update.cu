@@ -178,27 +178,27 @@ __global__ void __launch_bounds__(kConvThreads)
 /// Grid (ceil(threads / kConvThreads), B) for `threads` threads per request.
 template <typename Kernel, typename Args>
 void launch_per_request(Kernel kernel, const Args& args, int64_t threads, int B,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, bool pdl) {
   launch_pdl(kernel,
              dim3(static_cast<unsigned>(ceil_div(threads, kConvThreads)), static_cast<unsigned>(B)),
-             dim3(kConvThreads), 0, stream, pdl_enabled(), args);
+             dim3(kConvThreads), 0, stream, pdl, args);
 }
 
 }  // namespace
 
 template <typename WeightT>
-void launch_conv_update(const VerifyParams& p, cudaStream_t stream) {
+void launch_conv_update(const VerifyParams& p, cudaStream_t stream, bool pdl) {
   if (p.token_offsets != nullptr || p.parents != nullptr) {
-    launch_per_request(conv_update_shaped_kernel<WeightT>, p, qkv_dim(p) / 2, p.B, stream);
+    launch_per_request(conv_update_shaped_kernel<WeightT>, p, qkv_dim(p) / 2, p.B, stream, pdl);
     return;
   }
-  launch_per_request(conv_update_kernel<WeightT>, p, qkv_dim(p) / 2, p.B, stream);  // pairs
+  launch_per_request(conv_update_kernel<WeightT>, p, qkv_dim(p) / 2, p.B, stream, pdl);  // pairs
 }
-template void launch_conv_update<float>(const VerifyParams&, cudaStream_t);
-template void launch_conv_update<bf16_t>(const VerifyParams&, cudaStream_t);
+template void launch_conv_update<float>(const VerifyParams&, cudaStream_t, bool);
+template void launch_conv_update<bf16_t>(const VerifyParams&, cudaStream_t, bool);
 
-void launch_conv_state_roll(const ExtendParams& p, cudaStream_t stream) {
-  launch_per_request(conv_state_roll_kernel, p, qkv_dim(p.v), p.v.B, stream);
+void launch_conv_state_roll(const ExtendParams& p, cudaStream_t stream, bool pdl) {
+  launch_per_request(conv_state_roll_kernel, p, qkv_dim(p.v), p.v.B, stream, pdl);
 }
 
 }  // namespace kda::kernels

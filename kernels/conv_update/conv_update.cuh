@@ -15,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/common/launch_utils.h"
 #include "kernels/params/kda_params.h"
 
 namespace kda::kernels {
@@ -22,10 +23,10 @@ namespace kda::kernels {
 constexpr int kConvThreads = 256;
 
 template <typename WeightT>
-void launch_conv_update(const VerifyParams& p, cudaStream_t stream);
-extern template void launch_conv_update<float>(const VerifyParams&, cudaStream_t);
-extern template void launch_conv_update<bf16_t>(const VerifyParams&, cudaStream_t);
+void launch_conv_update(const VerifyParams& p, cudaStream_t stream, bool pdl);
+extern template void launch_conv_update<float>(const VerifyParams&, cudaStream_t, bool);
+extern template void launch_conv_update<bf16_t>(const VerifyParams&, cudaStream_t, bool);
 
-void launch_conv_state_roll(const ExtendParams& p, cudaStream_t stream);
+void launch_conv_state_roll(const ExtendParams& p, cudaStream_t stream, bool pdl);
 
 }  // namespace kda::kernels

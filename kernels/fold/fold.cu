@@ -1,4 +1,4 @@
-// fold.cu: the ring-mode fold kernels (fold_kernel: one CTA per item; fold_stream_kernel:
+// fold.cu: the ring-mode fold kernels (fold_kernel: one CTA per item; fold_persistent_kernel:
 // persistent streaming CTAs) and their launchers: the eager commit's fold (with or without
 // prefix-cache tracks), materialize and the deferred commit's track fold (FoldRole). Writes only
 // ssm_state of slots >= 0 and of valid track slots (and conv_state with the conv commit, and
@@ -12,6 +12,7 @@
 #include "core/cuda_check.h"
 #include "kernels/commit/commit_copy.cuh"
 #include "kernels/commit/commit_track.h"
+#include "kernels/common/device_caps.h"
 #include "kernels/common/fast_divisor.h"
 #include "kernels/common/launch_pdl.cuh"
 #include "kernels/common/launch_utils.h"
@@ -32,8 +33,8 @@ enum class FoldRole {
 };
 
 /// Where a fold item's state tile comes from: global memory (fold_kernel, FoldGlobalSource) or
-/// the streaming kernel's stage (fold_stream_kernel, FoldStagedSource: one chunk, T <= kChunk).
-enum class FoldSchedule { kPerItem, kStream };
+/// the streaming kernel's stage (fold_persistent_kernel, FoldStagedSource: one chunk, T <= kChunk).
+enum class FoldSource { kGlobal, kPersistent };
 
 /// A fold item's ring records in global memory (one CTA per item: FoldGlobalSource).
 /// rawk [L][K] bf16 of k-head h, g [L][K] f32 and rawv [L][V] bf16, beta [L] f32 of v-head hv.
@@ -169,13 +170,13 @@ struct FoldItem {
     for (int j = 0; j < CPT; ++j) {
       col_ok[j] = col0 + j < p.V;
     }
-    if constexpr (Src::kSchedule != FoldSchedule::kStream) {
+    if constexpr (Src::kSource != FoldSource::kPersistent) {
       src.load_state(S, col_ok, s_base, col0 - v0);
     }
     src.wait_records();
 
     // Streaming serves T <= kChunk only (launcher-checked): one chunk.
-    const int t_limit = Src::kSchedule == FoldSchedule::kStream ? 1 : steps;
+    const int t_limit = Src::kSource == FoldSource::kPersistent ? 1 : steps;
     for (int t0 = 0; t0 < t_limit; t0 += Cfg::kChunk) {
       const int tc = min(Cfg::kChunk, steps - t0);
       // The chunk's step rows, one job per warp and no barrier between loading a key row and
@@ -219,7 +220,7 @@ struct FoldItem {
           sm.beta[tt] = src.beta(ring, t0 + tt, tt);
         }
       }
-      if constexpr (Src::kSchedule == FoldSchedule::kStream) {
+      if constexpr (Src::kSource == FoldSource::kPersistent) {
         // The state tile to registers, then the barrier inside load_state serves both: the
         // rows above are complete for every warp, and the stage is free to refill.
         src.load_state(S, col_ok, s_base, col0 - v0);
@@ -243,7 +244,7 @@ struct FoldItem {
           }
         }
       }
-      if constexpr (Src::kSchedule != FoldSchedule::kStream) {
+      if constexpr (Src::kSource != FoldSource::kPersistent) {
         __syncthreads();  // the next chunk (or item) overwrites shared memory
       }
       // Staged: no closing barrier. The streaming kernel gives consecutive live items
@@ -273,7 +274,7 @@ struct FoldItem {
 /// kWraps: step t at ring position (first + t) mod L (FoldRing::pos).
 template <typename Slice, bool kWraps = false>
 struct FoldGlobalSource {
-  static constexpr FoldSchedule kSchedule = FoldSchedule::kPerItem;
+  static constexpr FoldSource kSource = FoldSource::kGlobal;
   int c;  // lane within the column's P lanes
   int v0;
   __device__ __forceinline__ void wait_records() const {}
@@ -340,7 +341,7 @@ struct FoldStage {
   static_assert(3 + kChunk <= 32, "one warp issues a fill, one run per lane");
   static_assert(two_ctas_fit_per_sm(kBytes + 2 * sizeof(TileSmem<TileConfig<K, kFoldBlockV>>) +
                                     sizeof(uint64_t)),
-                "fold_stream_kernel (stage + two TileSmem): two CTAs per SM");
+                "fold_persistent_kernel (stage + two TileSmem): two CTAs per SM");
 };
 
 /// Fold items in a persistent CTA's order: item = ((layer*HV + hv)*B + n)*tiles + tile; live
@@ -423,7 +424,7 @@ struct FoldStreamItems {
 /// refilled with the next live item's once the state is in registers.
 template <typename Slice, typename Items>
 struct FoldStagedSource {
-  static constexpr FoldSchedule kSchedule = FoldSchedule::kStream;
+  static constexpr FoldSource kSource = FoldSource::kPersistent;
   using St = FoldStage<Slice::K>;
   BulkStage& bulk;
   unsigned char* stage;
@@ -447,7 +448,7 @@ struct FoldStagedSource {
     return reinterpret_cast<const float*>(stage + St::kBeta)[tt];
   }
   /// Every column is copied (as in the streaming verify's StagedSource::load_state): the stage
-  /// holds kFoldBlockV columns, those past V zeros (fold_stream_kernel clears the state region
+  /// holds kFoldBlockV columns, those past V zeros (fold_persistent_kernel clears the state region
   /// first) or an earlier item's, never stored and never mixed with another column.
   __device__ __forceinline__ void load_state(ColRegs<Slice> (&S)[Slice::CPT],
                                              const bool (&)[Slice::CPT], const float*,
@@ -475,8 +476,8 @@ struct FoldStagedSource {
 /// large B).
 template <int K, FoldRole kRole = FoldRole::kCommit>
 __global__ void __launch_bounds__(256, 2)
-    fold_stream_kernel(const __grid_constant__ CommitParams p,
-                       const __grid_constant__ FoldDivisors div, int conv_shares) {
+    fold_persistent_kernel(const __grid_constant__ CommitParams p,
+                           const __grid_constant__ FoldDivisors div, int conv_shares) {
   static_assert(kRole == FoldRole::kCommit || kRole == FoldRole::kCommitTracked,
                 "the streaming fold folds accepted steps from ring position 0");
   using Item = FoldItem<K, kRole>;
@@ -505,7 +506,7 @@ __global__ void __launch_bounds__(256, 2)
 
 }  // namespace
 
-bool fold_stream_layout_ok(const CommitParams& p) {
+bool fold_persistent_layout_ok(const CommitParams& p) {
   // Every bulk run 16-byte aligned at both ends (state_stream.cuh): f32 strides multiple of
   // 4 elements, bf16 ones of 8, V % 8 == 0 (the rawv rows).
   return is_aligned(p.ssm_state, 16) && p.ssm_slot_stride % 4 == 0 && p.ssm_layer_stride % 4 == 0 &&
@@ -518,13 +519,20 @@ bool fold_stream_layout_ok(const CommitParams& p) {
 }
 
 template <int K, FoldRole kRole>
-void launch_fold_as(const CommitParams& p, cudaStream_t stream, bool with_conv) {
+void launch_fold_as(const CommitParams& p, cudaStream_t stream, bool with_conv,
+                    const LaunchOverrides& o) {
   const int64_t tiles = ceil_div(p.V, kFoldBlockV);
-  const bool streamable = fold_stream_layout_ok(p);
   const size_t stage_bytes = FoldStage<K>::kBytes;
-  const int grid = state_stream_grid(reinterpret_cast<const void*>(fold_stream_kernel<K, kRole>),
-                                     kCopyThreads, stage_bytes, tiles * p.B * p.num_layers * p.HV,
-                                     streamable, StreamFrom::kBeyondOneWave);
+  // Persistent beyond one wave of its CTAs (PersistentFrom::kBeyondOneWave).
+  const int64_t items = tiles * p.B * p.num_layers * p.HV;
+  const bool possible = fold_persistent_layout_ok(p);
+  const int ctas_per_sm =
+      o.persistent == PersistentMode::kNever || !possible
+          ? 0
+          : persistent_ctas_per_sm(reinterpret_cast<const void*>(fold_persistent_kernel<K, kRole>),
+                                   kCopyThreads, stage_bytes);
+  const int64_t grid = persistent_grid(items, ctas_per_sm, device_caps(), o, possible,
+                                       PersistentFrom::kBeyondOneWave);
   const FoldDivisors div{
       FastDivisor(static_cast<uint32_t>(tiles)), FastDivisor(static_cast<uint32_t>(p.B)),
       FastDivisor(static_cast<uint32_t>(p.HV)), FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
@@ -535,56 +543,58 @@ void launch_fold_as(const CommitParams& p, cudaStream_t stream, bool with_conv) 
     const int64_t fill = ceil_div(grid, static_cast<int64_t>(p.num_layers) * p.B);
     const int64_t most = ceil_div(vecs, kCopyThreads);
     const int conv_shares = with_conv ? static_cast<int>(fill < most ? fill : most) : 0;
-    launch_pdl(fold_stream_kernel<K, kRole>, dim3(static_cast<unsigned>(grid)), dim3(kCopyThreads),
-               stage_bytes, stream, pdl_enabled(), p, div, conv_shares);
+    launch_pdl(fold_persistent_kernel<K, kRole>, dim3(static_cast<unsigned>(grid)),
+               dim3(kCopyThreads), stage_bytes, stream, o.pdl, p, div, conv_shares);
     return;
   }
   const dim3 grid3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.B),
                    static_cast<unsigned>(p.num_layers * p.HV));
-  launch_pdl(fold_kernel<K, kRole>, grid3, dim3(kCopyThreads), 0, stream, pdl_enabled(), p, div,
-             with_conv);
+  launch_pdl(fold_kernel<K, kRole>, grid3, dim3(kCopyThreads), 0, stream, o.pdl, p, div, with_conv);
 }
 
 template <int K>
-void launch_fold(const CommitParams& p, cudaStream_t stream, bool with_conv) {
+void launch_fold(const CommitParams& p, cudaStream_t stream, bool with_conv,
+                 const LaunchOverrides& o) {
   if (p.track_slots != nullptr) {
-    launch_fold_as<K, FoldRole::kCommitTracked>(p, stream, with_conv);
+    launch_fold_as<K, FoldRole::kCommitTracked>(p, stream, with_conv, o);
   } else {
-    launch_fold_as<K, FoldRole::kCommit>(p, stream, with_conv);
+    launch_fold_as<K, FoldRole::kCommit>(p, stream, with_conv, o);
   }
 }
-template void launch_fold<64>(const CommitParams&, cudaStream_t, bool);
-template void launch_fold<128>(const CommitParams&, cudaStream_t, bool);
+template void launch_fold<64>(const CommitParams&, cudaStream_t, bool, const LaunchOverrides&);
+template void launch_fold<128>(const CommitParams&, cudaStream_t, bool, const LaunchOverrides&);
 
 /// fold_kernel<K, kRole> alone, one CTA per item (the roles off the hot path: records at any
 /// ring position).
 template <int K, FoldRole kRole>
-void launch_fold_per_item(const CommitParams& p, cudaStream_t stream) {
+void launch_fold_per_item(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o) {
   const int64_t tiles = ceil_div(p.V, kFoldBlockV);
   const FoldDivisors div{
       FastDivisor(static_cast<uint32_t>(tiles)), FastDivisor(static_cast<uint32_t>(p.B)),
       FastDivisor(static_cast<uint32_t>(p.HV)), FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
   const dim3 grid3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.B),
                    static_cast<unsigned>(p.num_layers * p.HV));
-  launch_pdl(fold_kernel<K, kRole>, grid3, dim3(kCopyThreads), 0, stream, pdl_enabled(), p, div,
-             false);
+  launch_pdl(fold_kernel<K, kRole>, grid3, dim3(kCopyThreads), 0, stream, o.pdl, p, div, false);
 }
 
 template <int K>
-void launch_materialize(const CommitParams& p, cudaStream_t stream) {
+void launch_materialize(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o) {
   // The pending folds, then the counts zeroed once every CTA has read them.
-  launch_fold_per_item<K, FoldRole::kMaterialize>(p, stream);
-  launch_drop_pending(p, stream);
+  launch_fold_per_item<K, FoldRole::kMaterialize>(p, stream, o);
+  launch_drop_pending(p, stream, o);
 }
-template void launch_materialize<64>(const CommitParams&, cudaStream_t);
-template void launch_materialize<128>(const CommitParams&, cudaStream_t);
+template void launch_materialize<64>(const CommitParams&, cudaStream_t, const LaunchOverrides&);
+template void launch_materialize<128>(const CommitParams&, cudaStream_t, const LaunchOverrides&);
 
 template <int K>
-void launch_fold_tracks_deferred(const CommitParams& p, cudaStream_t stream) {
+void launch_fold_tracks_deferred(const CommitParams& p, cudaStream_t stream,
+                                 const LaunchOverrides& o) {
   // The items of untracked requests return at once (tracks are few).
-  launch_fold_per_item<K, FoldRole::kTrackOnly>(p, stream);
+  launch_fold_per_item<K, FoldRole::kTrackOnly>(p, stream, o);
 }
-template void launch_fold_tracks_deferred<64>(const CommitParams&, cudaStream_t);
-template void launch_fold_tracks_deferred<128>(const CommitParams&, cudaStream_t);
+template void launch_fold_tracks_deferred<64>(const CommitParams&, cudaStream_t,
+                                              const LaunchOverrides&);
+template void launch_fold_tracks_deferred<128>(const CommitParams&, cudaStream_t,
+                                               const LaunchOverrides&);
 
 }  // namespace kda::kernels

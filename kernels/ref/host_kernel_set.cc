@@ -16,15 +16,25 @@ class HostKernelSet final : public KernelSet {
   const char* name() const override { return "host"; }
   Device device() const override { return Device::host(); }
 
-  void verify_unfused(const VerifyParams& p, cudaStream_t /*stream*/) override {
-    host::verify_unfused(p);
-  }
-
-  void verify_fused(const VerifyParams& p, int block_v, cudaStream_t /*stream*/) override {
+  kernels::VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v) override {
     // The host has no V tiles, but it accepts exactly the tiles the CUDA set accepts, so a
     // bad --kda-verify-block-v fails the same way on both.
-    params::check_block_v(block_v, "HostKernelSet::verify_fused");
-    host::verify_fused(p);
+    if (path == VerifyPath::kFused) {
+      params::check_block_v(block_v, "HostKernelSet::plan_verify");
+    }
+    kernels::VerifyPlan plan = kernels::plan_verify(p, path, block_v, kernels::DeviceCaps{},
+                                                    kernels::LaunchOverrides{}, 0);
+    plan.host_reference = true;
+    return plan;
+  }
+
+  void verify(const VerifyParams& p, const kernels::VerifyPlan& plan,
+              cudaStream_t /*stream*/) override {
+    if (plan.path == VerifyPath::kFused) {
+      host::verify_fused(p);
+    } else {
+      host::verify_unfused(p);
+    }
   }
 
   void extend(const ExtendParams& p, cudaStream_t /*stream*/) override { host::extend(p); }

@@ -126,7 +126,7 @@ __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
     float b[kUPerLane];  // the step's u, column lane + 32 i
   };
   static_assert(K / 32 == E, "a lane holds E key values and E gate values");
-  constexpr bool kEarlyLoads = !is_streamed(Src::kSchedule);
+  constexpr bool kEarlyLoads = !is_staged(Src::kSource);
   constexpr bool kEarlyTile = kEarlyLoads && Cfg::kMinCtasPerSm == 1;
   for (int t0 = 0; t0 < n; t0 += Cfg::kChunk) {
     const int tc = min(Cfg::kChunk, n - t0);

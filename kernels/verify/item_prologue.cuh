@@ -19,6 +19,7 @@
 #include "kernels/common/tile_layout.cuh"
 #include "kernels/verify/item_args.h"
 #include "kernels/verify/item_source.h"
+#include "kernels/verify/verify_traits.h"
 
 namespace kda::kernels {
 
@@ -46,7 +47,7 @@ struct WeightReads {
 /// through a source `Src`: GlobalSource (global memory) or StagedSource (verify_stream.cuh:
 /// the state tile from a shared-memory stage filled by a TMA bulk copy, the rest as
 /// GlobalSource). Both hand the same values to the same arithmetic, so the bits are equal.
-/// is_streamed(Src::kSchedule): the state tile is copied to registers after the prologue (it is not
+/// is_staged(Src::kSource): the state tile is copied to registers after the prologue (it is not
 /// live through it) and the kernel runs one token chunk (T <= kChunk).
 /// A draft-shaped item's first token row and token count (ItemPrologue::first_row, tokens);
 /// empty for the dense instantiations, whose items keep their layout.
@@ -73,10 +74,16 @@ __device__ __forceinline__ ShapedRows<kShaped> shaped_rows_of(const VerifyParams
 /// request's first token row and token count come from token_offsets (first_row, tokens), and
 /// (unfused only) a tree node starts from its parent's state (ItemSteps::steps_per_item). The
 /// dense instantiations carry none of that code.
-template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool kDeferred = false,
-          bool kShaped = false>
-struct ItemPrologue : ShapedRows<kShaped> {
+template <typename Traits>
+struct ItemPrologue : ShapedRows<Traits::kShaped> {
+  using WeightT = typename Traits::Weight;
   using Weight = WeightT;
+  static constexpr int K = Traits::K;
+  static constexpr int BV = Traits::BV;
+  static constexpr bool FUSED = Traits::kFused;
+  static constexpr bool kWide = Traits::kWide;
+  static constexpr bool kDeferred = Traits::kDeferred;
+  static constexpr bool kShaped = Traits::kShaped;
   static constexpr bool kFused = FUSED;
   static constexpr bool kDraftShape = kShaped;
   static constexpr bool kDeferredCommit = kDeferred;  ///< a call with ring_pending (item_fold.cuh)
@@ -133,11 +140,11 @@ struct ItemPrologue : ShapedRows<kShaped> {
   static constexpr int kConvWarps = (Cfg::kPairs + 31) / 32;
   static constexpr int kSpareWarps = Cfg::kWarps - kConvWarps;
 
-  /// The ring streaming kernel's column swizzle (is_ring_stream(Src::kSchedule)): register j of the
-  /// state and of the trees holds column col0 + (j ^ swizzle) (run, step 4); elsewhere 0.
+  /// The ring streaming kernel's column swizzle (is_persistent_ring(Src::kSource)): register j of
+  /// the state and of the trees holds column col0 + (j ^ swizzle) (run, step 4); elsewhere 0.
   template <typename Src>
   __device__ __forceinline__ int column_swizzle_of() const {
-    return is_ring_stream(Src::kSchedule) ? column_swizzle<P, CPT>(c) : 0;
+    return is_persistent_ring(Src::kSource) ? column_swizzle<P, CPT>(c) : 0;
   }
 
   __device__ __forceinline__ ItemPrologue(const TileArgs& a, const ItemCoords& at)
@@ -191,7 +198,7 @@ struct ItemPrologue : ShapedRows<kShaped> {
   /// runs the same with EXP(A_log) on either side of the wait and keeps the wide form.
   template <typename Src>
   __device__ __forceinline__ void load_constants(const Src& src) {
-    if constexpr (!is_streamed(Src::kSchedule)) {
+    if constexpr (!is_staged(Src::kSource)) {
       if (FUSED && pair_channel >= 0) {
         src.conv_taps(*this, taps0, taps1);
       }
@@ -220,7 +227,7 @@ struct ItemPrologue : ShapedRows<kShaped> {
 #pragma unroll
     for (int tt = 0; tt < Cfg::kChunk; ++tt) {
       in.xs[tt] = 0u;
-      if (!(FUSED && is_streamed(Src::kSchedule)) && pair_channel >= 0 && tt < tc) {
+      if (!(FUSED && is_staged(Src::kSource)) && pair_channel >= 0 && tt < tc) {
         in.xs[tt] = src.x(*this, t0, tt);
       }
     }
@@ -299,13 +306,13 @@ struct ItemPrologue : ShapedRows<kShaped> {
     // The streaming kernel loads the taps here: held from the item's start they are live
     // across its item loop and spill. The per-item kernel loads them with the constants,
     // before the PDL wait, which hides the loads at small B.
-    if constexpr (FUSED && is_streamed(Src::kSchedule)) {
+    if constexpr (FUSED && is_staged(Src::kSource)) {
       src.conv_taps(*this, taps0, taps1);
     }
     // Token t's record offsets from win_base / ring_pair advance by one step per token (no
     // 64-bit multiply per token); with a ring cursor (kDeferred) its ring record is at position
     // (c + t) mod L instead, a 32-bit offset.
-    constexpr bool kTokenLoop = FUSED && is_streamed(Src::kSchedule);
+    constexpr bool kTokenLoop = FUSED && is_staged(Src::kSource);
     int64_t win_off = static_cast<int64_t>(t0) * 3 * D;
     int64_t ring_off = t0 * ring_step;
     // A token's q/k/v value of one channel: conv + SiLU of (window c0..c2, input x).
@@ -345,7 +352,7 @@ struct ItemPrologue : ShapedRows<kShaped> {
       // kernel takes two tokens per step (the window of token tt, its x and token tt + 1's
       // x: token tt + 1's window is rows tt + 1 .. tt + 3), so that their conv + SiLU chains
       // overlap; in the snapshot kernel that form spills, and it keeps one token per step.
-      constexpr int kTokenStep = is_ring_stream(Src::kSchedule) ? 2 : 1;
+      constexpr int kTokenStep = is_persistent_ring(Src::kSource) ? 2 : 1;
 #pragma unroll 1
       for (int tt = 0; tt < tc; tt += kTokenStep) {  // t0 = 0: one chunk
         const bool second = kTokenStep == 2 && tt + 1 < tc;

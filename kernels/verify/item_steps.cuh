@@ -1,6 +1,6 @@
 // item_steps.cuh: a verify / extend work item's recurrence (contract §3 steps 5-6 over a
 // chunk's tokens, the norms done) in the loop of its schedule: steps_ring_stream
-// (ItemSchedule::kStreamRing), steps_snapshot_stream (kStreamSnapshot), steps_per_item (the
+// (ItemSource::kPersistentRing), steps_snapshot_stream (kStreamSnapshot), steps_per_item (the
 // per-item kernels), and their stores: outputs and snapshots. Every loop performs the
 // operations of delta_rule_step + output_dot in the same order, so their bits are equal.
 // Never writes ssm_state; writes out and (snapshot mode) snapshots only.
@@ -15,10 +15,17 @@ namespace kda::kernels {
 /// The recurrence phases of a work item (ItemPrologue's coordinates and shared memory).
 /// kTrackedExtend: the extend instantiation with prefix-cache tracks (TileArgs::track_steps);
 /// every other instantiation carries none of the track code.
-template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool kDeferred = false,
-          bool kTrackedExtend = false, bool kShaped = false>
-struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred, kShaped> {
-  using Prologue = ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred, kShaped>;
+template <typename Traits>
+struct ItemSteps : ItemPrologue<Traits> {
+  using Prologue = ItemPrologue<Traits>;
+  using WeightT = typename Traits::Weight;
+  static constexpr int K = Traits::K;
+  static constexpr int BV = Traits::BV;
+  static constexpr bool FUSED = Traits::kFused;
+  static constexpr bool kWide = Traits::kWide;
+  static constexpr bool kDeferred = Traits::kDeferred;
+  static constexpr bool kTrackedExtend = Traits::kTrackedExtend;
+  static constexpr bool kShaped = Traits::kShaped;
   using Prologue::args, Prologue::c, Prologue::col0, Prologue::CPT, Prologue::first_row,
       Prologue::group, Prologue::hv, Prologue::kSnapshotStores, Prologue::n, Prologue::P,
       Prologue::p;
@@ -33,7 +40,7 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred, kShaped
   template <typename Src>
   __device__ __forceinline__ void v_of(const TileSmem<Cfg>& sm, const bool (&col_ok)[CPT], int tt,
                                        float (&vv)[CPT]) const {
-    if constexpr (is_streamed(Src::kSchedule) && (CPT == 2 || CPT == 4)) {
+    if constexpr (is_staged(Src::kSource) && (CPT == 2 || CPT == 4)) {
       load_vec<CPT>(vv, &sm.v[tt][group * CPT]);
 #pragma unroll
       for (int j = 0; j < CPT; ++j) {
@@ -60,7 +67,7 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred, kShaped
                                                 int T, uint32_t out_item,
                                                 uint32_t out_token) const {
     if (c == 0) {
-      bf16_t* orow = p.out + (is_streamed(Src::kSchedule)
+      bf16_t* orow = p.out + (is_staged(Src::kSource)
                                   ? ((static_cast<uint32_t>(n) * T + t) * p.HV + hv) * p.V + col0
                                   : out_item + t * out_token);
       if constexpr (CPT == 1) {
@@ -92,7 +99,7 @@ struct ItemSteps : ItemPrologue<WeightT, K, BV, FUSED, kWide, kDeferred, kShaped
         if (col_ok[j]) {
           // Unswizzled: the ring kernel stores none.
           float* col = dst + static_cast<int64_t>(col0 + j) * K;
-          if constexpr (is_streamed(Src::kSchedule)) {
+          if constexpr (is_staged(Src::kSource)) {
             store_column_per_partial<Slice, kSnapshotStores>(col, S[j], c);
           } else {
             store_column<Slice, kSnapshotStores>(col, S[j], c);

@@ -1,7 +1,7 @@
-// verify_tile.cuh: the per-item verify / extend kernel, one CTA per work item (VerifyItem,
+// per_item.cuh: the per-item verify / extend kernel, one CTA per work item (VerifyItem,
 // verify_item.cuh) on the grid (ceil(V/BV), HV, B), reading its inputs straight from global
-// memory (GlobalSource), and the launcher that picks, per call, this kernel in one of its two
-// register budgets or the persistent streaming kernel (verify_stream.cuh).
+// memory (GlobalSource), in its two register budgets (VerifySchedule kPerItem, kPerItemWide).
+// verify_launch.cuh launches it as the plan says.
 #pragma once
 
 #include <cstdint>
@@ -38,8 +38,8 @@ struct ItemStateStage {
 template <typename Item, bool kStateStaged>
 struct GlobalSource : WeightReads<Item> {
   /// kStateStaged: the kernel's ItemStateStage::kUsed (kPerItemStagedState).
-  static constexpr ItemSchedule kSchedule =
-      kStateStaged ? ItemSchedule::kPerItemStagedState : ItemSchedule::kPerItem;
+  static constexpr ItemSource kSource =
+      kStateStaged ? ItemSource::kGlobalStagedState : ItemSource::kGlobal;
   using Slice = typename Item::Slice;
 
   const bf16_t* x_row;  ///< token 0 of the request at the thread's channel pair: mixed_qkv
@@ -140,7 +140,7 @@ struct GlobalSource : WeightReads<Item> {
   /// so the stores are fenced for it and every thread's are done before thread 0 issues the
   /// copy. Register loads re-read their own thread's stores.
   __device__ __forceinline__ void fold_done(const Item&, int) const {
-    if constexpr (stages_state(kSchedule)) {
+    if constexpr (stages_state(kSource)) {
       fence_proxy_async_global();
       __syncthreads();
     }
@@ -165,23 +165,23 @@ struct GlobalSource : WeightReads<Item> {
 };
 
 /// One CTA per item, grid (ceil(V/BV), HV, B): the inputs come straight from global memory
-/// (lowest latency: the small-B path). kCtasPerSm = 2: 128 registers per thread, so that two
-/// CTAs share an SM; kCtasPerSm = 1, the wide form (launched in ring mode and extend when the
-/// grid fits one CTA per SM, or kWideFusedMaxWaves of them for the fused BV = 128 tile, ahead
-/// of the streaming kernel): the ring-mode steps grouped and the other wide-register choices of
+/// (lowest latency: the small-B path). Schedule kPerItem: 128 registers per thread, so that two
+/// CTAs share an SM; kPerItemWide, the one-CTA-per-SM form (planned in ring mode and extend when
+/// the grid fits one CTA per SM, or kWideFusedMaxWaves of them for the fused BV = 128 tile, ahead
+/// of the persistent kernel): the ring-mode steps grouped and the other wide-register choices of
 /// VerifyItem::run, up to 255 registers (the deferred BV = 32 tile: 128,
 /// TileConfig::kMinCtasPerSm).
-/// kDeferred: a call with ring_pending (the deferred commit's fold first, item_fold.cuh, before
+/// kDeferredFold: a call with ring_pending (the deferred commit's fold first, item_fold.cuh, before
 /// the PDL wait with VerifyParams::fold_before_wait: run() enters PDL around it); the
 /// eager instantiation carries none of that code.
-/// kTrackedExtend: extend with prefix-cache tracks (launch_extend_tracked).
-template <typename WeightT, int K, int BV, bool FUSED, int kCtasPerSm, bool kDeferred = false,
-          bool kTrackedExtend = false, bool kShaped = false>
-__global__ void __launch_bounds__(256, TileConfig<K, BV, kCtasPerSm == 1, kDeferred>::kMinCtasPerSm)
+/// kExtendTracks: extend with prefix-cache tracks.
+template <typename Traits>
+__global__ void __launch_bounds__(
+    256, TileConfig<Traits::K, Traits::BV, Traits::kWide, Traits::kDeferred>::kMinCtasPerSm)
     verify_tile_kernel(const __grid_constant__ TileArgs args) {
-  using Item =
-      VerifyItem<WeightT, K, BV, FUSED, kCtasPerSm == 1, kDeferred, kTrackedExtend, kShaped>;
-  using Stage = ItemStateStage<K, BV, kCtasPerSm>;
+  static_assert(!is_persistent(Traits::kSchedule), "verify_tile_kernel runs per-item schedules");
+  using Item = VerifyItem<Traits>;
+  using Stage = ItemStateStage<Traits::K, Traits::BV, Traits::kWide ? 1 : 2>;
   static_assert(sizeof(TileSmem<typename Item::Cfg>) + sizeof(Stage) + 128 <= 48 * 1024,
                 "static shared memory (tile + state stage, with alignment) over 48 KiB");
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(256, TileConfig<K, BV, kCtasPerSm == 1, kDefer
   Item item(args, {static_cast<int>(blockIdx.z), hv, static_cast<int>(args.div.group.div(hv)),
                    static_cast<int>(blockIdx.x)});
   // TileArgs::trigger_at_entry (only the one-CTA-per-SM forms take it: the others spill with it).
-  if constexpr (kDeferred && Item::Cfg::kMinCtasPerSm == 1) {
+  if constexpr (Traits::kDeferred && Item::Cfg::kMinCtasPerSm == 1) {
     if (args.trigger_at_entry != 0) {
       pdl_launch_dependents();
     }
@@ -212,170 +212,11 @@ __global__ void __launch_bounds__(256, TileConfig<K, BV, kCtasPerSm == 1, kDefer
     __syncthreads();
   }
   // The committed state and the activations come from earlier kernels: wait for them (a
-  // kDeferred item waits in run(), around its pending fold).
-  if constexpr (!kDeferred) {
+  // kDeferredFold item waits in run(), around its pending fold).
+  if constexpr (!Traits::kDeferred) {
     pdl_enter();
   }
   item.run(sm, src);
 }
-
-/// Launches one configuration with PDL (programmatic stream serialisation) on sm_90+.
-template <typename WeightT, int K, int BV, bool FUSED>
-void launch_verify_tile(const TileArgs& args, cudaStream_t stream);
-
-}  // namespace kda::kernels
-
-// ---- launcher definition (instantiated in kernels/inst/*.cu) ----
-
-#include "kernels/common/launch_pdl.cuh"
-#include "kernels/common/launch_utils.h"
-#include "kernels/verify/persistent.cuh"
-#include "kernels/verify/tile_policy.h"
-
-namespace kda::kernels {
-
-/// The persistent streaming verify (BV = 128) where the call can take it and its grid rule picks
-/// it; false where the per-item kernel must run instead. kShaped: a ragged ring-mode call.
-template <typename WeightT, int K, bool FUSED, bool kDeferred, bool kShaped>
-bool launch_verify_stream_if(const TileArgs& args, int64_t ctas, cudaStream_t stream) {
-  constexpr int BV = 128;
-  const VerifyParams& p = args.p;
-  const size_t stage_bytes = kVerifyStreamSmemBytes<K, BV>;
-  // A deferred call's folded tiles leave the stage as bulk stores to ssm_fold_out (its pitch
-  // is ssm_state's, checked by stream_layout_ok).
-  const bool streamable = args.extend == 0 &&
-                          stream_layout_ok(p, TileConfig<K, BV>::kChunk, FUSED) &&
-                          (!kDeferred || is_aligned(p.ssm_fold_out, 16));
-  // Launches `kernel` where the grid rule picks it.
-  const auto launch_if_picked = [&](auto kernel) {
-    const int stream_grid = state_stream_grid(
-        reinterpret_cast<const void*>(kernel), TileConfig<K, BV>::kThreads, stage_bytes, ctas,
-        streamable, FUSED ? StreamFrom::kAnyCount : StreamFrom::kBeyondOneWave);
-    if (stream_grid <= 0) {
-      return false;
-    }
-    launch_pdl(kernel, dim3(static_cast<unsigned>(stream_grid)), dim3(TileConfig<K, BV>::kThreads),
-               stage_bytes, stream, pdl_enabled(), args);
-    return true;
-  };
-  // One instantiation per record mode (ItemSchedule::kStreamRing / kStreamSnapshot); a ragged
-  // call streams in ring mode only (snapshot mode's per-item kernel is at its bandwidth floor).
-  if (p.mode == RecordMode::kRing) {
-    return launch_if_picked(
-        verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kRing, kDeferred, kShaped>);
-  }
-  if constexpr (!kShaped) {
-    return launch_if_picked(verify_stream_kernel<WeightT, K, BV, FUSED, RecordMode::kSnapshot>);
-  }
-  return false;
-}
-
-/// One of the instantiation sets: kDeferred for calls with ring_pending, kTrackedExtend for
-/// extends with tracks.
-/// kShaped: a ragged or tree call (contract §8). A fused shaped call is a ragged chain (trees run
-/// unfused: params::check_fused_shape) and takes the dense call's schedule in its kShaped
-/// instantiations: the one-CTA-per-SM form where a dense grid of the same CTAs would (grouped
-/// steps over the request's T_n tokens), the streaming kernel at BV = 128 (ring mode), else
-/// the two-per-SM form. An unfused shaped call (a ragged chain or a tree) runs the two-per-SM
-/// per-item kernel: its steps one at a time (a tree node may restart), and its block scheduler
-/// balances unequal T_n, which the persistent CTAs' fixed item order does not (streamed, the
-/// unfused ragged recurrence measured slower on mixed lengths).
-template <typename WeightT, int K, int BV, bool FUSED, bool kDeferred, bool kTrackedExtend = false,
-          bool kShaped = false>
-void launch_verify_tile_as(const TileArgs& call, cudaStream_t stream) {
-  const VerifyParams& p = call.p;
-  const dim3 block(TileConfig<K, BV>::kThreads);
-  const int64_t tiles = ceil_div(p.V, BV);
-  TileArgs args = call;
-  args.div = {FastDivisor(static_cast<uint32_t>(tiles)), FastDivisor(static_cast<uint32_t>(p.HV)),
-              FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
-  const int64_t ctas = tiles * p.HV * p.B;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.HV),
-                  static_cast<unsigned>(p.B));
-  // An unfused shaped call takes the two-per-SM form only (see the comment above).
-  if constexpr (!(kShaped && !FUSED)) {
-    // Where the one-per-SM form gains. Its grouped ring-mode steps (and extend's): snapshot mode
-    // (one step at a time) proved slower in it at small B. The fused BV = 128 tile in every
-    // mode: in snapshot mode too its one-per-SM CTAs beat the streaming kernel up to kMaxWaves
-    // waves.
-    const bool gains = args.extend != 0 || p.mode == RecordMode::kRing || (FUSED && BV == 128);
-    // The fused BV = 128 tile stays one per SM over several waves (launch_utils.h
-    // kWideFusedMaxWaves); the unfused recurrence's does not gain from that.
-    constexpr int kMaxWaves = FUSED && BV == 128 ? kWideFusedMaxWaves : 1;
-    // The narrower fused tiles in snapshot mode: one per SM only where that fills the waves
-    // better.
-    const bool by_wave_fill = FUSED && BV < 128 && !gains;
-    if (by_wave_fill ? one_cta_per_sm_by_wave_fill(ctas)
-                     : one_cta_per_sm_tiles(ctas, gains, kMaxWaves)) {
-      if constexpr (kDeferred) {
-        // The tile's register budget decides the CTAs per SM (the BV = 32 tile keeps two).
-        constexpr bool kOnePerSm = TileConfig<K, BV, true, true>::kMinCtasPerSm == 1;
-        const bool folds_first =
-            args.extend == 0 && p.mode == RecordMode::kRing && p.fold_before_wait != 0;
-        args.trigger_at_entry =
-            folds_first && deferred_triggers_at_entry(p.T, kOnePerSm, ctas) ? 1 : 0;
-      }
-      launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 1, kDeferred, kTrackedExtend, kShaped>,
-                 grid, block, 0, stream, pdl_enabled(), args);
-      return;
-    }
-    if constexpr (BV == 128 && !kTrackedExtend) {
-      if (launch_verify_stream_if<WeightT, K, FUSED, kDeferred, kShaped>(args, ctas, stream)) {
-        return;
-      }
-    }
-  }
-  launch_pdl(verify_tile_kernel<WeightT, K, BV, FUSED, 2, kDeferred, kTrackedExtend, kShaped>, grid,
-             block, 0, stream, pdl_enabled(), args);
-}
-
-template <typename WeightT, int K, int BV, bool FUSED>
-void launch_verify_tile(const TileArgs& call, cudaStream_t stream) {
-  const bool shaped = call.p.token_offsets != nullptr || call.p.parents != nullptr;
-  if (shaped) {
-    if (call.p.ring_pending != nullptr) {
-      launch_verify_tile_as<WeightT, K, BV, FUSED, true, false, true>(call, stream);
-    } else {
-      launch_verify_tile_as<WeightT, K, BV, FUSED, false, false, true>(call, stream);
-    }
-  } else if (call.p.ring_pending != nullptr) {
-    launch_verify_tile_as<WeightT, K, BV, FUSED, true>(call, stream);
-  } else {
-    launch_verify_tile_as<WeightT, K, BV, FUSED, false>(call, stream);
-  }
-}
-
-/// Extend with prefix-cache tracks (TileArgs::track_steps): its own instantiations
-/// (kernels/inst/extend_tracked.cu), BV = kExtendBlockV.
-constexpr int kExtendBlockV = 32;
-template <typename WeightT, int K>
-void launch_extend_tracked(const TileArgs& args, cudaStream_t stream);
-extern template void launch_extend_tracked<float, 64>(const TileArgs&, cudaStream_t);
-extern template void launch_extend_tracked<float, 128>(const TileArgs&, cudaStream_t);
-extern template void launch_extend_tracked<bf16_t, 64>(const TileArgs&, cudaStream_t);
-extern template void launch_extend_tracked<bf16_t, 128>(const TileArgs&, cudaStream_t);
-
-// Instantiations live in kernels/inst/ (one weight type x K per file).
-#define KDA_VERIFY_TILE_EXTERN_BV(W, K, bv) \
-  extern template void launch_verify_tile<W, K, bv, true>(const TileArgs&, cudaStream_t);
-#define KDA_VERIFY_TILE_EXTERN_F32_K64(bv) KDA_VERIFY_TILE_EXTERN_BV(float, 64, bv)
-#define KDA_VERIFY_TILE_EXTERN_F32_K128(bv) KDA_VERIFY_TILE_EXTERN_BV(float, 128, bv)
-#define KDA_VERIFY_TILE_EXTERN_BF16_K64(bv) KDA_VERIFY_TILE_EXTERN_BV(bf16_t, 64, bv)
-#define KDA_VERIFY_TILE_EXTERN_BF16_K128(bv) KDA_VERIFY_TILE_EXTERN_BV(bf16_t, 128, bv)
-KDA_FUSED_BLOCK_VS(KDA_VERIFY_TILE_EXTERN_F32_K64)
-KDA_FUSED_BLOCK_VS(KDA_VERIFY_TILE_EXTERN_F32_K128)
-KDA_FUSED_BLOCK_VS(KDA_VERIFY_TILE_EXTERN_BF16_K64)
-KDA_FUSED_BLOCK_VS(KDA_VERIFY_TILE_EXTERN_BF16_K128)
-#undef KDA_VERIFY_TILE_EXTERN_F32_K64
-#undef KDA_VERIFY_TILE_EXTERN_F32_K128
-#undef KDA_VERIFY_TILE_EXTERN_BF16_K64
-#undef KDA_VERIFY_TILE_EXTERN_BF16_K128
-#undef KDA_VERIFY_TILE_EXTERN_BV
-/// The unfused recurrence reads qkv_act: no conv, so one weight type and one tile serve all.
-constexpr int kRecurrentBlockV = 128;
-extern template void launch_verify_tile<float, 64, kRecurrentBlockV, false>(const TileArgs&,
-                                                                            cudaStream_t);
-extern template void launch_verify_tile<float, 128, kRecurrentBlockV, false>(const TileArgs&,
-                                                                             cudaStream_t);
 
 }  // namespace kda::kernels

@@ -153,8 +153,8 @@ struct StagedSource : WeightReads<Item> {
   /// kernel no ring code (fewer registers held). The ring kernel's forms, which make the
   /// snapshot kernel spill: the stage refilled by warp 0 alone (load_state) and the trees'
   /// cross-lane levels as reduce-scatters on swizzled columns (item_steps.cuh).
-  static constexpr ItemSchedule kSchedule =
-      kMode == RecordMode::kRing ? ItemSchedule::kStreamRing : ItemSchedule::kStreamSnapshot;
+  static constexpr ItemSource kSource =
+      kMode == RecordMode::kRing ? ItemSource::kPersistentRing : ItemSource::kPersistentSnapshot;
   using Slice = typename Item::Slice;
   using Cfg = typename Item::Cfg;
   using Items = VerifyStreamItems<Cfg::K, Cfg::BV>;
@@ -279,8 +279,8 @@ struct StagedSource : WeightReads<Item> {
     __syncthreads();
     // Ring kernel: warp 0 alone reads `next` and runs the fill's predicated asm, so the other
     // warps skip its instructions. The snapshot kernel keeps every thread on it
-    // (is_ring_stream(kSchedule)).
-    if (!is_ring_stream(kSchedule) || threadIdx.x < 32) {
+    // (is_persistent_ring(kSource)).
+    if (!is_persistent_ring(kSource) || threadIdx.x < 32) {
       if constexpr (Item::kDeferredCommit) {
         if (threadIdx.x == 0) {
           bulk_store_wait_read();  // the folded tile's bulk store (fold_done) has read the stage
@@ -291,18 +291,24 @@ struct StagedSource : WeightReads<Item> {
   }
 };
 
-/// kDeferred (ring mode only): a call with ring_pending (the deferred commit's fold first).
-/// kShaped (fused, ring mode only): a ragged chain (VerifyParams::token_offsets; not a tree):
+/// The persistent verify (schedules kPersistentRing / kPersistentSnapshot fix the record mode).
+/// kDeferredFold (ring mode only): a call with ring_pending (the deferred commit's fold first).
+/// kRaggedRows (fused, ring mode only): a ragged chain (VerifyParams::token_offsets; not a tree):
 /// request n's T_n tokens from row token_offsets[n], read with the slot (the planner's
 /// NextRun::rows).
-template <typename WeightT, int K, int BV, bool FUSED, RecordMode kMode, bool kDeferred = false,
-          bool kShaped = false>
+template <typename Traits>
 __global__ void __launch_bounds__(256, 2)
-    verify_stream_kernel(const __grid_constant__ TileArgs args) {
-  static_assert(!kDeferred || kMode == RecordMode::kRing, "the deferred commit is ring mode");
-  static_assert(!kShaped || (FUSED && kMode == RecordMode::kRing),
-                "ragged streaming is the fused ring-mode kernel");
-  using Item = VerifyItem<WeightT, K, BV, FUSED, false, kDeferred, false, kShaped>;
+    verify_persistent_kernel(const __grid_constant__ TileArgs args) {
+  static_assert(is_persistent(Traits::kSchedule), "verify_persistent_kernel: a persistent plan");
+  constexpr RecordMode kMode = Traits::kSchedule == VerifySchedule::kPersistentRing
+                                   ? RecordMode::kRing
+                                   : RecordMode::kSnapshot;
+  constexpr bool FUSED = Traits::kFused;
+  constexpr bool kDeferred = Traits::kDeferred;
+  constexpr bool kShaped = Traits::kShaped;
+  constexpr int K = Traits::K;
+  constexpr int BV = Traits::BV;
+  using Item = VerifyItem<Traits>;
   using Src = StagedSource<typename Item::Prologue, kMode>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
   __shared__ uint64_t bar;
@@ -362,24 +368,13 @@ __global__ void __launch_bounds__(256, 2)
   }
 }
 
-/// Dynamic shared memory of verify_stream_kernel: the state stage and two ItemInputs.
+/// Dynamic shared memory of verify_persistent_kernel: the state stage and two ItemInputs.
 template <int K, int BV>
-inline constexpr size_t kVerifyStreamSmemBytes =
+inline constexpr size_t kVerifyPersistentSmemBytes =
     kStateStageBytes<K, BV> + 2 * sizeof(ItemInputs<K, BV, TileConfig<K, BV>::kChunk>);
-static_assert(two_ctas_fit_per_sm(kVerifyStreamSmemBytes<128, 128> +
+static_assert(two_ctas_fit_per_sm(kVerifyPersistentSmemBytes<128, 128> +
                                   sizeof(TileSmem<TileConfig<128, 128>>) + sizeof(uint64_t) +
                                   sizeof(NextRun)),
-              "verify_stream_kernel: two CTAs per SM (the largest tile, K = BV = 128)");
-
-/// Host: whether a verify call can take the streaming kernel (besides sm_90+ and the grid):
-/// one token chunk, the state tile one bulk copy, every input piece 16 bytes (8 bf16) aligned.
-inline bool stream_layout_ok(const VerifyParams& p, int chunk, bool fused) {
-  const bool inputs_ok =
-      p.V % 8 == 0 && is_aligned(p.a, 16) && p.a_stride % 8 == 0 &&
-      (fused ? is_aligned(p.mixed_qkv, 16) && p.mixed_qkv_stride % 8 == 0 &&
-                   is_aligned(p.conv_state, 16) && p.conv_state_slot_stride % 8 == 0
-             : is_aligned(p.qkv_act, 16));
-  return p.T <= chunk && is_aligned(p.ssm_state, 16) && p.ssm_slot_stride % 4 == 0 && inputs_ok;
-}
+              "verify_persistent_kernel: two CTAs per SM (the largest tile, K = BV = 128)");
 
 }  // namespace kda::kernels

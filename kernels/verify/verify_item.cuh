@@ -2,7 +2,7 @@
 // one CTA of 256 threads runs it: VerifyItem::run, the schedule that orders the phases
 // (item_prologue.cuh, item_steps.cuh), their loads and their barriers. The kernels that run
 // items: verify_tile.cuh (one CTA per item, grid (ceil(V/BV), HV, B)) and verify_stream.cuh
-// (persistent CTAs); their source names the item's ItemSchedule (item_schedule.h).
+// (persistent CTAs); their source names the item's ItemSource (item_schedule.h).
 // Per chunk of up to kChunk tokens:
 //   1. q/k (2K channels of k-head h) and v (the BV channels of this tile) for every token,
 //      two adjacent channels per thread (bf16x2 loads/stores): FUSED: conv + SiLU from
@@ -31,15 +31,22 @@
 namespace kda::kernels {
 
 /// One work item of the verify / extend kernel. The constructor computes indices only;
-/// load_constants() and run() read the item's inputs through a source `Src` whose kSchedule
+/// load_constants() and run() read the item's inputs through a source `Src` whose kSource
 /// (item_schedule.h) says where they come from: GlobalSource (verify_tile.cuh: global memory)
 /// or StagedSource (verify_stream.cuh: the state tile from a shared-memory stage filled by a
 /// TMA bulk copy, the rest as GlobalSource). Both hand the same values to the same arithmetic,
 /// so the bits are equal. Sources take the item as its ItemPrologue.
-template <typename WeightT, int K, int BV, bool FUSED, bool kWide = false, bool kDeferred = false,
-          bool kTrackedExtend = false, bool kShaped = false>
-struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedExtend, kShaped> {
-  using Steps = ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedExtend, kShaped>;
+template <typename Traits>
+struct VerifyItem : ItemSteps<Traits> {
+  using Steps = ItemSteps<Traits>;
+  using WeightT = typename Traits::Weight;
+  static constexpr int K = Traits::K;
+  static constexpr int BV = Traits::BV;
+  static constexpr bool FUSED = Traits::kFused;
+  static constexpr bool kWide = Traits::kWide;
+  static constexpr bool kDeferred = Traits::kDeferred;
+  static constexpr bool kTrackedExtend = Traits::kTrackedExtend;
+  static constexpr bool kShaped = Traits::kShaped;
   using Steps::a_log, Steps::args, Steps::c, Steps::col0, Steps::convolve_chunk, Steps::CPT,
       Steps::exp_a_log, Steps::gates_chunk, Steps::h, Steps::hv, Steps::is_qk, Steps::kConvWarps,
       Steps::kSpareWarps, Steps::lane, Steps::load_chunk, Steps::p, Steps::pair_channel,
@@ -61,13 +68,12 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
   /// computed here (load_constants leaves it).
   template <typename Src>
   __device__ __forceinline__ void run(TileSmem<Cfg>& sm, Src& src) {
-    constexpr bool kWideRegisters = kWide;
     const int T = this->tokens();
     const int slot = src.slot(*this);
     // kDeferred per-item kernels enter the PDL dependency here (verify_tile_kernel leaves it to
     // run()): after the pending fold with p.fold_before_wait, else before it. Every thread
     // enters exactly once.
-    constexpr bool kEntersPdl = kDeferred && !is_streamed(Src::kSchedule);
+    constexpr bool kEntersPdl = kDeferred && !is_staged(Src::kSource);
     if (slot < 0) {  // padding row: zero outputs, touch nothing else
       if constexpr (kEntersPdl) {
         pdl_enter();
@@ -77,8 +83,8 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
     }
     src.begin(*this);
     // The streaming kernel serves verify only (launcher-checked): extend's code is not in it.
-    const bool extend = !is_streamed(Src::kSchedule) && args.extend != 0;
-    const RecordMode mode = record_mode_of(Src::kSchedule, p.mode);
+    const bool extend = !is_staged(Src::kSource) && args.extend != 0;
+    const RecordMode mode = record_mode_of(Src::kSource, p.mode);
     const bool ring = !extend && mode == RecordMode::kRing;
     const bool snap = !extend && mode == RecordMode::kSnapshot;
     const int64_t row = extend ? 0 : src.row(*this);
@@ -96,11 +102,11 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
     // fold, S already holds the folded tile for the steps, so the item loads no state after its
     // wait. The 128-register forms reload it (held through the prologue, it spills).
     constexpr bool kKeepsFoldedTile =
-        kDeferred && !is_streamed(Src::kSchedule) && Cfg::kMinCtasPerSm == 1;
+        kDeferred && !is_staged(Src::kSource) && Cfg::kMinCtasPerSm == 1;
     ColRegs<Slice> S[CPT];
     bool tile_in_regs = false;
     int cursor = 0;
-    if constexpr (kDeferred && Src::kSchedule != ItemSchedule::kStreamSnapshot) {
+    if constexpr (kDeferred && Src::kSource != ItemSource::kPersistentSnapshot) {
       const bool before = kEntersPdl && ring && p.fold_before_wait != 0;
       if (kEntersPdl && !before) {
         pdl_enter();
@@ -122,7 +128,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
     // Issued first: the conv waits for it. Raw bits until every load of the item is in
     // flight (converted below).
     uint32_t hist_bits[kConvHistory];
-    if constexpr (FUSED && !is_streamed(Src::kSchedule)) {
+    if constexpr (FUSED && !is_staged(Src::kSource)) {
       if (pair_channel >= 0) {
 #pragma unroll
         for (int j = 0; j < kConvHistory; ++j) {
@@ -138,14 +144,14 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
     // BV = 128 tiles with wide registers; at 128 registers BV = 128 tiles load them in the
     // loop: there the early loads cost spills (per-item kernel) or registers (streaming
     // kernel), and other CTAs hide the latency.
-    constexpr bool kEarlyInputs = !is_streamed(Src::kSchedule) && (BV <= 64 || kWideRegisters);
+    constexpr bool kEarlyInputs = !is_staged(Src::kSource) && (BV <= 64 || kWide);
     ChunkInputs in;
     if constexpr (kEarlyInputs) {
       load_chunk(src, 0, min(Cfg::kChunk, T), in);
     }
 
     // The state tile, one of three ways (none after a fold in the wide form: kKeepsFoldedTile):
-    //  - staged (stages_state(Src::kSchedule)): one bulk copy issued here, copied from shared
+    //  - staged (stages_state(Src::kSource)): one bulk copy issued here, copied from shared
     //    memory to registers only after the prologue, so it does not hold registers through it;
     //  - kLateStateLoads (wide registers, not staged): register loads issued after the gates.
     //    Issued here, the tile's loads (up to 64 KiB per SM at BV = 128) would share the SM's
@@ -156,7 +162,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
     //  - otherwise register loads here, in flight during the prologue (with 128 registers
     //    and two CTAs per SM, loads issued after the history proved slower).
     constexpr bool kLateStateLoads =
-        kWideRegisters && !is_streamed(Src::kSchedule) && !stages_state(Src::kSchedule);
+        kWide && !is_staged(Src::kSource) && !stages_state(Src::kSource);
     // Fused narrow tiles (BV <= 32) with wide registers: the warps without a conv pair
     // ("spare" warps) normalise the chunk's q / k while the conv warps compute their gates.
     // The spare warps compute their gates during the conv; all warps meet at a barrier once
@@ -169,8 +175,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
     //  - K = BV = 128: two spare warps, four norms each at T = 4;
     //  - the unfused recurrence has no conv to hide the norms behind.
     // So BV >= 64 and the unfused recurrence keep the all-warp norms.
-    constexpr bool kSpareWarpNorms =
-        FUSED && kWideRegisters && !is_streamed(Src::kSchedule) && BV <= 32;
+    constexpr bool kSpareWarpNorms = FUSED && kWide && !is_staged(Src::kSource) && BV <= 32;
     static_assert(!kSpareWarpNorms || kSpareWarps >= 3, "three warps without a conv pair");
     // The ring streaming kernel holds its columns swizzled (register j: column col0 + (j ^ swz),
     // for its reduce-scatter trees, step 4; swz is recomputed where it is used: held from
@@ -181,13 +186,13 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
     bool col_ok[CPT];
 #pragma unroll
     for (int j = 0; j < CPT; ++j) {
-      col_ok[j] = (is_ring_stream(Src::kSchedule) ? col0 : col0 + j) < p.V && holds_tile;
+      col_ok[j] = (is_persistent_ring(Src::kSource) ? col0 : col0 + j) < p.V && holds_tile;
     }
     const float* s_base =
         p.ssm_state + slot * p.ssm_slot_stride + static_cast<int64_t>(hv) * p.V * K;
-    if constexpr (!is_streamed(Src::kSchedule)) {
+    if constexpr (!is_staged(Src::kSource)) {
       if (!tile_in_regs) {
-        if constexpr (stages_state(Src::kSchedule)) {
+        if constexpr (stages_state(Src::kSource)) {
           src.issue_state_copy(*this, s_base);  // registers after the norms (below)
         } else if constexpr (!kLateStateLoads) {
           src.load_state(*this, S, col_ok, s_base);
@@ -196,7 +201,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
     }
     // The history as f32: the conv window, oldest first.
     float w0[kConvHistory], w1[kConvHistory];
-    if constexpr (FUSED && !is_streamed(Src::kSchedule)) {
+    if constexpr (FUSED && !is_staged(Src::kSource)) {
       if (pair_channel >= 0) {
 #pragma unroll
         for (int j = 0; j < kConvHistory; ++j) {
@@ -206,7 +211,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
         }
       }
     }
-    if constexpr (kWideRegisters) {
+    if constexpr (kWide) {
       // load_constants<true> left it here: the conv history has landed, and A_log (loaded
       // before the PDL wait) with it; the gates use it after the conv.
       exp_a_log = kda_exp(a_log);
@@ -215,7 +220,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
     const PairStores pair = pair_stores(sm, slot, row, ring, cursor, qk_owner, write_window);
     // The streaming kernel serves T <= kChunk only (launcher-checked): one chunk, so the
     // state is never live through a prologue (no spills).
-    const int t_limit = is_streamed(Src::kSchedule) ? 1 : T;
+    const int t_limit = is_staged(Src::kSource) ? 1 : T;
     for (int t0 = 0; t0 < t_limit; t0 += Cfg::kChunk) {
       const int tc = min(Cfg::kChunk, T - t0);
       if (!kEarlyInputs || t0 > 0) {
@@ -267,7 +272,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
           l2_normalize_warp<K>(sm.qk[job >> 1][which], kQkScale<K>, which == 0, lane);
         }
       }
-      if constexpr (is_streamed(Src::kSchedule)) {
+      if constexpr (is_staged(Src::kSource)) {
         // The state tile to registers; the barrier inside load_state also completes the norms
         // (one barrier serves both).
         src.load_state(*this, S, col_ok, s_base);
@@ -275,7 +280,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
         if constexpr (!kSpareWarpNorms) {
           __syncthreads();
         }
-        if constexpr (stages_state(Src::kSchedule)) {
+        if constexpr (stages_state(Src::kSource)) {
           if (t0 == 0 && !tile_in_regs) {
             src.state_from_stage(*this, S, col_ok);
           }
@@ -287,8 +292,8 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
       float* const u_row = kDeferred ? p.ring_u + slot * p.ring_u_slot_stride +
                                            static_cast<int64_t>(hv) * p.L * p.V + col0
                                      : nullptr;
-      if constexpr (is_streamed(Src::kSchedule)) {
-        if constexpr (is_ring_stream(Src::kSchedule)) {
+      if constexpr (is_staged(Src::kSource)) {
+        if constexpr (is_persistent_ring(Src::kSource)) {
           this->template steps_ring_stream<Src>(sm, S, col_ok[0], T, t0, tc, u_row, cursor);
         } else {
           this->template steps_snapshot_stream<Src>(sm, S, col_ok, T, row, snap, t0, tc);
@@ -301,7 +306,7 @@ struct VerifyItem : ItemSteps<WeightT, K, BV, FUSED, kWide, kDeferred, kTrackedE
       // and its next live item passes a barrier before it writes shared memory (after its
       // input copies land), so it ends the item without one: fast warps start the next item's
       // set-up while slow ones finish their steps.
-      if constexpr (!is_streamed(Src::kSchedule)) {
+      if constexpr (!is_staged(Src::kSource)) {
         __syncthreads();
       }
     }

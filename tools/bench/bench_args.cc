@@ -194,9 +194,9 @@ Other:
   --dry-run              print the plan: device memory per B, timings, a device-time lower
                          bound (assumes an H200: 50 MiB L2); needs no GPU
   --no-pdl               launch without programmatic dependent launch (default: with PDL)
-  --state-stream MODE    large-tile kernels (BV = 128, fold) as persistent streaming CTAs:
-                         auto (default: fused verify whenever its layout allows; the unfused
-                         recurrence and the fold beyond one wave of CTAs), always, never
+  --persistent MODE      large-tile kernels (BV = 128, fold) as persistent CTAs: auto (default:
+                         the fused verify whenever its layout allows; the unfused recurrence
+                         and the fold beyond one wave of CTAs), always, never
   --tile-occupancy MODE  per-item verify tiles' form: auto (default: the one-CTA-per-SM form,
                          up to 255 registers (the deferred BV = 32 tile: 128), for ring-mode
                          grids of at most one CTA per SM, three for the fused BV = 128 tile;
@@ -390,7 +390,7 @@ constexpr FlagSpec kFlags[] = {
     {"--dry-run", false},
     {"--no-pdl", false},
     {"--device", true},
-    {"--state-stream", true},
+    {"--persistent", true},
     {"--tile-occupancy", true},
     {"--out", true},
     {"--help", false},
@@ -572,17 +572,17 @@ std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
       {"--skip-guard", [&](auto&, auto&) { a.guard = false; }},
       {"--brief", [&](auto&, auto&) { a.brief = true; }},
       {"--dry-run", [&](auto&, auto&) { a.dry_run = true; }},
-      {"--no-pdl", [&](auto&, auto&) { a.pdl = false; }},
-      {"--state-stream",
+      {"--no-pdl", [&](auto&, auto&) { a.launch.pdl = false; }},
+      {"--persistent",
        [&](auto& n, auto& v) {
-         using M = kernels::StateStreamMode;
-         a.state_stream = parse_choice<M>(
+         using M = kernels::PersistentMode;
+         a.launch.persistent = parse_choice<M>(
              n, v, {{"auto", M::kAuto}, {"always", M::kAlways}, {"never", M::kNever}});
        }},
       {"--tile-occupancy",
        [&](auto& n, auto& v) {
          using O = kernels::TileOccupancy;
-         a.tile_occupancy = parse_choice<O>(
+         a.launch.occupancy = parse_choice<O>(
              n, v, {{"auto", O::kAuto}, {"one", O::kOnePerSm}, {"two", O::kTwoPerSm}});
        }},
       {"--device", [&](auto& n, auto& v) { a.device = parse_int(n, v, 0, 1023); }},

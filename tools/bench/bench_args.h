@@ -97,10 +97,8 @@ struct BenchArgs {
   bool guard = true;
   bool brief = false;    ///< table: fused rows only for the best BV
   bool dry_run = false;  ///< print the plan (memory, timings, time bound); no device needed
-  bool pdl = true;       ///< programmatic dependent launch in the kernels' launchers
-  /// Persistent streaming CTAs for the large-tile kernels (kernels/launch_utils.h).
-  kernels::StateStreamMode state_stream = kernels::StateStreamMode::kAuto;
-  kernels::TileOccupancy tile_occupancy = kernels::TileOccupancy::kAuto;
+  /// --no-pdl, --persistent, --tile-occupancy: handed to every launch (launch_utils.h).
+  kernels::LaunchOverrides launch;
   int device = 0;
   std::string out_path;  ///< .csv or .json; empty: none
 

@@ -45,6 +45,7 @@ std::string index_str(const Pool& p, int64_t flat, int T) {
 }  // namespace
 
 GuardResult run_bitwise_guard(const Problem& problem, int T, RecordMode mode,
+                              const kernels::LaunchOverrides& launch,
                               const std::vector<int>& block_vs, cudaStream_t stream) {
   GuardResult r;
   const ProblemConfig& c = problem.config();
@@ -53,10 +54,10 @@ GuardResult run_bitwise_guard(const Problem& problem, int T, RecordMode mode,
   const OutputSet& got = problem.outputs(1);
 
   problem.prefill_outputs(0, kGarbageSeed, stream);
-  kernels::invoke_verify_unfused(problem.verify_params(0, T, mode, 0), stream);
+  kernels::invoke_verify_unfused(problem.verify_params(0, T, mode, 0), stream, launch);
   for (int bv : block_vs) {
     problem.prefill_outputs(1, kGarbageSeed, stream);
-    kernels::invoke_verify_fused(problem.verify_params(0, T, mode, 1), bv, stream);
+    kernels::invoke_verify_fused(problem.verify_params(0, T, mode, 1), bv, stream, launch);
     KDA_CUDA_CHECK(cudaStreamSynchronize(stream));
     ++r.comparisons;
     const std::vector<const Pool*> want = ref.written(mode), have = got.written(mode);

@@ -23,6 +23,7 @@ struct GuardResult {
 /// each run; compares out, conv windows and the rings (ring mode) or snapshots (snapshot
 /// mode) bytewise; reports every differing tensor of every BV. Synchronises `stream`.
 GuardResult run_bitwise_guard(const Problem& problem, int T, RecordMode mode,
+                              const kernels::LaunchOverrides& launch,
                               const std::vector<int>& block_vs, cudaStream_t stream);
 
 }  // namespace kda::bench

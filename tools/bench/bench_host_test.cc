@@ -105,17 +105,17 @@ TEST_CASE("kda_bench args: defaults and presets", "[tools][bench]") {
   CHECK(l.variants == std::vector<Variant>{Variant::kUnfused, Variant::kFusedRing});
   CHECK(parse({"--sweep-bv"}).fused_block_vs(8, 4, RecordMode::kRing).size() ==
         std::size(kernels::kFusedBlockVs));
-  CHECK(parse({}).state_stream == kernels::StateStreamMode::kAuto);
-  CHECK(parse({"--state-stream", "always"}).state_stream == kernels::StateStreamMode::kAlways);
-  CHECK(parse({"--state-stream=never"}).state_stream == kernels::StateStreamMode::kNever);
-  CHECK(parse({}).tile_occupancy == kernels::TileOccupancy::kAuto);
-  CHECK(parse({"--tile-occupancy", "one"}).tile_occupancy == kernels::TileOccupancy::kOnePerSm);
-  CHECK(parse({"--tile-occupancy=two"}).tile_occupancy == kernels::TileOccupancy::kTwoPerSm);
+  CHECK(parse({}).launch == kernels::LaunchOverrides{});  // what engines run
+  CHECK(parse({"--persistent", "always"}).launch.persistent == kernels::PersistentMode::kAlways);
+  CHECK(parse({"--persistent=never"}).launch.persistent == kernels::PersistentMode::kNever);
+  CHECK(parse({"--tile-occupancy", "one"}).launch.occupancy == kernels::TileOccupancy::kOnePerSm);
+  CHECK(parse({"--tile-occupancy=two"}).launch.occupancy == kernels::TileOccupancy::kTwoPerSm);
+  CHECK_FALSE(parse({"--no-pdl"}).launch.pdl);
 }
 
 TEST_CASE("kda_bench args: bad values name the flag", "[tools][bench]") {
   require_arg_error({"--frobnicate"}, "unknown flag '--frobnicate'");
-  require_arg_error({"--state-stream", "sometimes"}, "auto, always or never");
+  require_arg_error({"--persistent", "sometimes"}, "auto, always or never");
   require_arg_error({"--tile-occupancy", "three"}, "auto, one or two");
   require_arg_error({"--heads", "x"}, "--heads: bad value 'x'");
   require_arg_error({"--heads"}, "--heads: missing value");

@@ -7,12 +7,20 @@
 
 namespace kda::bench {
 
-void enqueue_verify(Variant v, int bv, const VerifyParams& p, cudaStream_t stream) {
+void enqueue_verify(Variant v, int bv, const VerifyParams& p, cudaStream_t stream,
+                    const kernels::LaunchOverrides& launch) {
   if (variant_is_fused(v)) {
-    kernels::invoke_verify_fused(p, bv, stream);
+    kernels::invoke_verify_fused(p, bv, stream, launch);
   } else {
-    kernels::invoke_verify_unfused(p, stream);
+    kernels::invoke_verify_unfused(p, stream, launch);
   }
+}
+
+std::string planned_kernel(Variant v, int bv, const VerifyParams& p,
+                           const kernels::LaunchOverrides& launch) {
+  return kernels::plan_verify_on_device(
+             p, variant_is_fused(v) ? VerifyPath::kFused : VerifyPath::kUnfused, bv, launch)
+      .kernel();
 }
 
 void check_error_flag(const BenchContext& ctx, const Problem& problem, const char* what) {

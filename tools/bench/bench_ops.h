@@ -5,8 +5,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 #include "core/buffer.h"
+#include "kernels/common/launch_utils.h"
 #include "kernels/params/kda_params.h"
 #include "tools/bench/bench_args.h"
 #include "tools/bench/bench_phases.h"
@@ -15,7 +17,13 @@
 namespace kda::bench {
 
 /// Enqueues one verify of `v` (fused: tile `bv`).
-void enqueue_verify(Variant v, int bv, const VerifyParams& p, cudaStream_t stream);
+void enqueue_verify(Variant v, int bv, const VerifyParams& p, cudaStream_t stream,
+                    const kernels::LaunchOverrides& launch);
+
+/// The kernel a verify of `v` (fused: tile `bv`) runs, as planned on the current device
+/// (kernels::VerifyPlan::kernel).
+std::string planned_kernel(Variant v, int bv, const VerifyParams& p,
+                           const kernels::LaunchOverrides& launch);
 
 /// Reads and clears the commit error flag (synchronises); throws kda::Error(kInternal) naming
 /// `what` when a commit reported a bad accepted length or track: the bench's own set-up error.

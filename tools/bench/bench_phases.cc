@@ -92,9 +92,12 @@ void time_verify_row(const BenchContext& ctx, Row& r, Variant v, int bv,
                      const std::vector<VerifyParams>& params, int calls) {
   const size_t copies = params.size();
   r.copies = static_cast<int>(copies);
+  r.kernel = planned_kernel(v, bv, params.front(), ctx.args.launch);
   r.timing = time_in_graph(
       ctx.stream, calls,
-      [&](int i) { enqueue_verify(v, bv, params[static_cast<size_t>(i) % copies], ctx.stream); },
+      [&](int i) {
+        enqueue_verify(v, bv, params[static_cast<size_t>(i) % copies], ctx.stream, ctx.args.launch);
+      },
       ctx.timer);
   finish_floor_row(r, ctx.args.hbm_gbps);
 }
@@ -223,8 +226,8 @@ void run_verify_phase(BenchContext& ctx) {
           if (!a.any_mode(mode)) {
             continue;
           }
-          const GuardResult g =
-              run_bitwise_guard(problem, T, mode, a.fused_block_vs(B, T, mode), ctx.stream);
+          const GuardResult g = run_bitwise_guard(problem, T, mode, a.launch,
+                                                  a.fused_block_vs(B, T, mode), ctx.stream);
           runs += g.comparisons;
           if (!g.ok) {
             fmt::print(stderr, "bitwise guard FAILED\n");
@@ -255,6 +258,12 @@ void run_verify_phase(BenchContext& ctx) {
         }
       }
       print_group(a, group);
+      for (const Row& r : group) {
+        if (!a.sweep_bv || r.best_bv || !r.fused) {
+          fmt::print(stderr, "kda_bench: [verify] T={} B={} {} BV={}: {}\n", T, B, r.what, r.bv,
+                     r.kernel);
+        }
+      }
       add_rows(ctx, group);
       time_shapes(ctx, problem, T, B, copies, calls);
     }
@@ -272,7 +281,8 @@ void fill_records(const BenchContext& ctx, const Problem& problem, int T) {
       continue;
     }
     for (int l = 0; l < ctx.args.layers; ++l) {
-      kernels::invoke_verify_unfused(problem.verify_params(l, T, mode), ctx.stream);
+      kernels::invoke_verify_unfused(problem.verify_params(l, T, mode), ctx.stream,
+                                     ctx.args.launch);
     }
   }
   KDA_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
@@ -306,7 +316,7 @@ void run_commit_phase(BenchContext& ctx) {
         const char* name;
         RecordMode mode;
         int64_t bytes;
-        void (*invoke)(const CommitParams&, cudaStream_t);
+        void (*invoke)(const CommitParams&, cudaStream_t, const kernels::LaunchOverrides&);
         CommitParams params;
         bool deferred = false;  ///< the cursors and counts start at zero
       };
@@ -369,7 +379,7 @@ void run_commit_phase(BenchContext& ctx) {
         r.B = B;
         r.layers = a.layers;
         r.timing = time_in_graph(
-            ctx.stream, a.calls, [&](int) { op.invoke(op.params, ctx.stream); }, timer);
+            ctx.stream, a.calls, [&](int) { op.invoke(op.params, ctx.stream, a.launch); }, timer);
         check_error_flag(ctx, problem, op.name);
         r.model_bytes = r.moved_bytes = op.bytes;
         r.floor_us = floor_us(op.bytes, ctx.copy_gbps);
@@ -408,15 +418,16 @@ namespace {
 void time_round(BenchContext& ctx, const Problem& problem, Variant v, int bv,
                 const std::vector<VerifyParams>& params, const CommitParams& cp, const char* what,
                 Row& r) {
+  r.kernel = planned_kernel(v, bv, params.front(), ctx.args.launch);
   TimerConfig timer = ctx.timer;
   timer.iters = ctx.args.round_iters;
   r.timing = time_in_graph(
       ctx.stream, 1,
       [&](int) {
         for (const VerifyParams& p : params) {
-          enqueue_verify(v, bv, p, ctx.stream);
+          enqueue_verify(v, bv, p, ctx.stream, ctx.args.launch);
         }
-        kernels::invoke_commit(cp, ctx.stream);
+        kernels::invoke_commit(cp, ctx.stream, ctx.args.launch);
       },
       timer);
   check_error_flag(ctx, problem, what);
@@ -466,9 +477,9 @@ void run_round_guard(BenchContext& ctx, const Problem& problem, Variant v, int e
     return [&, bv] {
       for (int round = 0; round < 2; ++round) {
         for (const VerifyParams& p : params) {
-          enqueue_verify(v, bv, p, stream);
+          enqueue_verify(v, bv, p, stream, ctx.args.launch);
         }
-        kernels::invoke_commit(cp, stream);
+        kernels::invoke_commit(cp, stream, ctx.args.launch);
       }
     };
   };
@@ -497,7 +508,7 @@ void run_round_guard(BenchContext& ctx, const Problem& problem, Variant v, int e
                   });
   CommitParams materialize = deferred_commit;
   materialize.kind = CommitKind::kMaterialize;
-  kernels::invoke_commit(materialize, stream);
+  kernels::invoke_commit(materialize, stream, ctx.args.launch);
   if (download(ssm, stream) != eager_ssm) {
     failures.push_back("materialized SSM state differs");
   }

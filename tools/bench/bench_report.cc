@@ -537,18 +537,18 @@ void write_rows(const std::string& path, const RunInfo& info, const std::vector<
     fmt::print(f.get(),
                "phase,T,B,variant,mode,fused,bv,best_bv,layers,copies,calls_per_graph,median_us,"
                "min_us,max_us,model_bytes,moved_bytes,floor_us,gbps,pct,target_us,target_ok,"
-               "draft_shape,gemm_us,share_us,H,HV,K,V,hidden\n");
+               "draft_shape,gemm_us,share_us,H,HV,K,V,hidden,kernel\n");
     for (const Row& r : rows) {
       fmt::print(f.get(),
                  "{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{},{},{:.4f},{:.2f},"
-                 "{:.2f},{},{},{},{:.4f},{:.4f},{},{},{},{},{}\n",
+                 "{:.2f},{},{},{},{:.4f},{:.4f},{},{},{},{},{},{}\n",
                  phase_name(r.phase), r.T, r.B, r.what, mode_name(r.mode), r.fused ? 1 : 0, r.bv,
                  r.best_bv ? 1 : 0, r.layers, r.copies, r.timing.calls_per_graph,
                  r.timing.median_us, r.timing.min_us, r.timing.max_us, r.model_bytes, r.moved_bytes,
                  r.floor_us, r.gbps, r.pct, r.target_us ? fmt::format("{}", *r.target_us) : "",
                  r.target_us ? (r.target_ok() ? "pass" : "miss") : "",
                  draft_shape_name(r.draft_shape), r.gemm_us, r.share_us, info.H, info.HV, info.K,
-                 info.V, r.phase == Phase::kStep ? info.hidden : 0);
+                 info.V, r.phase == Phase::kStep ? info.hidden : 0, r.kernel);
     }
   } else {
     fmt::print(f.get(), "{{\n  \"device\": {},\n  \"shape\": {},\n  \"command\": {},\n",
@@ -567,14 +567,15 @@ void write_rows(const std::string& path, const RunInfo& info, const std::vector<
                  "\"max_us\": {}, \"rep_us\": [{}], \"model_bytes\": {}, \"moved_bytes\": {}, "
                  "\"floor_us\": {}, \"gbps\": {}, \"pct\": {}, \"target_us\": {}, "
                  "\"target_ok\": {}, \"draft_shape\": \"{}\", \"gemm_us\": {}, "
-                 "\"share_us\": {}}}",
+                 "\"share_us\": {}, \"kernel\": {}}}",
                  i == 0 ? "" : ",", phase_name(r.phase), r.T, r.B, json_str(r.what),
                  mode_name(r.mode), r.fused, r.bv, r.best_bv, r.layers, r.copies,
                  r.timing.calls_per_graph, json_num(r.timing.median_us), json_num(r.timing.min_us),
                  json_num(r.timing.max_us), fmt::join(r.timing.rep_us, ", "), r.model_bytes,
                  r.moved_bytes, json_num(r.floor_us), json_num(r.gbps), json_num(r.pct),
                  opt_num(r.target_us), r.target_us ? (r.target_ok() ? "true" : "false") : "null",
-                 draft_shape_name(r.draft_shape), json_num(r.gemm_us), json_num(r.share_us));
+                 draft_shape_name(r.draft_shape), json_num(r.gemm_us), json_num(r.share_us),
+                 json_str(r.kernel));
     }
     fmt::print(f.get(), "\n  ],\n  \"recommendation\": {{\n    \"dispatch\": [");
     for (size_t i = 0; i < rec.entries.size(); ++i) {

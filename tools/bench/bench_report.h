@@ -40,6 +40,9 @@ struct Row {
   double pct = 0.0;  ///< verify, round: 100 * floor / median; step: of the share; commit: % of copy
   std::optional<double> target_us;  ///< contract §6 target (ring mode, preset shapes)
   bool best_bv = false;             ///< fused: the fastest BV of its (phase, T, B, mode)
+  /// verify / round / step: the kernel the plan ran (kernels::VerifyPlan::kernel; layer 0's in a
+  /// round or step).
+  std::string kernel;
   /// verify: the batch's draft shape (--draft-shapes). Rows of another shape than dense are
   /// written and printed but stay out of the best-BV marks and the dispatch advice.
   DraftShape draft_shape = DraftShape::kDense;

@@ -148,14 +148,14 @@ struct StepKda {
 /// projection + residual (reading the verify's output of that layer, whatever it holds when `kda`
 /// is null), the MLP pair; then the commit (when `kda`).
 void enqueue_step(const StepModel& m, const StepGemms& g, const Problem& problem,
-                  const StepKda* kda, cudaStream_t stream) {
+                  const StepKda* kda, const kernels::LaunchOverrides& launch, cudaStream_t stream) {
   const StepLayout& lay = m.layout();
   void* ws = m.workspace();
   int stage = 0;
   for (int l = 0; l < lay.layers; ++l) {
     g.in.run(m.hidden(stage), m.w_in(l), nullptr, m.proj(), ws, stream);
     if (kda != nullptr) {
-      enqueue_verify(kda->variant, kda->bv, kda->verifies[static_cast<size_t>(l)], stream);
+      enqueue_verify(kda->variant, kda->bv, kda->verifies[static_cast<size_t>(l)], stream, launch);
     }
     const bf16_t* out = problem.outputs(0).out.as<const bf16_t>(l);
     g.out.run(out, m.w_out(l), m.hidden(stage), m.hidden(stage + 1), ws, stream);
@@ -167,7 +167,7 @@ void enqueue_step(const StepModel& m, const StepGemms& g, const Problem& problem
     }
   }
   if (kda != nullptr) {
-    kernels::invoke_commit(kda->commit, stream);
+    kernels::invoke_commit(kda->commit, stream, launch);
   }
 }
 
@@ -241,12 +241,12 @@ void run_step_guard(BenchContext& ctx, const Problem& problem, const StepModel& 
 
   // The GEMMs alone: two replays, the same chain. One eager step first loads cuBLASLt's kernels
   // outside any capture.
-  enqueue_step(m, g, problem, nullptr, stream);
+  enqueue_step(m, g, problem, nullptr, a.launch, stream);
   KDA_CUDA_CHECK(cudaStreamSynchronize(stream));
   {
     Buffer first(dev, chain.bytes());
     replay_in_graph(
-        stream, [&] { enqueue_step(m, g, problem, nullptr, stream); }, 2,
+        stream, [&] { enqueue_step(m, g, problem, nullptr, a.launch, stream); }, 2,
         [&](int r) {
           if (r == 0) {
             copy_device(first.data(), chain.data(), chain.bytes(), stream);
@@ -283,7 +283,7 @@ void run_step_guard(BenchContext& ctx, const Problem& problem, const StepModel& 
         make_kda(ctx, problem, m, mode.variant, T, B, mode.deferred ? &deferred : nullptr);
     const bool reference = &mode == &modes[0];
     replay_in_graph(
-        stream, [&] { enqueue_step(m, g, problem, &kda, stream); }, kStepGuardReplays,
+        stream, [&] { enqueue_step(m, g, problem, &kda, a.launch, stream); }, kStepGuardReplays,
         [&](int r) {
           const auto at = static_cast<size_t>(r);
           if (reference) {
@@ -302,7 +302,7 @@ void run_step_guard(BenchContext& ctx, const Problem& problem, const StepModel& 
     if (mode.deferred) {
       CommitParams materialize = kda.commit;
       materialize.kind = CommitKind::kMaterialize;
-      kernels::invoke_commit(materialize, stream);
+      kernels::invoke_commit(materialize, stream, a.launch);
     }
     if (reference) {
       eager_end.save(problem, stream);
@@ -423,8 +423,8 @@ void run_step_phase(BenchContext& ctx) {
       Row gemm_only = step_row(ctx, "gemm-only", Variant::kFusedRing, 0, T, B);
       gemm_only.fused = false;
       gemm_only.timing = time_in_graph(
-          ctx.stream, 1, [&](int) { enqueue_step(model, gemms, problem, nullptr, ctx.stream); },
-          timer);
+          ctx.stream, 1,
+          [&](int) { enqueue_step(model, gemms, problem, nullptr, a.launch, ctx.stream); }, timer);
       gemm_only.gemm_us = gemm_only.timing.median_us;
       print_row(gemm_only);
       rows.push_back(gemm_only);
@@ -439,9 +439,11 @@ void run_step_phase(BenchContext& ctx) {
           const StepKda kda = make_kda(ctx, problem, model, v, T, B, defer ? &deferred : nullptr);
           Row r = step_row(ctx, std::string(variant_name(v)) + (defer ? "+deferred" : ""), v,
                            kda.bv, T, B);
+          r.kernel = planned_kernel(v, kda.bv, kda.verifies.front(), a.launch);
+          fmt::print(stderr, "kda_bench: [step] {}: {}\n", r.what, r.kernel);
           r.timing = time_in_graph(
-              ctx.stream, 1, [&](int) { enqueue_step(model, gemms, problem, &kda, ctx.stream); },
-              timer);
+              ctx.stream, 1,
+              [&](int) { enqueue_step(model, gemms, problem, &kda, a.launch, ctx.stream); }, timer);
           check_error_flag(ctx, problem, "step");
           finish_share(ctx, r, gemm_us,
                        !ring ? bytes.snapshot : (defer ? bytes.deferred : bytes.ring));

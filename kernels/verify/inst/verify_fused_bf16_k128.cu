@@ -1,11 +1,11 @@
-// Fused verify tiles: bf16 conv weights, K = 128, every BV of KDA_FUSED_BLOCK_VS (tile_policy.h).
-#include "kernels/verify/per_item.cuh"
+// Fused verify configurations: bf16_t conv weights, K = 128, every tile of KDA_FUSED_BLOCK_VS
+// (tile_policy.h), each with every schedule and feature set verify_kernel_exists allows.
+#include "kernels/verify/verify_launch.cuh"
 
 namespace kda::kernels {
 
-#define KDA_INSTANTIATE_TILE(bv) \
-  template void launch_verify_tile<bf16_t, 128, bv, true>(const TileArgs&, cudaStream_t);
-KDA_FUSED_BLOCK_VS(KDA_INSTANTIATE_TILE)
-#undef KDA_INSTANTIATE_TILE
+#define KDA_VERIFY_DEFINE_BF16_K128(bv) KDA_VERIFY_FUSED_BF16_K128(bv, KDA_VERIFY_CONFIG_DEFINE)
+KDA_FUSED_BLOCK_VS(KDA_VERIFY_DEFINE_BF16_K128)
+#undef KDA_VERIFY_DEFINE_BF16_K128
 
 }  // namespace kda::kernels

@@ -1,10 +1,9 @@
-// Unfused recurrence tiles (read qkv_act; conv weights unused), K = 64 and 128.
-#include "kernels/verify/per_item.cuh"
+// The unfused recurrence's configurations (read qkv_act; conv weights unused): K = 64 and 128,
+// BV = kRecurrentBlockV, each with every schedule and feature set verify_kernel_exists allows.
+#include "kernels/verify/verify_launch.cuh"
 
 namespace kda::kernels {
 
-template void launch_verify_tile<float, 64, kRecurrentBlockV, false>(const TileArgs&, cudaStream_t);
-template void launch_verify_tile<float, 128, kRecurrentBlockV, false>(const TileArgs&,
-                                                                      cudaStream_t);
+KDA_VERIFY_UNFUSED(KDA_VERIFY_CONFIG_DEFINE)
 
 }  // namespace kda::kernels

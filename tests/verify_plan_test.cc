@@ -1,0 +1,165 @@
+// verify_plan_test.cc: plan_verify (kernels/verify/verify_plan.h), the one place that decides a
+// verify call's schedule, features, grid and entry trigger: its rules on an H100/H200-sized device
+// (132 SMs, sm_90) and under forced overrides, without a device. That the planned kernels give
+// the same bits whatever the plan is the GPU tests' job (kernels_gpu_test, deferred_gpu_test).
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "kernels/params/kda_params.h"
+#include "kernels/verify/verify_plan.h"
+
+using namespace kda;
+using kernels::DeviceCaps;
+using kernels::LaunchOverrides;
+using kernels::VerifyPlan;
+using kernels::VerifySchedule;
+
+namespace {
+
+constexpr DeviceCaps kSm90{132, 9};
+constexpr int kTwoPerSm = 2;  ///< the persistent kernels' occupancy (__launch_bounds__(256, 2))
+
+/// A Kimi-Linear-shaped call (H = HV = 32, K = V = 128), every pointer 16-byte aligned so the
+/// persistent layout rule passes.
+VerifyParams kimi(int B, int T, RecordMode mode) {
+  alignas(16) static float state[4];
+  alignas(16) static bf16_t act[8];
+  VerifyParams p;
+  p.B = B;
+  p.T = T;
+  p.H = p.HV = 32;
+  p.K = p.V = 128;
+  p.T_max = 8;
+  p.L = 16;
+  p.mode = mode;
+  p.mixed_qkv = p.a = p.b = p.conv_state = act;
+  p.qkv_act = const_cast<bf16_t*>(act);
+  p.mixed_qkv_stride = 8 * 1000;
+  p.a_stride = 4096;
+  p.conv_state_slot_stride = 3 * 8 * 1000;
+  p.ssm_state = state;
+  p.ssm_slot_stride = 32 * 128 * 128;
+  return p;
+}
+
+VerifyPlan plan(const VerifyParams& p, VerifyPath path, int bv, const LaunchOverrides& o = {},
+                const DeviceCaps& caps = kSm90) {
+  return kernels::plan_verify(p, path, bv, caps, o, kTwoPerSm);
+}
+
+}  // namespace
+
+TEST_CASE("verify plan: small grids run one CTA per SM, large ones persistent", "[kernels][plan]") {
+  // B = 1, BV = 32: 128 CTAs <= 132 SMs, ring mode: the wide form.
+  VerifyPlan s = plan(kimi(1, 4, RecordMode::kRing), VerifyPath::kFused, 32);
+  CHECK(s.schedule == VerifySchedule::kPerItemWide);
+  CHECK(s.items == 128);
+  CHECK(s.grid == 128);
+  CHECK(s.features == kernels::kNoFeatures);
+  CHECK_FALSE(s.entry_trigger);
+  CHECK(s.kernel() == "verify_tile<f32 K=128 BV=32 fused per-item-wide>");
+  // B = 64, BV = 128: 2048 items, beyond three waves: persistent, two CTAs per SM.
+  const VerifyPlan l = plan(kimi(64, 4, RecordMode::kRing), VerifyPath::kFused, 128);
+  CHECK(l.schedule == VerifySchedule::kPersistentRing);
+  CHECK(l.grid == 264);
+  CHECK(l.kernel() == "verify_persistent<f32 K=128 BV=128 fused persistent-ring> x264 CTAs");
+  // The fused BV = 128 tile stays one per SM up to kWideFusedMaxWaves waves (B = 12: 384 CTAs).
+  CHECK(plan(kimi(12, 4, RecordMode::kRing), VerifyPath::kFused, 128).schedule ==
+        VerifySchedule::kPerItemWide);
+  CHECK(plan(kimi(13, 4, RecordMode::kRing), VerifyPath::kFused, 128).schedule ==
+        VerifySchedule::kPersistentRing);
+  // Snapshot mode at BV = 128 beyond the wide window: persistent snapshot.
+  CHECK(plan(kimi(64, 8, RecordMode::kSnapshot), VerifyPath::kFused, 128).schedule ==
+        VerifySchedule::kPersistentSnapshot);
+  // Two token chunks cannot go persistent: two per SM.
+  CHECK(plan(kimi(64, 12, RecordMode::kRing), VerifyPath::kFused, 128).schedule ==
+        VerifySchedule::kPerItem);
+  // Before sm_90 (no TMA): no persistent kernel.
+  CHECK(plan(kimi(64, 4, RecordMode::kRing), VerifyPath::kFused, 128, {}, DeviceCaps{132, 8})
+            .schedule == VerifySchedule::kPerItem);
+}
+
+TEST_CASE("verify plan: the unfused recurrence goes persistent beyond one wave",
+          "[kernels][plan]") {
+  // Unfused, BV = 128: B = 4 fits one wave of one CTA per SM (wide); B = 8, 256 items, fits one
+  // wave of the persistent kernel's 264 resident CTAs: per item; B = 16: persistent.
+  CHECK(plan(kimi(4, 4, RecordMode::kRing), VerifyPath::kUnfused, 0).schedule ==
+        VerifySchedule::kPerItemWide);
+  const VerifyPlan b8 = plan(kimi(8, 4, RecordMode::kRing), VerifyPath::kUnfused, 0);
+  CHECK(b8.schedule == VerifySchedule::kPerItem);
+  CHECK(b8.block_v == kernels::kRecurrentBlockV);
+  CHECK(b8.kernel() == "conv_update + verify_tile<f32 K=128 BV=128 unfused per-item>");
+  const VerifyPlan b16 = plan(kimi(16, 4, RecordMode::kRing), VerifyPath::kUnfused, 0);
+  CHECK(b16.schedule == VerifySchedule::kPersistentRing);
+  CHECK(b16.grid == 264);
+  // The persistent layout needs a 16-byte-aligned qkv_act on the unfused path.
+  VerifyParams odd = kimi(16, 4, RecordMode::kRing);
+  odd.qkv_act += 2;
+  CHECK(plan(odd, VerifyPath::kUnfused, 0).schedule == VerifySchedule::kPerItem);
+}
+
+TEST_CASE("verify plan: features follow the call; ragged and tracked rules", "[kernels][plan]") {
+  int32_t pending[1] = {0};
+  int32_t offsets[2] = {0, 4};
+  float fold_out[4];
+  VerifyParams d = kimi(1, 2, RecordMode::kRing);
+  d.ring_pending = pending;
+  d.ssm_fold_out = fold_out;
+  d.fold_before_wait = 1;
+  // A deferred one-per-SM BV = 64 tile at T = 2 triggers its dependents at entry; the deferred
+  // BV = 32 tile keeps two CTAs per SM and never does; nor does the first layer's verify.
+  const VerifyPlan t = plan(d, VerifyPath::kFused, 64);
+  CHECK(t.features == kernels::kDeferredFold);
+  CHECK(t.schedule == VerifySchedule::kPerItemWide);
+  CHECK(t.entry_trigger);
+  CHECK_FALSE(plan(d, VerifyPath::kFused, 32).entry_trigger);
+  d.fold_before_wait = 0;
+  CHECK_FALSE(plan(d, VerifyPath::kFused, 64).entry_trigger);
+  // Ragged rows: an unfused ragged call runs two per SM; a fused one takes the dense schedule,
+  // persistent only in ring mode.
+  VerifyParams r = kimi(64, 4, RecordMode::kRing);
+  r.token_offsets = offsets;
+  CHECK(plan(r, VerifyPath::kUnfused, 0).schedule == VerifySchedule::kPerItem);
+  const VerifyPlan rf = plan(r, VerifyPath::kFused, 128);
+  CHECK(rf.schedule == VerifySchedule::kPersistentRing);
+  CHECK(rf.features == kernels::kRaggedRows);
+  r.mode = RecordMode::kSnapshot;
+  CHECK(plan(r, VerifyPath::kFused, 128).schedule == VerifySchedule::kPerItem);
+  // Extend runs BV = kExtendBlockV, never persistent; with tracks, the tracked instantiations.
+  const VerifyPlan e = kernels::plan_verify(kimi(64, 4, RecordMode::kRing), VerifyPath::kFused,
+                                            128, kSm90, {}, kTwoPerSm, /*extend=*/true);
+  CHECK(e.block_v == kernels::kExtendBlockV);
+  CHECK(e.schedule == VerifySchedule::kPerItem);
+  const VerifyPlan tracked =
+      kernels::plan_verify(kimi(1, 4, RecordMode::kRing), VerifyPath::kFused, 32, kSm90, {},
+                           kTwoPerSm, /*extend=*/true, /*tracked_extend=*/true);
+  CHECK(tracked.features == kernels::kExtendTracks);
+  CHECK(tracked.schedule == VerifySchedule::kPerItemWide);
+}
+
+TEST_CASE("verify plan: overrides force each schedule; plans compare by value",
+          "[kernels][plan]") {
+  LaunchOverrides never;
+  never.persistent = kernels::PersistentMode::kNever;
+  CHECK(plan(kimi(64, 4, RecordMode::kRing), VerifyPath::kFused, 128, never).schedule ==
+        VerifySchedule::kPerItem);
+  LaunchOverrides squeezed;
+  squeezed.persistent = kernels::PersistentMode::kAlways;
+  squeezed.persistent_max_ctas = 3;
+  squeezed.occupancy = kernels::TileOccupancy::kTwoPerSm;
+  const VerifyPlan s = plan(kimi(1, 4, RecordMode::kRing), VerifyPath::kFused, 128, squeezed);
+  CHECK(s.schedule == VerifySchedule::kPersistentRing);
+  CHECK(s.grid == 3);
+  LaunchOverrides one;
+  one.occupancy = kernels::TileOccupancy::kOnePerSm;
+  CHECK(plan(kimi(64, 4, RecordMode::kSnapshot), VerifyPath::kFused, 64, one).schedule ==
+        VerifySchedule::kPerItemWide);
+  LaunchOverrides no_pdl;
+  no_pdl.pdl = false;
+  const VerifyPlan a = plan(kimi(2, 4, RecordMode::kRing), VerifyPath::kFused, 32);
+  const VerifyPlan b = plan(kimi(2, 4, RecordMode::kRing), VerifyPath::kFused, 32, no_pdl);
+  CHECK_FALSE(b.pdl);
+  CHECK(a != b);
+  CHECK(a == plan(kimi(2, 4, RecordMode::kRing), VerifyPath::kFused, 32));
+}
