@@ -197,7 +197,9 @@ int kda_extend(kda_backend* backend, int layer, const DLTensor* mixed_qkv, const
 /** Commits every layer: accepted_lengths [B] int32 on the backend's device, contiguous. */
 int kda_commit(kda_backend* backend, const DLTensor* accepted_lengths, void* stream);
 /** The same with prefix-cache tracks (kda::CommitTrack): track_slots, track_steps [B] int32 on
- * the backend's device (-1 = no track). */
+ * the backend's device (-1 = no track). A track slot must be allocated when this is called (a
+ * captured commit: at the kda_prepare before the replay) and outside the batch; an invalid track
+ * writes nothing and kda_check_device_errors reports it. */
 int kda_commit_tracked(kda_backend* backend, const DLTensor* accepted_lengths,
                        const DLTensor* track_slots, const DLTensor* track_steps, void* stream);
 
