@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from . import _args
 from . import _dlpack
 from . import _lib
-from ._errors import (CODE_NAMES as _CODE_NAMES, CUDA, INTERNAL, INVALID_ARGUMENT, IO, LIFECYCLE,
-                      OK, OUT_OF_MEMORY, UNSUPPORTED, Error)
+from ._errors import CODE_NAMES as _CODE_NAMES  # noqa: F401 - kda._CODE_NAMES, as before
+from ._errors import (CUDA, INTERNAL, INVALID_ARGUMENT, IO, LIFECYCLE, OK, OUT_OF_MEMORY,
+                      UNSUPPORTED, Error)
 
 POOL_TENSORS = ("conv_state", "ssm_state", "conv_window", "snapshots", "ring_rawv", "ring_rawk",
                 "ring_g", "ring_beta", "ring_pending", "ring_u", "ring_cursor", "qkv_act")
@@ -42,7 +43,7 @@ __all__ = ["Backend", "Model", "Error", "DispatchInfo", "PoolView", "bf16", "loa
 
 def load_library(path=None):
     """Loads (once) and returns the C library; see _lib.candidates for the search order."""
-    return _lib.load(path)
+    return _lib.load(_args.path(path, "load_library", "path"))
 
 
 @dataclass
@@ -184,7 +185,7 @@ class Backend:
             _args.integer(memory_budget_bytes, "create", "memory_budget_bytes", 0,
                           _args.INT64_MAX),
             _args.integer(extra_slots, "create", "extra_slots", 0))
-        self._lib = load_library(library)
+        self._lib = _lib.load(_args.path(library, "create", "library"))
         argv = (ctypes.c_char_p * max(len(encoded), 1))(*encoded)
         handle = ctypes.c_void_p()
         self._check(self._lib.kda_backend_create(ctypes.byref(c_model), argv, len(encoded),

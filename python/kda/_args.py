@@ -13,6 +13,7 @@ and no string is cut at a NUL by the C side.
 import ctypes
 import numbers
 import operator
+import os
 
 from ._errors import INVALID_ARGUMENT, Error
 
@@ -84,6 +85,21 @@ def string(value, call, name):
     except UnicodeEncodeError as e:
         raise Error(INVALID_ARGUMENT, f"{call}: {name}: {value!r} is not encodable as UTF-8 "
                     f"({e.reason} at index {e.start})") from None
+
+
+def path(value, call, name):
+    """A file system path (str or os.PathLike to a str) without a NUL; None stays None."""
+    if value is None:
+        return None
+    try:
+        fs = os.fspath(value)
+    except TypeError:
+        raise TypeError(f"{call}: {name}: expected a path (str or os.PathLike), got "
+                        f"{_type_name(value)}") from None
+    if not isinstance(fs, str):
+        raise TypeError(f"{call}: {name}: expected a str path, got {_type_name(fs)}")
+    string(fs, call, name)
+    return fs
 
 
 def real(value, call, name):

@@ -327,6 +327,8 @@ def check_argument_errors(library):
                "create: flags[1]: expected a str, got int")
     wrong_type(lambda: create(device=None), "create: device: expected a str, got NoneType")
     wrong_type(lambda: create(extra_slots=1.5), "create: extra_slots: expected an int, got float")
+    invalid(lambda: create(library="libkda_c.so\x00.bak"), "create: library:", "NUL character")
+    wrong_type(lambda: create(library=3), "create: library: expected a path")
     be.close()
     return checks
 
