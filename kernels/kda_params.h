@@ -255,9 +255,9 @@ struct CommitParams {
 
   const int32_t* track_slots = nullptr;  ///< [B] track slot per request (see above)
   const int32_t* track_steps = nullptr;  ///< [B] accepted step to track, -1 = none
-  /// Optional [S] per-slot allocation table (nonzero = allocated), read with the tracks: a track
-  /// into a slot marked 0 is invalid. Null: every slot in [0, S) counts as allocated (the
-  /// caller guarantees it). The backend keeps it in its index buffer (BatchIndices).
+  /// Optional [S] per-slot allocation table on the device (nonzero = allocated), read with the
+  /// tracks: a track into a slot marked 0 is invalid. Null: every slot in [0, S) counts as
+  /// allocated (the caller guarantees it).
   const uint8_t* slot_allocated = nullptr;
 
   int32_t* error_flag = nullptr;  ///< optional [1]; CommitError bits

@@ -581,6 +581,10 @@ def tensor_attacks(t, rng):
             ("strided", np.ones(2 * B + 2, np.int32)[::2][:max(B, 2)] if B == 1 else
              np.ones(2 * B, np.int32)[::2], "accepted_lengths", kda.Error),
             ("read-only", readonly(acc), "accepted_lengths", kda.Error),
+            ("reversed", np.arange(B + 1, dtype=np.int32)[::-1][:B] if B > 1 else
+             np.ones(3, np.int32), "accepted_lengths", kda.Error),
+            ("zero stride", np.lib.stride_tricks.as_strided(acc, strides=(0,)) if B > 1 else
+             np.ones((1, 1), np.int32), "accepted_lengths", kda.Error),
             ("list", [1] * B, "accepted_lengths", TypeError),
             ("None", None, "accepted_lengths", kda.Error),
         ]
@@ -626,6 +630,12 @@ def tensor_attacks(t, rng):
         ("list", TypeError, good.tolist()),
         ("None", kda.Error, None),
     ]
+    if N > 1:  # (a single row's stride is never read)
+        bad_forms += [
+            ("reversed rows", kda.Error, kda.bf16(good[::-1])),
+            ("zero row stride", kda.Error, kda.bf16(np.lib.stride_tricks.as_strided(
+                good, strides=(0,) + good.strides[1:]))),
+        ]
     if i == 3 and N * t.HV > 1:  # (size-1 dims take any stride)
         bad_forms.append(("out strided rows", kda.Error, kda.bf16(
             np.zeros((N, t.HV, V + 2), np.uint16)[:, :, :V])))
@@ -736,6 +746,10 @@ def value_attacks(t, rng):
             Attack("prepare too many", lambda: a.prepare(1, [-1] * (t.R + 1)), kda.Error,
                    "prepare: batch of"),
             Attack("prepare empty", lambda: a.prepare(1, []), kda.Error, "prepare: empty batch"),
+            Attack("prepare huge", lambda: a.prepare(1, [-1] * 100003), kda.Error,
+                   "prepare: batch of 100003 requests exceeds"),
+            Attack("materialize huge", lambda: a.materialize(list(range(t.S)) * 30000),
+                   kda.Error, "materialize: slots["),
             Attack("prepare_extend bad track step", lambda: a.prepare_extend(
                 2, [s], [free[0] if free else s], [2]), kda.Error, "prepare_extend: track"),
             Attack("copy_slot same", lambda: a.copy_slot(s, s), kda.Error,
