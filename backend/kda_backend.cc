@@ -139,7 +139,7 @@ KdaAttentionBackend::KdaAttentionBackend(const ModelConfig& model, const EngineF
       platform_(platform_for(device_, options)),
       pool_(make_pool_config(model_, flags_, device_, platform_, options)),
       weights_(static_cast<size_t>(model.num_layers)),
-      indices_(device_, flags.max_running_requests, flags.num_draft_tokens),
+      indices_(device_, flags.max_running_requests, flags.num_draft_tokens, pool_.num_slots()),
       error_flag_(zeroed_flag(device_)),
       round_(model.num_layers),
       deferred_(defers_commit(model_, flags_, platform_)),
@@ -182,7 +182,11 @@ void KdaAttentionBackend::set_layer_weights(int layer, const LayerWeights& weigh
   weights_[static_cast<size_t>(layer)] = weights;
 }
 
-int KdaAttentionBackend::allocate_slot(cudaStream_t stream) { return pool_.allocate_slot(stream); }
+int KdaAttentionBackend::allocate_slot(cudaStream_t stream) {
+  const int slot = pool_.allocate_slot(stream);
+  indices_.set_slot_allocated(slot, true);  // the commit's slot table (BatchIndices)
+  return slot;
+}
 
 void KdaAttentionBackend::release_slot(int slot) {
   if (slot >= 0 && round_.kind() != RoundKind::kNone) {
@@ -198,6 +202,7 @@ void KdaAttentionBackend::release_slot(int slot) {
                    slot, track - batch_tracks_.begin(), round_.describe());
   }
   pool_.release_slot(slot);
+  indices_.set_slot_allocated(slot, false);
 }
 
 void KdaAttentionBackend::copy_slot(int src, int dst, cudaStream_t stream) {
@@ -709,6 +714,11 @@ void KdaAttentionBackend::enqueue_commit(const TensorView& accepted_lengths,
   if (track != nullptr) {
     c.track_slots = static_cast<const int32_t*>(track->slots.data());
     c.track_steps = static_cast<const int32_t*>(track->steps.data());
+    // Slots allocated or released since prepare: the tracks see the table as of this call. A
+    // captured commit keeps the table of the prepare before each replay.
+    if (indices_.slot_table_dirty() && !capturing(device_, stream)) {
+      indices_.flush_slot_table(stream);
+    }
   }
   kernels_->commit(c, stream);
   round_.on_committed();
@@ -728,6 +738,7 @@ CommitParams KdaAttentionBackend::make_commit_params(CommitKind kind) const {
   c.mode = flags_.record_mode();
   c.slots = indices_.slots_data();
   c.rows = indices_.rows_data();
+  c.slot_allocated = indices_.slot_table_data();
 
   const TensorView ssm = pool_.ssm_state_all(), conv = pool_.conv_state_all();
   const TensorView window = pool_.conv_window_all();
@@ -875,8 +886,8 @@ void KdaAttentionBackend::check_device_errors(cudaStream_t stream) {
   }
   if ((flag & kBadTrack) != 0) {
     what.emplace_back(
-        "a track step at or beyond its accepted length, or a track slot out of range, in the "
-        "batch or claimed twice, was passed; those tracks were not written");
+        "a track step at or beyond its accepted length, or a track slot out of range, not "
+        "allocated, in the batch or claimed twice, was passed; those tracks were not written");
   }
   KDA_THROW(ErrorCode::kInvalidArgument, "commit: {}", fmt::format("{}", fmt::join(what, "; ")));
 }

@@ -118,7 +118,10 @@ struct ExtendTrack {
 /// state after its accepted step k (0-based: k = 0 is the state after the first accepted
 /// token) written to slot slots[i] of every layer; -1 = no track. k must be below the accepted
 /// length and slots[i] must be an allocated slot outside the batch, tracked by no other
-/// request; otherwise nothing is written for it and check_device_errors reports it.
+/// request; otherwise nothing is written for it and check_device_errors reports it. "Allocated"
+/// is the host's allocation table when commit() is called (slots allocated or released since
+/// prepare() are written to the device table on the commit's stream first); a commit captured in
+/// a CUDA graph sees the table as of the prepare() before each replay.
 struct CommitTrack {
   TensorView slots;
   TensorView steps;

@@ -15,8 +15,10 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -26,15 +28,101 @@
 #include "core/error.h"
 #include "core/tensor_view.h"
 
-struct kda_backend {
-  std::unique_ptr<kda::KdaAttentionBackend> backend;
-  std::string round_state;  // kda_round_state's string
-  // kda_pool_view's shape and strides, per (name, layer): stable for the handle's lifetime.
-  std::map<std::pair<std::string, int>, std::array<int64_t, 2 * kda::TensorView::kMaxDims>> dims;
-};
-
 namespace kda::capi {
 namespace {
+
+constexpr uint64_t kHandleMagic = 0x4b44415f48414e44ull;  // "KDA_HAND"
+// A kda_backend* is a token, never an address: kHandleTag in bits 48..63 and a serial (never
+// reused) above 4 zero bits, so that a destroyed handle stays unknown even when a new backend
+// takes its memory, and no handle value is ever dereferenced.
+constexpr uint64_t kHandleTag = 0x4b44;  // "KD"
+constexpr int kTagShift = 48;
+constexpr int kSerialShift = 4;
+constexpr uint64_t kMaxSerial = (uint64_t{1} << (kTagShift - kSerialShift)) - 1;
+
+// What a live handle resolves to.
+struct Handle {
+  uint64_t magic = kHandleMagic;
+  std::unique_ptr<KdaAttentionBackend> backend;
+  std::string round_state;  // kda_round_state's string
+  // kda_pool_view's shape and strides, per (name, layer): stable for the handle's lifetime.
+  std::map<std::pair<std::string, int>, std::array<int64_t, 2 * TensorView::kMaxDims>> dims;
+};
+
+uint64_t token_value(const kda_backend* h) { return reinterpret_cast<uintptr_t>(h); }
+
+// The live handles, by serial. Lookups lock one mutex; a handle is used outside it (one thread
+// drives a backend; destroying it during another thread's call on it is undefined, kda_c.h).
+class Registry {
+ public:
+  kda_backend* add(std::unique_ptr<Handle> handle) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    KDA_CHECK_CODE(next_serial_ <= kMaxSerial, ErrorCode::kInternal,
+                   "create: every handle serial is used");
+    const uint64_t serial = next_serial_++;
+    live_.emplace(serial, std::move(handle));
+    return reinterpret_cast<kda_backend*>(
+        static_cast<uintptr_t>((kHandleTag << kTagShift) | (serial << kSerialShift)));
+  }
+
+  /// The live handle `h`; throws kInvalidArgument naming `call` for NULL, a destroyed handle
+  /// or a value that never came from kda_backend_create.
+  Handle& find(const kda_backend* h, const char* call) {
+    KDA_CHECK(h != nullptr, "{}: backend is NULL", call);
+    const std::lock_guard<std::mutex> lock(mu_);
+    const auto it = live_.find(serial_of(h));
+    if (it == live_.end()) {
+      fail_unknown(h, call);
+    }
+    KDA_CHECK_CODE(it->second->magic == kHandleMagic, ErrorCode::kInternal,
+                   "{}: backend {:#x}: its magic value is overwritten (memory corruption)", call,
+                   token_value(h));
+    return *it->second;
+  }
+
+  /// Removes `h` and returns its handle; throws as find() when it is not live.
+  std::unique_ptr<Handle> remove(const kda_backend* h, const char* call) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    const auto it = live_.find(serial_of(h));
+    if (it == live_.end()) {
+      fail_unknown(h, call);
+    }
+    std::unique_ptr<Handle> handle = std::move(it->second);
+    live_.erase(it);
+    handle->magic = 0;
+    return handle;
+  }
+
+ private:
+  // The serial of a well-formed token, else 0 (never issued).
+  static uint64_t serial_of(const kda_backend* h) {
+    const uint64_t v = token_value(h);
+    const uint64_t low = (uint64_t{1} << kSerialShift) - 1;
+    if ((v >> kTagShift) != kHandleTag || (v & low) != 0) {
+      return 0;
+    }
+    return (v & ((uint64_t{1} << kTagShift) - 1)) >> kSerialShift;
+  }
+
+  [[noreturn]] void fail_unknown(const kda_backend* h, const char* call) const {
+    const uint64_t serial = serial_of(h);
+    KDA_CHECK(serial == 0 || serial >= next_serial_,
+              "{}: backend {:#x} was destroyed (kda_backend_destroy); expected a live handle", call,
+              token_value(h));
+    KDA_FAIL("{}: backend {:#x} is not a handle made by kda_backend_create", call, token_value(h));
+  }
+
+  std::mutex mu_;
+  uint64_t next_serial_ = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<Handle>> live_;
+};
+
+// Never destroyed: backends still live at exit are left alone (as before the registry), not torn
+// down after the CUDA runtime.
+Registry& registry() {
+  static Registry* const r = new Registry();
+  return *r;
+}
 
 thread_local std::string t_last_error;
 thread_local int t_last_status = KDA_OK;
@@ -70,14 +158,8 @@ int guarded(F&& body) noexcept {
   }
 }
 
-KdaAttentionBackend& backend_of(kda_backend* h, const char* call) {
-  KDA_CHECK(h != nullptr && h->backend != nullptr, "{}: backend is NULL", call);
-  return *h->backend;
-}
-
-const KdaAttentionBackend& backend_of(const kda_backend* h, const char* call) {
-  KDA_CHECK(h != nullptr && h->backend != nullptr, "{}: backend is NULL", call);
-  return *h->backend;
+KdaAttentionBackend& backend_of(const kda_backend* h, const char* call) {
+  return *registry().find(h, call).backend;
 }
 
 // DLPack dtype names ("bfloat16", "float32", "int64", ...).
@@ -360,8 +442,9 @@ int kda_backend_create(const kda_model_config* model, const char* const* flags, 
     using namespace kda;
     KDA_CHECK(out != nullptr, "create: out is NULL");
     KDA_CHECK(model != nullptr, "create: model is NULL");
-    KDA_CHECK(num_flags >= 0 && (num_flags == 0 || flags != nullptr),
-              "create: flags is NULL for {} entries", num_flags);
+    KDA_CHECK(num_flags >= 0, "create: num_flags = {} is negative, expected >= 0", num_flags);
+    KDA_CHECK(num_flags == 0 || flags != nullptr, "create: flags is NULL for {} entries",
+              num_flags);
     std::vector<std::string> args;
     for (int i = 0; i < num_flags; ++i) {
       KDA_CHECK(flags[i] != nullptr, "create: flags[{}] is NULL", i);
@@ -379,15 +462,20 @@ int kda_backend_create(const kda_model_config* model, const char* const* flags, 
                 options->extra_slots);
       backend_options.extra_slots = options->extra_slots;
     }
-    auto handle = std::make_unique<kda_backend>();
+    auto handle = std::make_unique<capi::Handle>();
     handle->backend = std::make_unique<KdaAttentionBackend>(config, engine_flags,
                                                             make_kernel_set(dev), backend_options);
-    *out = handle.release();
+    *out = capi::registry().add(std::move(handle));
   });
 }
 
 void kda_backend_destroy(kda_backend* backend) {
-  guarded([&] { delete backend; });
+  guarded([&] {
+    if (backend != nullptr) {
+      // Outside the registry's lock: freeing a CUDA pool takes a while.
+      kda::capi::registry().remove(backend, "destroy").reset();
+    }
+  });
 }
 
 int kda_set_layer_weights(kda_backend* backend, int layer, const DLTensor* A_log,
@@ -450,10 +538,12 @@ int kda_prepare_shaped(kda_backend* backend, int32_t T, const int32_t* slots, in
       batch.offsets = kda::capi::host_array(offsets, B + 1, "prepare", "offsets");
     }
     if (parents != nullptr) {
-      KDA_CHECK(T >= 1 && B >= 0 && static_cast<int64_t>(B) * T <= INT32_MAX,
-                "prepare: parents needs B*T entries, got B={} T={} (expected B >= 0, T >= 1, "
-                "B*T < 2^31)",
-                B, T);
+      // T first: parents has B*T entries, a count that means nothing for a T out of range.
+      KDA_CHECK(T >= 1 && T <= b.pool().T_max(),
+                "prepare: T = {} outside [1, {}] (--speculative-num-draft-tokens)", T,
+                b.pool().T_max());
+      KDA_CHECK(static_cast<int64_t>(B) * T <= INT32_MAX,
+                "prepare: parents needs B*T entries, got B={} T={} (expected B*T < 2^31)", B, T);
       batch.parents = kda::capi::host_array(parents, B * T, "prepare", "parents");
     }
     b.prepare(batch, static_cast<cudaStream_t>(stream));
@@ -633,21 +723,21 @@ int kda_backend_info_get(const kda_backend* backend, kda_backend_info* info) {
 
 int kda_round_state(kda_backend* backend, const char** state) {
   return guarded([&] {
-    const kda::KdaAttentionBackend& b = kda::capi::backend_of(backend, "round_state");
+    kda::capi::Handle& h = kda::capi::registry().find(backend, "round_state");
     KDA_CHECK(state != nullptr, "round_state: state is NULL");
-    backend->round_state = b.round_state();
-    *state = backend->round_state.c_str();
+    h.round_state = h.backend->round_state();
+    *state = h.round_state.c_str();
   });
 }
 
 int kda_pool_view(kda_backend* backend, const char* name, int layer, DLTensor* out) {
   return guarded([&] {
     using namespace kda;
-    const KdaAttentionBackend& b = capi::backend_of(backend, "pool_view");
+    capi::Handle& h = capi::registry().find(backend, "pool_view");
     KDA_CHECK(name != nullptr, "pool_view: name is NULL");
     KDA_CHECK(out != nullptr, "pool_view: out is NULL");
-    const TensorView v = capi::pool_tensor(b.pool(), name, layer);
-    auto& dims = backend->dims[{name, layer}];
+    const TensorView v = capi::pool_tensor(h.backend->pool(), name, layer);
+    auto& dims = h.dims[{name, layer}];
     for (int d = 0; d < v.ndim(); ++d) {
       dims[d] = v.size(d);
       dims[TensorView::kMaxDims + d] = v.stride(d);

@@ -25,6 +25,21 @@
  *
  * Threads: kda_last_error is per thread. A backend is driven by one thread at a time; distinct
  * backends are independent.
+ *
+ * Handles: a kda_backend* is an opaque token (not an address) that every call looks up in the
+ * library's registry of live backends before anything else, so NULL, a destroyed handle (also
+ * after other backends were created) and a value that never came from kda_backend_create return
+ * KDA_ERROR_INVALID_ARGUMENT naming the call, and kda_backend_destroy of one does nothing (a
+ * double destroy is a no-op).
+ *
+ * Undefined (the ABI cannot tell such pointers from good ones, so do not pass them): pointers
+ * that are not what the call says they are: a DLTensor* (and its data, shape, strides) that does
+ * not point at a DLTensor describing memory of that size, a host array (slots, rows, lengths,
+ * offsets, parents, tracks) with fewer entries than its count, out pointers (out, slot, info,
+ * state) that are not writable, strings without a terminating NUL; a backend used by two
+ * threads at once, or destroyed while another thread is inside a call on it; pool views (and
+ * their shape / strides) used after destroy; memory a call enqueued work on that is freed or
+ * reused before the stream has run that work.
  */
 #pragma once
 
@@ -66,7 +81,8 @@ extern "C" {
 #define KDA_DRAFT_RAGGED 1 /**< lengths[n] tokens per request, a chain */
 #define KDA_DRAFT_TREE 2   /**< T nodes per request, each with a parent */
 
-/** The backend: opaque; made by kda_backend_create, freed by kda_backend_destroy. */
+/** The backend: an opaque handle (a registry token, never dereferenced); made by
+ * kda_backend_create, freed by kda_backend_destroy. */
 typedef struct kda_backend kda_backend;
 
 /** kda::ModelConfig (backend/model_config.h); validated by kda_backend_create. */
@@ -123,14 +139,16 @@ int kda_last_error_code(void);
 /** "ok", "invalid_argument", "lifecycle", ... ("unknown" for other values). Static string. */
 const char* kda_status_name(int status);
 
-/** Creates a backend. `flags`: num_flags engine flags as on a command line (backend/flags.h:
+/** Creates a backend. `flags`: num_flags (>= 0) engine flags as on a command line (backend/flags.h:
  * "--speculative-num-draft-tokens", "4", "--enable-linear-replayssm-spec", ...; every entry must
  * be a flag of the module or its value). `device`: "host" (host reference kernels) or "cuda" /
  * "cuda:N" (the CUDA kernels on device N). `options` may be NULL. On success *out is the new
  * backend; on error *out is NULL. CUDA: allocates and zeroes the pool (synchronously). */
 int kda_backend_create(const kda_model_config* model, const char* const* flags, int num_flags,
                        const char* device, const kda_backend_options* options, kda_backend** out);
-/** Frees the backend and its pool (NULL: nothing). Work enqueued on a stream must have run. */
+/** Frees the backend and its pool (NULL: nothing). Work enqueued on a stream must have run. A
+ * handle that is not live (destroyed, or never made by kda_backend_create) is left alone:
+ * nothing happens, and kda_last_error_code() says KDA_ERROR_INVALID_ARGUMENT. */
 void kda_backend_destroy(kda_backend* backend);
 
 /** Layer `layer`'s weights: A_log [HV] f32, dt_bias [HV*K] f32, conv_weight [D, 4] and conv_bias
@@ -179,7 +197,9 @@ int kda_extend(kda_backend* backend, int layer, const DLTensor* mixed_qkv, const
 /** Commits every layer: accepted_lengths [B] int32 on the backend's device, contiguous. */
 int kda_commit(kda_backend* backend, const DLTensor* accepted_lengths, void* stream);
 /** The same with prefix-cache tracks (kda::CommitTrack): track_slots, track_steps [B] int32 on
- * the backend's device (-1 = no track). */
+ * the backend's device (-1 = no track). A track slot must be allocated when this is called (a
+ * captured commit: at the kda_prepare before the replay) and outside the batch; an invalid track
+ * writes nothing and kda_check_device_errors reports it. */
 int kda_commit_tracked(kda_backend* backend, const DLTensor* accepted_lengths,
                        const DLTensor* track_slots, const DLTensor* track_steps, void* stream);
 

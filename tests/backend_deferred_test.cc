@@ -5,8 +5,9 @@
 // every layer's SSM and conv state is equal; over random batches (requests joining, leaving,
 // sitting a round out, reversed slots, padding rows, explicit scratch rows), T changing between
 // rounds, random accepted lengths, abort_round() before / during / after a round's layers,
-// extend and a released and reused slot while steps are pending. The lifecycle errors of
-// materialize change nothing.
+// extend and a released and reused slot while steps are pending; bad accepted lengths (0, T + 1,
+// -1) are flagged and change nothing of their request. The lifecycle errors of materialize
+// change nothing.
 //
 // Runs on the host reference (backend_deferred_test, CI) and, linked with :backend_fixture_cuda,
 // on the CUDA kernels (backend_deferred_cuda_test, GPU host).
@@ -159,14 +160,94 @@ TEST_CASE("backend deferred: random rounds equal the eager commit bitwise", "[ba
       rows.resize(static_cast<size_t>(B));
       batch.rows = rows;
     }
+    // Now and then a bad accepted length (0, T + 1, -1): both backends skip that request and
+    // flag it; the deferred one records nothing pending for it and leaves its cursor.
     std::vector<int32_t> accepted;
+    bool bad = false;
     for (int i = 0; i < B; ++i) {
       accepted.push_back(1 + static_cast<int>(rng() % static_cast<unsigned>(batch.T)));
+      if (rng() % 6 == 0 && slots[static_cast<size_t>(i)] >= 0) {
+        const int32_t bad_lengths[] = {0, batch.T + 1, -1};
+        accepted.back() = bad_lengths[rng() % 3];
+        bad = true;
+      }
     }
+    CAPTURE(accepted);
     round_on_both(p, batch, accepted, 500 + 10 * static_cast<uint64_t>(r));
+    for (Harness* h : {&p.eager, &p.deferred}) {
+      if (bad) {
+        CHECK(
+            error_of([&] { h->backend->check_device_errors(nullptr); }, ErrorCode::kInvalidArgument)
+                .find("an accepted length outside [1, T]") != std::string::npos);
+      } else {
+        h->backend->check_device_errors(nullptr);
+      }
+    }
     if (r % 4 == 3) {
       check_states(p);  // also exercises verifies that find nothing pending
     }
+  }
+  check_states(p);
+}
+
+TEST_CASE("backend deferred: bad accepted lengths are flagged and change nothing",
+          "[backend][deferred]") {
+  // A request with an accepted length of 0, T + 1 or -1 is skipped: the device flag is raised
+  // and its slot's state, conv state, pending counts (every layer) and ring cursor keep their
+  // bits; the other requests of the round commit as the eager backend's.
+  Pair p(kGqaCase);
+  round_on_both(p, {kT, {3, 0, 4, 1}, {}}, {2, kT, 1, 3}, 10);  // steps pending in 3, 0, 4, 1
+  check_states(p);                                              // materialized: nothing pending
+  round_on_both(p, {kT, {0, 1}, {}}, {2, 1}, 15);  // pending in 0 and 1 again, not in 3 and 4
+  const KdaStatePool& pool = p.deferred.pool();
+  const int S = pool.num_slots();
+  // Slot s's bits in every per-slot tensor the commit may write.
+  const auto slot_bits = [&](int s) {
+    std::vector<uint8_t> out;
+    for (int layer = 0; layer < kLayers; ++layer) {
+      for (const TensorView& v :
+           {pool.ssm_state(layer).select(0, s), pool.conv_state(layer).select(0, s),
+            pool.ring_pending(layer).narrow(0, s, 1)}) {
+        const std::vector<uint8_t> b = bytes_of(v);
+        out.insert(out.end(), b.begin(), b.end());
+      }
+    }
+    const std::vector<uint8_t> c = bytes_of(pool.ring_cursor().narrow(0, s, 1));
+    out.insert(out.end(), c.begin(), c.end());
+    return out;
+  };
+  std::vector<std::vector<uint8_t>> before;
+  for (int s = 0; s < S; ++s) {
+    before.push_back(slot_bits(s));
+  }
+  // Slots 3 and 4 have nothing pending: a bad length leaves every bit of them. Slot 2 commits.
+  for (const int32_t bad : {0, kT + 1, -1}) {
+    CAPTURE(bad);
+    round_on_both(p, {kT, {3, 2, 4}, {}}, {bad, 2, bad}, static_cast<uint64_t>(21 + bad));
+    for (Harness* h : {&p.eager, &p.deferred}) {
+      CHECK(error_of([&] { h->backend->check_device_errors(nullptr); }, ErrorCode::kInvalidArgument)
+                .find("an accepted length outside [1, T]") != std::string::npos);
+      h->backend->check_device_errors(nullptr);  // cleared
+    }
+    CHECK(slot_bits(3) == before[3]);
+    CHECK(slot_bits(4) == before[4]);
+    CHECK(slot_bits(2) != before[2]);
+    const std::vector<int32_t> pending = to_host_vector<int32_t>(pool.ring_pending_all());
+    for (int layer = 0; layer < kLayers; ++layer) {
+      CHECK(pending[static_cast<size_t>(layer * S + 2)] == 2);
+    }
+    before[2] = slot_bits(2);
+  }
+  // Slot 0's pending steps are folded by the round's verifies; a bad length records none, keeps
+  // the cursor and the conv state: the committed state is the eager backend's.
+  const std::vector<int32_t> cursor = cursors(p.deferred);
+  round_on_both(p, {kT, {0, 1}, {}}, {kT + 1, 3}, 30);
+  CHECK_THROWS_AS(p.deferred.backend->check_device_errors(nullptr), Error);
+  CHECK_THROWS_AS(p.eager.backend->check_device_errors(nullptr), Error);
+  CHECK(cursors(p.deferred)[0] == cursor[0]);
+  CHECK(cursors(p.deferred)[1] == ((cursor[1] + 3) & (pool.ring_len() - 1)));
+  for (int layer = 0; layer < kLayers; ++layer) {
+    CHECK(to_host_vector<int32_t>(pool.ring_pending(layer))[0] == 0);
   }
   check_states(p);
 }

@@ -4,8 +4,9 @@
 //     copy carries the deferred commit's pending steps;
 //   - commit tracks: a track slot (garbage-filled before) equals the state of an independent
 //     backend that commits exactly step + 1 tokens of the same round; every other slot equals
-//     the untracked commit's; ring == snapshot == deferred tracks; invalid tracks raise the
-//     device error flag and write nothing;
+//     the untracked commit's; ring == snapshot == deferred tracks; invalid tracks (a slot not
+//     allocated when commit() is called among them) raise the device error flag and write
+//     nothing;
 //   - extend tracks: the track slot equals an independent extend of the first k + 1 prompt
 //     tokens; bad tracks are kda::Error with nothing changed;
 //   - the errors of copy_slot change nothing.
@@ -339,6 +340,65 @@ TEST_CASE("backend prefix: invalid commit tracks raise the device error flag, wr
     CHECK(slot_state(h, s) == slot_state(plain, s));  // the commit itself went on
   }
   h.backend->check_device_errors(nullptr);  // cleared
+}
+
+TEST_CASE("backend prefix: a commit track into a slot that is not allocated writes nothing",
+          "[backend][prefix]") {
+  // The allocation table the tracks see is the host's when commit() is called: a slot released
+  // before the round or during it is refused (flagged, nothing written, its pending counts kept),
+  // one allocated during the round is tracked.
+  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred);
+  enum class When { kBeforeRound, kDuringRound, kReallocatedDuringRound };
+  const When when = GENERATE(When::kBeforeRound, When::kDuringRound, When::kReallocatedDuringRound);
+  CAPTURE(mode_name(mode), static_cast<int>(when));
+  Harness h = make_harness(mode), plain = make_harness(mode), ref = make_harness(mode);
+  for (Harness* x : {&h, &plain, &ref}) {
+    warm_up_round(*x, {0, 1, 3}, 13);  // deferred: slot 3 has pending steps
+  }
+  fill_garbage(h, 3, 23);
+  if (when != When::kDuringRound) {
+    h.backend->release_slot(3);
+  }
+  const std::vector<uint8_t> before = slot_state_as_is(h, 3);
+  const std::vector<int32_t> pending = mode == Mode::kSnapshot
+                                           ? std::vector<int32_t>()
+                                           : to_host_vector<int32_t>(h.pool().ring_pending_all());
+  const BatchSpec batch{kT, {0, 1}, {}};
+  for (Harness* x : {&h, &plain, &ref}) {
+    verify_all(*x, batch, 63);
+  }
+  if (when == When::kDuringRound) {
+    h.backend->release_slot(3);
+  } else if (when == When::kReallocatedDuringRound) {
+    REQUIRE(h.backend->allocate_slot(nullptr) == 3);  // the only free slot, zeroed
+  }
+  commit_tracked(h, {2, 3}, {3, -1}, {1, -1});
+  commit_tracked(ref, {2, 3}, {3, -1}, {1, -1});
+  commit(plain, {2, 3});
+#ifdef KDA_BACKEND_TEST_CUDA
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+#endif
+  ref.backend->check_device_errors(nullptr);
+  if (when == When::kReallocatedDuringRound) {
+    h.backend->check_device_errors(nullptr);  // a valid track
+    CHECK(slot_state_as_is(h, 3) == slot_state_as_is(ref, 3));
+  } else {
+    const std::string msg =
+        error_of([&] { h.backend->check_device_errors(nullptr); }, ErrorCode::kInvalidArgument);
+    CHECK(msg.find("not allocated") != std::string::npos);
+    CHECK(slot_state_as_is(h, 3) == before);  // nothing written
+    if (mode != Mode::kSnapshot) {            // slot 3's pending counts (deferred: warm-up's) kept
+      const std::vector<int32_t> after = to_host_vector<int32_t>(h.pool().ring_pending_all());
+      for (int layer = 0; layer < kLayers; ++layer) {
+        const size_t at = static_cast<size_t>(layer * h.pool().num_slots() + 3);
+        CHECK(after[at] == pending[at]);
+        CHECK((mode == Mode::kRingEager || pending[at] > 0));
+      }
+    }
+  }
+  for (const int s : {0, 1, 2}) {
+    CHECK(slot_state(h, s) == slot_state(plain, s));  // the commit itself went on
+  }
 }
 
 TEST_CASE("backend prefix: commit track views are validated", "[backend][prefix]") {

@@ -1,9 +1,12 @@
 // capi_test.cc: the C ABI (capi/kda_c.h) on the host kernel set against the C++ backend: a
 // verify -> commit -> verify round through kda_* gives the C++ backend's outputs and pool bits
-// (both record modes, eager and deferred commit; dense, ragged and tree drafts), and every error
-// path returns its status with a message naming the argument, changes nothing and crosses no
-// exception.
+// (both record modes, eager and deferred commit; dense, ragged and tree drafts; tracked commits
+// and tracked extends; tensors at a non-zero byte_offset), every error path returns its status
+// with a message naming the argument, changes nothing and crosses no exception, and destroyed,
+// foreign and garbage handles are refused (a double destroy does nothing).
 #include "capi/kda_c.h"
+
+#include <fmt/format.h>
 
 #include <catch2/catch.hpp>
 #include <cstdint>
@@ -264,6 +267,49 @@ bool c_verify_all(kda_backend* b, const BatchSpec& batch, const std::vector<Acti
   return same;
 }
 
+// A copy of a host view `v` at byte `offset` of a buffer of its own, described by a DLTensor
+// whose data is the buffer's start and byte_offset `offset` (DLPack's base + offset form).
+struct AtOffset {
+  Buffer buf;
+  Dl dl;
+  int64_t offset;
+  AtOffset(const TensorView& v, int64_t offset_bytes)
+      : buf(Device::host(), offset_bytes + v.span_bytes()), dl(v), offset(offset_bytes) {
+    std::memset(buf.data(), 0x5a, static_cast<size_t>(buf.bytes()));  // not a valid tensor
+    std::memcpy(static_cast<char*>(buf.data()) + offset, v.data(),
+                static_cast<size_t>(v.span_bytes()));
+    dl.t.data = buf.data();
+    dl.t.byte_offset = static_cast<uint64_t>(offset);
+  }
+  // The tensor's bytes as the call left them.
+  std::vector<uint8_t> bytes() const {
+    const auto* p = static_cast<const uint8_t*>(buf.data()) + offset;
+    return std::vector<uint8_t>(p, p + (buf.bytes() - offset));
+  }
+};
+
+// Runs the prepared round's layers through kda_verify (extend: kda_extend) with every tensor
+// at a non-zero byte_offset; true if every output equals acts' bitwise.
+bool c_run_all_at_offset(kda_backend* b, const std::vector<Activations>& acts, bool extend) {
+  bool same = true;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    const Activations& x = acts[static_cast<size_t>(layer)];
+    const AtOffset qkv(x.in.mixed_qkv, 96), a(x.in.a, 32), bb(x.in.b, 16);
+    Buffer garbage(Device::host(), x.out_view.span_bytes());
+    std::memset(garbage.data(), 0x33, static_cast<size_t>(garbage.bytes()));
+    const AtOffset out(
+        garbage.view(DType::kBF16, {x.out_view.size(0), x.out_view.size(1), x.out_view.size(2)}),
+        64);
+    const int status =
+        extend ? kda_extend(b, layer, qkv.dl.dl(), a.dl.dl(), bb.dl.dl(), out.dl.dl(), nullptr)
+               : kda_verify(b, layer, qkv.dl.dl(), a.dl.dl(), bb.dl.dl(), out.dl.dl(), nullptr,
+                            nullptr);
+    REQUIRE(status == KDA_OK);
+    same = same && same_bits(x.out_view, out.bytes());
+  }
+  return same;
+}
+
 }  // namespace
 
 TEST_CASE("capi: verify -> commit -> verify equals the C++ backend bitwise", "[capi]") {
@@ -386,6 +432,183 @@ TEST_CASE("capi: ragged and tree rounds equal the C++ backend bitwise", "[capi]"
   }
 }
 
+TEST_CASE("capi: tracked commits equal the C++ backend bitwise", "[capi]") {
+  // kda_commit_tracked in snapshot, eager ring and deferred ring mode: the track slots, the
+  // requests' slots and every other pool tensor as the C++ backend's CommitTrack commit, with
+  // every tensor of the round at a non-zero byte_offset.
+  for (const bool ring : {false, true}) {
+    for (const bool deferred : {false, true}) {
+      if (deferred && !ring) {
+        continue;
+      }
+      CAPTURE(ring, deferred);
+      Harness h(kGqaCase, ring, Platform{}, /*fused=*/true, deferred);
+      kda_backend* c = mirror(h, ring, deferred);
+      // Requests on slots 1, 0, 2; tracks of request 0's step 1 into slot 4 and request 2's
+      // step 0 into slot 3 (request 1 tracks nothing).
+      const BatchSpec batch{kT, {1, 0, 2}, {}};
+      const std::vector<Activations> x = verify_all(h, batch, 11);
+      REQUIRE(kda_prepare(c, kT, batch.slots.data(), 3, nullptr, nullptr) == KDA_OK);
+      CHECK(c_run_all_at_offset(c, x, /*extend=*/false));
+      const Commit acc({3, 2, 2}), track_slots({4, -1, 3}), track_steps({1, -1, 0});
+      h.backend->commit(acc.view, CommitTrack{track_slots.view, track_steps.view}, nullptr);
+      h.backend->check_device_errors(nullptr);
+      const AtOffset acc_dl(acc.view, 8), ts(track_slots.view, 4), tp(track_steps.view, 12);
+      REQUIRE(kda_commit_tracked(c, acc_dl.dl.dl(), ts.dl.dl(), tp.dl.dl(), nullptr) == KDA_OK);
+      REQUIRE(kda_check_device_errors(c, nullptr) == KDA_OK);
+      CHECK(same_pool(c, h.pool()));  // the deferred pending counts and cursors too
+      // The tracks as slots of their own: a round on them, then everything materialized.
+      const BatchSpec next{kT, {4, 3}, {}};
+      const std::vector<Activations> y = verify_all(h, next, 12);
+      CHECK(c_verify_all(c, next, y));
+      commit_both(h, c, {2, kT});
+      const std::vector<int32_t> all = {0, 1, 2, 3, 4};
+      h.backend->materialize(all, nullptr);
+      REQUIRE(kda_materialize(c, all.data(), 5, nullptr) == KDA_OK);
+      CHECK(same_pool(c, h.pool()));
+      kda_backend_destroy(c);
+    }
+  }
+}
+
+TEST_CASE("capi: a tracked extend equals the C++ backend bitwise", "[capi]") {
+  // kda_prepare_extend with track_slots / track_steps, then kda_extend on every layer (tensors
+  // at a non-zero byte_offset): outputs, request slots and track slots as the C++ backend's
+  // prepare_extend(batch, ExtendTrack) round; each mode.
+  constexpr int kPrompt = 6;  // > T_max: extend needs no scratch
+  for (const bool ring : {false, true}) {
+    for (const bool deferred : {false, true}) {
+      if (deferred && !ring) {
+        continue;
+      }
+      CAPTURE(ring, deferred);
+      Harness h(kGqaCase, ring, Platform{}, /*fused=*/true, deferred);
+      kda_backend* c = mirror(h, ring, deferred);
+      const BatchSpec batch{kPrompt, {1, -1, 0}, {}};
+      const ExtendTrack track{{3, -1, 4}, {2, -1, kPrompt - 1}};
+      std::vector<Activations> x;
+      h.backend->prepare_extend(batch, track, nullptr);
+      for (int layer = 0; layer < kLayers; ++layer) {
+        x.push_back(make_activations(h.model, batch.slots, kPrompt, 40 + layer));
+        h.backend->extend(layer, x.back().in, x.back().out_view, nullptr);
+      }
+      REQUIRE(kda_prepare_extend(c, kPrompt, batch.slots.data(), 3, track.slots.data(),
+                                 track.steps.data(), nullptr) == KDA_OK);
+      CHECK(c_run_all_at_offset(c, x, /*extend=*/true));
+      CHECK(same_pool(c, h.pool()));
+      // The track slots differ from the untracked extend's (they hold mid-prompt states).
+      Harness plain(kGqaCase, ring, Platform{}, /*fused=*/true, deferred);
+      plain.backend->prepare_extend(batch, nullptr);
+      for (int layer = 0; layer < kLayers; ++layer) {
+        Activations y = make_activations(h.model, batch.slots, kPrompt, 40 + layer);
+        plain.backend->extend(layer, y.in, y.out_view, nullptr);
+      }
+      CHECK_FALSE(same_pool(c, plain.pool()));
+      // Tracks without steps (or steps without slots) are refused, naming them.
+      CHECK(kda_prepare_extend(c, kPrompt, batch.slots.data(), 3, track.slots.data(), nullptr,
+                               nullptr) == KDA_ERROR_INVALID_ARGUMENT);
+      CHECK(std::string(kda_last_error()).find("track_slots and track_steps") != std::string::npos);
+      const int32_t bad_steps[] = {kPrompt, -1, 0};
+      CHECK(kda_prepare_extend(c, kPrompt, batch.slots.data(), 3, track.slots.data(), bad_steps,
+                               nullptr) == KDA_ERROR_INVALID_ARGUMENT);
+      CHECK(std::string(kda_last_error()).find("track.steps[0] = 6") != std::string::npos);
+      CHECK(same_pool(c, h.pool()));
+      kda_backend_destroy(c);
+    }
+  }
+}
+
+TEST_CASE("capi: destroyed, foreign and garbage handles are refused, destroy is idempotent",
+          "[capi]") {
+  const kda_model_config m = c_model(model_for(kGqaCase));
+  const std::vector<std::string> flags = flag_strings(/*ring=*/true, /*deferred=*/false);
+  const std::vector<const char*> argv = c_strs(flags);
+  auto create = [&] {
+    kda_backend* b = nullptr;
+    REQUIRE(kda_backend_create(&m, argv.data(), static_cast<int>(argv.size()), "host", nullptr,
+                               &b) == KDA_OK);
+    return b;
+  };
+  // Every entry point that takes a handle, with otherwise valid arguments.
+  auto every_call = [&](kda_backend* b) {
+    std::vector<int> status;
+    int32_t slot = -1;
+    const int32_t slots[] = {0};
+    kda_backend_info info{};
+    const char* state = nullptr;
+    DLTensor view{};
+    status.push_back(kda_allocate_slot(b, nullptr, &slot));
+    status.push_back(kda_release_slot(b, 0));
+    status.push_back(kda_copy_slot(b, 0, 1, nullptr));
+    status.push_back(kda_prepare(b, 1, slots, 1, nullptr, nullptr));
+    status.push_back(kda_prepare_extend(b, 1, slots, 1, nullptr, nullptr, nullptr));
+    status.push_back(kda_materialize(b, slots, 1, nullptr));
+    status.push_back(kda_abort_round(b, nullptr));
+    status.push_back(kda_record_graph_verify_round(b));
+    status.push_back(kda_check_device_errors(b, nullptr));
+    status.push_back(kda_backend_info_get(b, &info));
+    status.push_back(kda_round_state(b, &state));
+    status.push_back(kda_pool_view(b, "ssm_state", 0, &view));
+    status.push_back(kda_verify(b, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr));
+    status.push_back(kda_extend(b, 0, nullptr, nullptr, nullptr, nullptr, nullptr));
+    status.push_back(kda_commit(b, nullptr, nullptr));
+    status.push_back(kda_commit_tracked(b, nullptr, nullptr, nullptr, nullptr));
+    status.push_back(kda_commit_tree(b, nullptr, nullptr, nullptr));
+    status.push_back(kda_commit_tree_tracked(b, nullptr, nullptr, nullptr, nullptr, nullptr));
+    status.push_back(kda_set_layer_weights(b, 0, nullptr, nullptr, nullptr, nullptr));
+    CHECK(slot == -1);
+    CHECK(state == nullptr);
+    return status;
+  };
+  const std::vector<int> refused(19, KDA_ERROR_INVALID_ARGUMENT);
+
+  kda_backend* first = create();
+  kda_backend_destroy(first);
+  CHECK(kda_last_error_code() == KDA_OK);
+  // Another backend may take the first one's memory: the first handle stays unknown.
+  kda_backend* second = create();
+  CHECK(second != first);
+  CHECK(every_call(first) == refused);
+  CHECK(std::string(kda_last_error()).find("was destroyed") != std::string::npos);
+  kda_backend_destroy(first);  // a double destroy: nothing happens
+  CHECK(kda_last_error_code() == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(kda_last_error()) ==
+        fmt::format("destroy: backend {:#x} was destroyed (kda_backend_destroy); expected a live "
+                    "handle",
+                    reinterpret_cast<uintptr_t>(first)));
+  kda_backend_info info{};
+  REQUIRE(kda_backend_info_get(second, &info) == KDA_OK);  // the live one is untouched
+  CHECK(info.free_slots == info.num_slots);
+
+  // Values that never came from kda_backend_create: a small integer, a stack address, the
+  // address of a real DLTensor, a handle-shaped value not yet issued, a live handle plus one.
+  int local = 0;
+  DLTensor not_a_backend{};
+  const uintptr_t live = reinterpret_cast<uintptr_t>(second);
+  for (const uintptr_t v :
+       {uintptr_t{0x1234}, reinterpret_cast<uintptr_t>(&local),
+        reinterpret_cast<uintptr_t>(&not_a_backend), live + (uintptr_t{1} << 20), live + 1}) {
+    CAPTURE(v);
+    auto* garbage = reinterpret_cast<kda_backend*>(v);
+    CHECK(every_call(garbage) == refused);
+    CHECK(std::string(kda_last_error()) ==
+          fmt::format("set_layer_weights: backend {:#x} is not a handle made by "
+                      "kda_backend_create",
+                      v));
+    kda_backend_destroy(garbage);
+    CHECK(kda_last_error_code() == KDA_ERROR_INVALID_ARGUMENT);
+  }
+  CHECK(every_call(nullptr) == refused);
+  CHECK(std::string(kda_last_error()) == "set_layer_weights: backend is NULL");
+  kda_backend_destroy(nullptr);
+  CHECK(kda_last_error_code() == KDA_OK);
+  REQUIRE(kda_backend_info_get(second, &info) == KDA_OK);
+  CHECK(info.free_slots == info.num_slots);
+  kda_backend_destroy(second);
+  CHECK(kda_last_error_code() == KDA_OK);
+  CHECK(every_call(second) == refused);
+}
+
 TEST_CASE("capi: errors return the status, name the argument and change nothing", "[capi]") {
   Harness h(kGqaCase, /*ring=*/true, Platform{});
   kda_backend* c = mirror(h, /*ring=*/true, /*deferred=*/false);
@@ -458,7 +681,14 @@ TEST_CASE("capi: errors return the status, name the argument and change nothing"
         return kda_prepare_shaped(c, 0, batch.slots.data(), 2, nullptr, nullptr, nullptr, parents,
                                   nullptr);
       },
-      KDA_ERROR_INVALID_ARGUMENT, "prepare: parents needs B*T entries, got B=2 T=0");
+      KDA_ERROR_INVALID_ARGUMENT, "prepare: T = 0 outside [1, 4] (--speculative-num-draft-tokens)");
+  rejected(
+      [&] {
+        return kda_prepare_shaped(c, -3, batch.slots.data(), 2, nullptr, nullptr, nullptr, parents,
+                                  nullptr);
+      },
+      KDA_ERROR_INVALID_ARGUMENT,
+      "prepare: T = -3 outside [1, 4] (--speculative-num-draft-tokens)");
   const int32_t bad_lengths[] = {2, kT + 1};
   rejected(
       [&] {
@@ -597,6 +827,10 @@ TEST_CASE("capi: create validates flags, model and device", "[capi]") {
   CHECK(message() == "create: device 'tpu' unsupported, expected \"host\", \"cuda\" or \"cuda:N\"");
   CHECK(create({}, "host", nullptr) == KDA_ERROR_INVALID_ARGUMENT);
   CHECK(message() == "create: model is NULL");
+  CHECK(kda_backend_create(&m, nullptr, -1, "host", nullptr, &b) == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(message() == "create: num_flags = -1 is negative, expected >= 0");
+  CHECK(kda_backend_create(&m, nullptr, 2, "host", nullptr, &b) == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(message() == "create: flags is NULL for 2 entries");
   kda_model_config bad = m;
   bad.HV = 3;
   CHECK(create({}, "host", &bad) == KDA_ERROR_INVALID_ARGUMENT);

@@ -14,9 +14,10 @@ constexpr int32_t kInvalidTrack = -2;  ///< a track was asked for and is invalid
 
 /// Request i's track step k (>= 0), kNoTrack, or kInvalidTrack. A request tracks when it
 /// commits (a real slot, accepted length n in [1, T]) and track_steps[i] >= 0; the track is
-/// valid when k < n and track_slots[i] is in [0, S), not a slot of the batch and not the track
-/// slot of another request j that asks for a track (j's validity aside, so that two claims on
-/// one slot both fail, whatever the order). O(B) reads: B is at most a few hundred.
+/// valid when k < n and track_slots[i] is in [0, S), allocated (p.slot_allocated, when given),
+/// not a slot of the batch and not the track slot of another request j that asks for a track
+/// (j's validity aside, so that two claims on one slot both fail, whatever the order). O(B)
+/// reads: B is at most a few hundred.
 KDA_HD int32_t track_step_of(const CommitParams& p, int i) {
   if (p.track_steps == nullptr || p.slots[i] < 0) {
     return kNoTrack;
@@ -27,7 +28,8 @@ KDA_HD int32_t track_step_of(const CommitParams& p, int i) {
     return kNoTrack;  // a bad accepted length is kBadAcceptedLength's
   }
   const int32_t slot = p.track_slots[i];
-  if (k >= n || slot < 0 || slot >= p.num_slots) {
+  if (k >= n || slot < 0 || slot >= p.num_slots ||
+      (p.slot_allocated != nullptr && p.slot_allocated[slot] == 0)) {
     return kInvalidTrack;
   }
   for (int j = 0; j < p.B; ++j) {

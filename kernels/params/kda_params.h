@@ -207,9 +207,9 @@ enum CommitError : int32_t {
 /// steps 0..k of the ring (from the slot's cursor) straight into the track slot and zeroes its
 /// pending counts, so the track slot is complete (materialized) once the commit has run, while
 /// the request's own slot stays deferred. A track is valid when k < accepted[i] and
-/// track_slots[i] is in [0, S), not a slot of the batch and no other valid request's track slot;
-/// an invalid one writes nothing and or-s kBadTrack into *error_flag. The caller guarantees that
-/// track slots are allocated (the device cannot tell).
+/// track_slots[i] is in [0, S), allocated (slot_allocated, when given), not a slot of the batch
+/// and no other valid request's track slot; an invalid one writes nothing and or-s kBadTrack into
+/// *error_flag.
 struct CommitParams {
   CommitKind kind = CommitKind::kEager;
   int32_t num_layers = 0;
@@ -255,6 +255,10 @@ struct CommitParams {
 
   const int32_t* track_slots = nullptr;  ///< [B] track slot per request (see above)
   const int32_t* track_steps = nullptr;  ///< [B] accepted step to track, -1 = none
+  /// Optional [S] per-slot allocation table on the device (nonzero = allocated), read with the
+  /// tracks: a track into a slot marked 0 is invalid. Null: every slot in [0, S) counts as
+  /// allocated (the caller guarantees it).
+  const uint8_t* slot_allocated = nullptr;
 
   int32_t* error_flag = nullptr;  ///< optional [1]; CommitError bits
 

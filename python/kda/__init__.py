@@ -14,53 +14,36 @@ numpy has no bfloat16, so pass bf16 data as uint16 wrapped in ``kda.bf16(array)`
 never owns a tensor: it borrows it for the call (weights: for as long as the layer may run, and
 it keeps a reference to them). Streams: an integer cudaStream_t handle (e.g.
 ``torch.cuda.current_stream().cuda_stream``) or an object with ``.cuda_stream``; 0 = the legacy
-default stream; the host kernel set ignores it. Errors raise ``kda.Error`` (``.code``,
-``.code_name``; the message is the module's). The library: ``library=PATH``, else
-$KDA_LIBRARY, else beside the package or in <prefix>/lib (see _lib.candidates).
+default stream; the host kernel set ignores it. Errors: an argument of the wrong Python type
+raises TypeError naming it; every other failure raises ``kda.Error`` (``.code``, ``.code_name``;
+the message names the argument): integers outside their C type's or their own range, strings
+with a NUL or not UTF-8 encodable, and everything the library refuses (_args.py). The library:
+``library=PATH``, else $KDA_LIBRARY, else beside the package or in <prefix>/lib (see
+_lib.candidates).
 """
 
 import ctypes
+import dataclasses
 from dataclasses import dataclass
 
+from . import _args
 from . import _dlpack
 from . import _lib
-
-OK = 0
-INVALID_ARGUMENT = 1
-LIFECYCLE = 2
-UNSUPPORTED = 3
-CUDA = 4
-OUT_OF_MEMORY = 5
-IO = 6
-INTERNAL = 7
-
-_CODE_NAMES = {OK: "ok", INVALID_ARGUMENT: "invalid_argument", LIFECYCLE: "lifecycle",
-               UNSUPPORTED: "unsupported", CUDA: "cuda", OUT_OF_MEMORY: "out_of_memory",
-               IO: "io", INTERNAL: "internal"}
+from ._errors import CODE_NAMES as _CODE_NAMES  # noqa: F401 - kda._CODE_NAMES, as before
+from ._errors import (CUDA, INTERNAL, INVALID_ARGUMENT, IO, LIFECYCLE, OK, OUT_OF_MEMORY,
+                      UNSUPPORTED, Error)
 
 POOL_TENSORS = ("conv_state", "ssm_state", "conv_window", "snapshots", "ring_rawv", "ring_rawk",
                 "ring_g", "ring_beta", "ring_pending", "ring_u", "ring_cursor", "qkv_act")
 
 __all__ = ["Backend", "Model", "Error", "DispatchInfo", "PoolView", "bf16", "load_library",
-           "POOL_TENSORS"]
-
-
-class Error(Exception):
-    """A failed kda call: ``code`` is a status (kda.INVALID_ARGUMENT, ...), str() the message."""
-
-    def __init__(self, code, message):
-        super().__init__(message)
-        self.code = code
-        self.code_name = _CODE_NAMES.get(code, "unknown")
-        self.message = message
-
-    def __repr__(self):
-        return f"kda.Error({self.code_name}: {self.message!r})"
+           "POOL_TENSORS", "OK", "INVALID_ARGUMENT", "LIFECYCLE", "UNSUPPORTED", "CUDA",
+           "OUT_OF_MEMORY", "IO", "INTERNAL"]
 
 
 def load_library(path=None):
     """Loads (once) and returns the C library; see _lib.candidates for the search order."""
-    return _lib.load(path)
+    return _lib.load(_args.path(path, "load_library", "path"))
 
 
 @dataclass
@@ -78,17 +61,40 @@ class Model:
     has_conv_bias: bool = False
 
     def _c(self):
+        call = "create"
         gates = {"standard": 0, "safe": 1}
         dtypes = {"f32": 0, "float32": 0, "bf16": 1, "bfloat16": 1}
-        if self.gate not in gates:
-            raise Error(INVALID_ARGUMENT, f"create: model.gate '{self.gate}' unsupported, "
+        dims = [_args.integer(getattr(self, f), call, f"model.{f}", 1)
+                for f in ("num_layers", "H", "HV", "K", "V")]
+        gate = _args.string(self.gate, call, "model.gate").decode()
+        if gate not in gates:
+            raise Error(INVALID_ARGUMENT, f"create: model.gate '{gate}' unsupported, "
                         "expected 'standard' or 'safe'")
-        if self.conv_weight_dtype not in dtypes:
+        wtype = _args.string(self.conv_weight_dtype, call, "model.conv_weight_dtype").decode()
+        if wtype not in dtypes:
             raise Error(INVALID_ARGUMENT, "create: model.conv_weight_dtype "
-                        f"'{self.conv_weight_dtype}' unsupported, expected 'f32' or 'bf16'")
-        return _lib.ModelConfig(self.num_layers, self.H, self.HV, self.K, self.V,
-                                gates[self.gate], self.lower_bound,
-                                dtypes[self.conv_weight_dtype], 1 if self.has_conv_bias else 0)
+                        f"'{wtype}' unsupported, expected 'f32' or 'bf16'")
+        lower_bound = _args.real(self.lower_bound, call, "model.lower_bound")
+        bias = _args.flag(self.has_conv_bias, call, "model.has_conv_bias")
+        return _lib.ModelConfig(*dims, gates[gate], lower_bound, dtypes[wtype], bias)
+
+    @classmethod
+    def _from(cls, model):
+        """A Model, or a dict of Model's fields (every required one, no other)."""
+        if isinstance(model, cls):
+            return model
+        if not isinstance(model, dict):
+            raise TypeError(f"create: model: expected a kda.Model or a dict, got "
+                            f"{type(model).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for key in model:
+            if key not in fields:
+                raise Error(INVALID_ARGUMENT, f"create: model: unknown field {key!r} (fields: "
+                            f"{', '.join(fields)})")
+        for name, f in fields.items():
+            if name not in model and f.default is dataclasses.MISSING:
+                raise Error(INVALID_ARGUMENT, f"create: model: missing field {name!r}")
+        return cls(**model)
 
 
 @dataclass
@@ -111,21 +117,6 @@ class bf16:
 _BF16 = _dlpack.DLDataType(_dlpack.kDLBfloat, 16, 1)
 
 
-def _stream_handle(stream):
-    if stream is None:
-        return 0
-    if hasattr(stream, "cuda_stream"):
-        return int(stream.cuda_stream)
-    return int(stream)
-
-
-def _i32_array(values, call, name):
-    try:
-        items = [int(v) for v in values]
-    except TypeError:
-        raise Error(INVALID_ARGUMENT, f"{call}: {name}: expected a sequence of ints, got "
-                    f"{type(values).__name__}") from None
-    return (ctypes.c_int32 * max(len(items), 1))(*items), len(items)
 
 
 class PoolView:
@@ -183,23 +174,33 @@ class Backend:
 
     def __init__(self, model, flags=(), device="host", *, extra_slots=0,
                  memory_budget_bytes=0, library=None):
-        self._lib = load_library(library)
         self._h = None
         self._weights = {}
-        if isinstance(model, dict):
-            model = Model(**model)
+        model = Model._from(model)
         c_model = model._c()
-        flags = [str(f) for f in flags]
-        argv = (ctypes.c_char_p * max(len(flags), 1))(*[f.encode() for f in flags])
-        options = _lib.BackendOptions(int(memory_budget_bytes), int(extra_slots))
+        flag_list = _args.sequence(flags, "create", "flags")
+        encoded = [_args.string(f, "create", f"flags[{i}]") for i, f in enumerate(flag_list)]
+        c_device = _args.string(device, "create", "device")
+        options = _lib.BackendOptions(
+            _args.integer(memory_budget_bytes, "create", "memory_budget_bytes", 0,
+                          _args.INT64_MAX),
+            _args.integer(extra_slots, "create", "extra_slots", 0))
+        self._lib = _lib.load(_args.path(library, "create", "library"))
+        argv = (ctypes.c_char_p * max(len(encoded), 1))(*encoded)
         handle = ctypes.c_void_p()
-        self._check(self._lib.kda_backend_create(ctypes.byref(c_model), argv, len(flags),
-                                                 str(device).encode(), ctypes.byref(options),
+        self._check(self._lib.kda_backend_create(ctypes.byref(c_model), argv, len(encoded),
+                                                 c_device, ctypes.byref(options),
                                                  ctypes.byref(handle)))
         self._h = handle
         self.model = model
-        self.flags = tuple(flags)
-        self.device = str(device)
+        self.flags = tuple(flag_list)
+        self.device = device
+        # The configuration's ranges (fixed at creation), for the arguments' own range checks.
+        info = self.info()
+        self._num_layers = info["num_layers"]
+        self._num_slots = info["num_slots"]
+        self._num_rows = info["num_rows"]
+        self._max_tokens = info["max_draft_tokens"]
 
     # ---- plumbing ----
     def _check(self, status):
@@ -212,16 +213,29 @@ class Backend:
         return self._h
 
     def _borrow(self, obj, call, name, stream=0):
+        """obj as a Borrowed DLTensor for one call (None: None). Not a tensor: TypeError; a
+        tensor whose producer refuses to export it (read-only numpy, ...): kda.Error."""
         if obj is None:
             return None
         override = None
         if isinstance(obj, bf16):
             obj, override = obj.tensor, _BF16
+        if not hasattr(obj, "__dlpack__"):
+            raise TypeError(f"{call}: {name}: expected a tensor with __dlpack__ (numpy array, "
+                            f"torch tensor), got {type(obj).__name__}")
         try:
             return _dlpack.as_dltensor(obj, f"{call}: {name}", stream, override)
-        except (TypeError, ValueError, BufferError) as e:
-            raise Error(INVALID_ARGUMENT, str(e) if str(e).startswith(call) else
-                        f"{call}: {name}: {e}") from None
+        except Exception as e:  # the producer's own error, whatever its type
+            message = str(e) if str(e).startswith(call) else f"{call}: {name}: {e}"
+            if isinstance(e, TypeError):
+                raise TypeError(message) from None
+            raise Error(INVALID_ARGUMENT, message) from None
+
+    def _layer(self, layer, call, lo=0):
+        return _args.integer(layer, call, "layer", lo, self._num_layers, hi_open=True)
+
+    def _slot(self, slot, call, name):
+        return _args.integer(slot, call, name, 0, self._num_slots, hi_open=True)
 
     def close(self):
         """Frees the backend and its pool (work on the stream must have run). Idempotent."""
@@ -245,14 +259,15 @@ class Backend:
     # ---- configuration ----
     def set_layer_weights(self, layer, A_log, dt_bias, conv_weight, conv_bias=None):
         """Layer weights (views: kept referenced here until replaced or close())."""
+        layer = self._layer(layer, "set_layer_weights")
         call = f"set_layer_weights(layer {layer})"
         h = self._handle(call)
         ws = [self._borrow(t, call, n) for t, n in
               ((A_log, "A_log"), (dt_bias, "dt_bias"), (conv_weight, "conv_weight"),
                (conv_bias, "conv_bias"))]
         self._check(self._lib.kda_set_layer_weights(
-            h, int(layer), *[w.ptr if w is not None else None for w in ws]))
-        self._weights[int(layer)] = ws
+            h, layer, *[w.ptr if w is not None else None for w in ws]))
+        self._weights[layer] = ws
 
     def info(self):
         """num_layers, num_slots, num_rows, max_draft_tokens, ring_len, record_mode ("ring" /
@@ -287,17 +302,21 @@ class Backend:
 
     # ---- slots ----
     def allocate_slot(self, stream=0):
+        st = _args.stream(stream, "allocate_slot")
         slot = ctypes.c_int32(-1)
-        self._check(self._lib.kda_allocate_slot(self._handle("allocate_slot"),
-                                                _stream_handle(stream), ctypes.byref(slot)))
+        self._check(self._lib.kda_allocate_slot(self._handle("allocate_slot"), st,
+                                                ctypes.byref(slot)))
         return slot.value
 
     def release_slot(self, slot):
-        self._check(self._lib.kda_release_slot(self._handle("release_slot"), int(slot)))
+        slot = self._slot(slot, "release_slot", "slot")
+        self._check(self._lib.kda_release_slot(self._handle("release_slot"), slot))
 
     def copy_slot(self, src, dst, stream=0):
-        self._check(self._lib.kda_copy_slot(self._handle("copy_slot"), int(src), int(dst),
-                                            _stream_handle(stream)))
+        src = self._slot(src, "copy_slot", "src")
+        dst = self._slot(dst, "copy_slot", "dst")
+        st = _args.stream(stream, "copy_slot")
+        self._check(self._lib.kda_copy_slot(self._handle("copy_slot"), src, dst, st))
 
     # ---- lifecycle ----
     def prepare(self, T, slots, rows=None, stream=0, *, lengths=None, offsets=None,
@@ -308,75 +327,85 @@ class Backend:
         with optional offsets (B + 1 packed start rows, SGLang's query_start_loc); or parents,
         a tree of T nodes per request (B*T entries: node j's parent within its request, -1 for
         node 0; commit with commit_tree). Host sequences."""
-        h = self._handle("prepare")
-        s, n = _i32_array(slots, "prepare", "slots")
+        call = "prepare"
+        T = _args.integer(T, call, "T", 1, self._max_tokens,
+                          note=" (--speculative-num-draft-tokens)")
+        s, n = _args.int_array(slots, call, "slots", -1, self._num_slots, hi_open=True,
+                               note=" (-1 = padding row)")
         r = None
         if rows is not None:
-            r, nr = _i32_array(rows, "prepare", "rows")
+            r, nr = _args.int_array(rows, call, "rows", 0, self._num_rows, hi_open=True,
+                                    note=" (--max-running-requests)")
             if nr != n:
                 raise Error(INVALID_ARGUMENT, f"prepare: rows has {nr} entries for {n} "
                             "requests (None = batch position)")
+        st = _args.stream(stream, call)
+        h = self._handle(call)
         if lengths is None and offsets is None and parents is None:
-            self._check(self._lib.kda_prepare(h, int(T), s, n, r, _stream_handle(stream)))
+            self._check(self._lib.kda_prepare(h, T, s, n, r, st))
             return
         shaped = []
-        for values, name, want in ((lengths, "lengths", n), (offsets, "offsets", n + 1),
-                                   (parents, "parents", n * int(T))):
+        for values, name, want, lo, hi, open_ in (
+                (lengths, "lengths", n, 1, T, False),
+                (offsets, "offsets", n + 1, 0, _args.INT32_MAX, False),
+                (parents, "parents", n * T, -1, T, True)):
             if values is None:
                 shaped.append(None)
                 continue
-            arr, count = _i32_array(values, "prepare", name)
+            arr, count = _args.int_array(values, call, name, lo, hi, hi_open=open_)
             if count != want:
                 raise Error(INVALID_ARGUMENT, f"prepare: {name} has {count} entries, expected "
-                            f"{want} for {n} requests of T={int(T)}")
+                            f"{want} for {n} requests of T={T}")
             shaped.append(arr)
-        self._check(self._lib.kda_prepare_shaped(h, int(T), s, n, r, *shaped,
-                                                 _stream_handle(stream)))
+        self._check(self._lib.kda_prepare_shaped(h, T, s, n, r, *shaped, st))
 
     def prepare_extend(self, T, slots, track_slots=None, track_steps=None, stream=0):
-        h = self._handle("prepare_extend")
-        s, n = _i32_array(slots, "prepare_extend", "slots")
+        """An extend (prefill) round: len(slots) requests of T prompt tokens (-1 = padding);
+        track_slots / track_steps (both or neither, one entry per request): prefix-cache tracks
+        (the state after prompt token track_steps[n] into slot track_slots[n]; -1 = none)."""
+        call = "prepare_extend"
+        T = _args.integer(T, call, "T", 1)
+        s, n = _args.int_array(slots, call, "slots", -1, self._num_slots, hi_open=True,
+                               note=" (-1 = padding row)")
         ts = tp = None
         if track_slots is not None or track_steps is not None:
             if track_slots is None or track_steps is None:
                 raise Error(INVALID_ARGUMENT, "prepare_extend: track_slots and track_steps "
                             "must be both given or both None")
-            ts, nts = _i32_array(track_slots, "prepare_extend", "track_slots")
-            tp, ntp = _i32_array(track_steps, "prepare_extend", "track_steps")
+            ts, nts = _args.int_array(track_slots, call, "track_slots")
+            tp, ntp = _args.int_array(track_steps, call, "track_steps")
             if nts != n or ntp != n:
                 raise Error(INVALID_ARGUMENT, f"prepare_extend: tracks have {nts} and {ntp} "
                             f"entries for {n} requests")
-        self._check(self._lib.kda_prepare_extend(h, int(T), s, n, ts, tp,
-                                                 _stream_handle(stream)))
+        st = _args.stream(stream, call)
+        self._check(self._lib.kda_prepare_extend(self._handle(call), T, s, n, ts, tp, st))
+
+    def _run(self, fn, name, layer, mixed_qkv, a, b, out, stream, *extra):
+        layer = self._layer(layer, name)
+        call = f"{name}(layer {layer})"
+        st = _args.stream(stream, call)
+        h = self._handle(call)
+        ts = [self._borrow(t, call, n, st) for t, n in
+              ((mixed_qkv, "mixed_qkv"), (a, "a"), (b, "b"), (out, "out"))]
+        self._check(fn(h, layer, *[t.ptr if t is not None else None for t in ts], st, *extra))
 
     def verify(self, layer, mixed_qkv, a, b, out, stream=0):
         """Verifies `layer` of the prepared round; returns the DispatchInfo."""
-        call = f"verify(layer {layer})"
-        h = self._handle(call)
-        st = _stream_handle(stream)
-        ts = [self._borrow(t, call, n, st) for t, n in
-              ((mixed_qkv, "mixed_qkv"), (a, "a"), (b, "b"), (out, "out"))]
         info = _lib.DispatchInfo()
-        self._check(self._lib.kda_verify(h, int(layer),
-                                         *[t.ptr if t is not None else None for t in ts], st,
-                                         ctypes.byref(info)))
+        self._run(self._lib.kda_verify, "verify", layer, mixed_qkv, a, b, out, stream,
+                  ctypes.byref(info))
         return DispatchInfo(bool(info.fused), info.block_v,
                             info.reason.decode() if info.reason else "")
 
     def extend(self, layer, mixed_qkv, a, b, out, stream=0):
-        call = f"extend(layer {layer})"
-        h = self._handle(call)
-        st = _stream_handle(stream)
-        ts = [self._borrow(t, call, n, st) for t, n in
-              ((mixed_qkv, "mixed_qkv"), (a, "a"), (b, "b"), (out, "out"))]
-        self._check(self._lib.kda_extend(h, int(layer),
-                                         *[t.ptr if t is not None else None for t in ts], st))
+        """Runs `layer` of the prepared extend round (the state after its tokens is committed)."""
+        self._run(self._lib.kda_extend, "extend", layer, mixed_qkv, a, b, out, stream)
 
     def commit(self, accepted_lengths, stream=0, track_slots=None, track_steps=None):
         """Commits every layer: accepted_lengths [B] int32 on the backend's device; with
         track_slots/track_steps ([B] int32 on the device) also the prefix-cache tracks."""
+        st = _args.stream(stream, "commit")
         h = self._handle("commit")
-        st = _stream_handle(stream)
         acc = self._borrow(accepted_lengths, "commit", "accepted_lengths", st)
         if track_slots is None and track_steps is None:
             self._check(self._lib.kda_commit(h, acc.ptr if acc else None, st))
@@ -393,8 +422,8 @@ class Backend:
         backend's device (request i's path: node indices root first, accepted_lengths[i] of
         them); with track_slots/track_steps ([B] int32) also the prefix-cache tracks (track step
         k = the path's node k)."""
+        st = _args.stream(stream, "commit_tree")
         h = self._handle("commit_tree")
-        st = _stream_handle(stream)
         acc = self._borrow(accepted_lengths, "commit_tree", "accepted_lengths", st)
         paths = self._borrow(accepted_paths, "commit_tree", "accepted_paths", st)
         ptrs = [acc.ptr if acc else None, paths.ptr if paths else None]
@@ -407,28 +436,31 @@ class Backend:
                                                       tp.ptr if tp else None, st))
 
     def materialize(self, slots, stream=0):
-        h = self._handle("materialize")
-        s, n = _i32_array(slots, "materialize", "slots")
-        self._check(self._lib.kda_materialize(h, s, n, _stream_handle(stream)))
+        """Deferred commit: folds the pending steps of `slots` (allocated, distinct)."""
+        s, n = _args.int_array(slots, "materialize", "slots", 0, self._num_slots, hi_open=True)
+        st = _args.stream(stream, "materialize")
+        self._check(self._lib.kda_materialize(self._handle("materialize"), s, n, st))
 
     def abort_round(self, stream=0):
-        self._check(self._lib.kda_abort_round(self._handle("abort_round"),
-                                              _stream_handle(stream)))
+        st = _args.stream(stream, "abort_round")
+        self._check(self._lib.kda_abort_round(self._handle("abort_round"), st))
 
     def record_graph_verify_round(self):
         self._check(self._lib.kda_record_graph_verify_round(
             self._handle("record_graph_verify_round")))
 
     def check_device_errors(self, stream=0):
-        self._check(self._lib.kda_check_device_errors(self._handle("check_device_errors"),
-                                                      _stream_handle(stream)))
+        st = _args.stream(stream, "check_device_errors")
+        self._check(self._lib.kda_check_device_errors(self._handle("check_device_errors"), st))
 
     # ---- pool ----
     def pool_view(self, name, layer=-1):
         """Pool tensor `name` (POOL_TENSORS) of `layer` (-1: all layers) as a PoolView."""
+        c_name = _args.string(name, "pool_view", "name")
+        layer = self._layer(layer, "pool_view", lo=-1)
         t = _dlpack.DLTensor()
-        self._check(self._lib.kda_pool_view(self._handle("pool_view"), str(name).encode(),
-                                            int(layer), ctypes.byref(t)))
+        self._check(self._lib.kda_pool_view(self._handle("pool_view"), c_name, layer,
+                                            ctypes.byref(t)))
         return PoolView(self, name, layer, t)
 
     def pool_array(self, name, layer=-1):

@@ -208,11 +208,16 @@ def check_bad_inputs(be, tensors, T, slots, rows, qkv, a, b, out_t, accepted, S)
              kda.INVALID_ARGUMENT, "verify(layer 0): a: dtype ", "unsupported, expected bfloat16")
     rejected(lambda: be.verify(0, qkv, tensors.bf16(a_np[1:]), b, out_t, stream=st),
              kda.INVALID_ARGUMENT, "verify(layer 0): a: expected shape")
-    rejected(lambda: be.verify(0, qkv, a, [1, 2, 3], out_t, stream=st), kda.INVALID_ARGUMENT,
-             "verify(layer 0): b: expected a tensor with __dlpack__")
+    try:
+        be.verify(0, qkv, a, [1, 2, 3], out_t, stream=st)
+    except TypeError as e:  # a wrong Python type: TypeError, naming the argument
+        assert "verify(layer 0): b: expected a tensor with __dlpack__" in str(e), str(e)
+    else:
+        raise AssertionError("a list passed as a tensor raised nothing")
     rejected(lambda: be.verify(0, qkv, a, b, None, stream=st), kda.INVALID_ARGUMENT,
              "verify(layer 0): out: NULL DLTensor")
-    rejected(lambda: be.verify(3, qkv, a, b, out_t, stream=st), kda.INVALID_ARGUMENT, "layer 3")
+    rejected(lambda: be.verify(3, qkv, a, b, out_t, stream=st), kda.INVALID_ARGUMENT,
+             "verify: layer = 3 out of range [0, 1)")
     rejected(lambda: be.commit(accepted, stream=st), kda.LIFECYCLE, "commit: only 0 of 1 layers")
     be.verify(0, qkv, a, b, out_t, stream=st)
     as_i64 = tensors.plain(tensors.to_numpy(accepted).astype(np.int64))
