@@ -624,20 +624,10 @@ void KdaAttentionBackend::extend(int layer, const VerifyInputs& in, const Tensor
                                  cudaStream_t stream) {
   check_layer_ready(RoundKind::kExtend, layer);
   validate_activations("extend", layer, in, out);
-  ExtendParams e;
-  e.v = make_verify_params(layer, in, out);
-  // Extend commits in place and needs no scratch: T may exceed T_max (T_max = T keeps the
-  // params' T <= T_max invariant), and no scratch, record or ring pointer is handed over.
-  e.v.T_max = batch_T_;
-  e.v.conv_window = nullptr;
-  e.v.conv_window_row_stride = 0;
-  e.v.snapshots = nullptr;
-  e.v.snapshot_row_stride = 0;
-  e.v.ring_rawv = nullptr;
-  e.v.ring_rawk = nullptr;
-  e.v.ring_g = nullptr;
-  e.v.ring_beta = nullptr;
-  e.v.qkv_act = nullptr;
+  // Extend commits in place: it takes the verify's sizes, inputs, weights, state and batch, and
+  // no scratch or records (T may exceed T_max: T_max = T keeps the params' T <= T_max).
+  ExtendParams e = extend_params_of(make_verify_params(layer, in, out));
+  e.T_max = batch_T_;
   e.ssm_state_out = static_cast<float*>(pool_.ssm_state(layer).data());
   e.conv_state_out = static_cast<bf16_t*>(pool_.conv_state(layer).data());
   if (!batch_tracks_.empty()) {

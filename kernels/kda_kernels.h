@@ -55,7 +55,7 @@ void invoke_verify_unfused(const VerifyParams& p, cudaStream_t stream,
 void invoke_verify_fused(const VerifyParams& p, int block_v, cudaStream_t stream,
                          const LaunchOverrides& o = {});
 
-/// Extend: process and commit p.v.T tokens per request in place (any T >= 1).
+/// Extend: process and commit p.T tokens per request in place (any T >= 1).
 void invoke_extend(const ExtendParams& p, cudaStream_t stream, const LaunchOverrides& o = {});
 
 /// Commit of all layers: fold (ring mode) or snapshot copy, and the conv commit. One launch

@@ -13,7 +13,7 @@
 //
 // Runs on the host reference (backend_prefix_test, CI) and, linked with :backend_fixture_cuda,
 // on the CUDA kernels (backend_prefix_cuda_test, GPU host; there the tracked eager fold also
-// runs as the persistent streaming fold).
+// runs as the persistent fold).
 #include <catch2/catch.hpp>
 #include <random>
 #include <vector>

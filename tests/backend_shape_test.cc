@@ -595,8 +595,8 @@ void check_ragged_paths(const ModelConfig& m, const EngineFlags& f, const Engine
 
 TEST_CASE("ragged: the streaming verify equals the per-item ragged kernel and the dense chain",
           "[shape]") {
-  // A fused ragged ring-mode call at BV = 128 takes the persistent streaming kernel (the
-  // unfused one keeps the per-item kernel: kernels/verify_tile.cuh); forced here with three
+  // A fused ragged ring-mode call at BV = 128 takes the persistent kernel (the
+  // unfused one keeps the per-item kernel: kernels/verify/per_item.cuh); forced here with three
   // CTAs, so that each walks many items and plans the next one's rows, against the per-item
   // ragged kernel (streaming off), eager and deferred, K = 64 and 128 (check_ragged_paths).
   for (const int K : {64, 128}) {
@@ -618,7 +618,7 @@ TEST_CASE("ragged: the streaming verify equals the per-item ragged kernel and th
 
 TEST_CASE("ragged: the one-CTA-per-SM form equals the two-per-SM form and the dense chain",
           "[shape]") {
-  // A fused ragged call takes the dense call's schedule (kernels/verify_tile.cuh): at small B
+  // A fused ragged call takes the dense call's schedule (kernels/verify/per_item.cuh): at small B
   // the one-CTA-per-SM per-item form, its steps grouped over each request's T_n tokens. Forced
   // one and two CTAs per SM (streaming off), for every fused tile and both head dims, in
   // snapshot, eager ring and deferred ring mode (check_ragged_paths; the eager harness is the

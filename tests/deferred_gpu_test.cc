@@ -1,6 +1,6 @@
 // deferred_gpu_test.cc: the deferred commit on the CUDA kernels (contract §7), bitwise against
 // the eager fold, for every verify path: every fused tile in both register budgets, the
-// persistent streaming kernels (forced, with few CTAs so that each walks many items), the
+// persistent kernels (forced, with few CTAs so that each walks many items), the
 // per-item forms of the BV = 128 tile, and the unfused pair; the per-item kernels with their fold
 // before and after the PDL wait (VerifyParams::fold_before_wait). Each case runs two rounds on two
 // copies of one problem (garbage-filled records and outputs, reversed slots, a padding row):
@@ -155,7 +155,7 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
   pd.ssm_fold_out = static_cast<float*>(deferred.view(Tensor::kSsmState).data());
   pd.ring_u = static_cast<float*>(u_rec.data());
   pd.ring_u_slot_stride = u_slot;
-  // The per-item kernels fold before their PDL wait or after it (the streaming kernels ignore it).
+  // The per-item kernels fold before their PDL wait or after it (the persistent kernels ignore it).
   pd.fold_before_wait = GENERATE(0, 1);
   CAPTURE(pd.fold_before_wait);
 

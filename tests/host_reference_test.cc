@@ -502,14 +502,14 @@ TEST_CASE("host extend: N-token verify equals N sequential single-token extends"
     CAPTURE(t);
     // Token t of every request as a T = 1 batch: start at row t, step T rows per request.
     ExtendParams e = ext.extend_params();
-    e.v.T = 1;
-    e.v.mixed_qkv += t * e.v.mixed_qkv_stride;
-    e.v.mixed_qkv_stride *= T;
-    e.v.a += t * e.v.a_stride;
-    e.v.a_stride *= T;
-    e.v.b += t * e.v.b_stride;
-    e.v.b_stride *= T;
-    e.v.out = step_out.data();
+    e.T = 1;
+    e.mixed_qkv += t * e.mixed_qkv_stride;
+    e.mixed_qkv_stride *= T;
+    e.a += t * e.a_stride;
+    e.a_stride *= T;
+    e.b += t * e.b_stride;
+    e.b_stride *= T;
+    e.out = step_out.data();
     host::extend(e);
     const auto ssm = ext.ssm_state();
     const auto conv = ext.conv_state();

@@ -209,7 +209,7 @@ TEST_CASE("kernels: fused == unfused bitwise over whole tensors, every BV", "[ke
 TEST_CASE("kernels: the fused BV = 128 tile's auto schedules give the unfused bits",
           "[kernels][gpu][slow]") {
   // Auto occupancy and streaming, ring and snapshot mode: the per-item tiles one CTA per SM over
-  // 1.5 and kWideFusedMaxWaves waves, then one CTA past them (the streaming kernel, two per SM).
+  // 1.5 and kWideFusedMaxWaves waves, then one CTA past them (the persistent kernel, two per SM).
   // Kimi-Linear heads, B from the device's SM count; a padding request, reversed slots.
   const int sms = kernels::device_caps().sms;
   constexpr int kHV = 32;

@@ -477,8 +477,7 @@ VerifyParams VerifyProblem::params(RecordMode mode) const {
 }
 
 ExtendParams VerifyProblem::extend_params() const {
-  ExtendParams e;
-  e.v = params();
+  ExtendParams e = extend_params_of(params());
   e.ssm_state_out = static_cast<float*>(entry(Tensor::kSsmState).buffer.data());
   e.conv_state_out = static_cast<bf16_t*>(entry(Tensor::kConvState).buffer.data());
   return e;

@@ -5,7 +5,7 @@
 //   slices and step function as the verify tile (delta_rule.cuh), so the folded state is
 //   bitwise the snapshot the verify kernel would have stored. Per request: S = state[slot],
 //   replay ring steps 0..n-1 (k normalised from rawk, EXP(g), beta, rawv), store S back.
-//   Above one wave of CTAs: fold_stream_kernel, persistent CTAs whose shared-memory stage
+//   Above one wave of CTAs: fold_persistent_kernel, persistent CTAs whose shared-memory stage
 //   receives the next item's state tile and ring records (TMA bulk copies; beta by cp.async)
 //   while the current item computes; same arithmetic, same bits.
 // commit_snapshot_kernel: state[layer][slot] <- snapshots[layer][row][n-1] (float4 copies).

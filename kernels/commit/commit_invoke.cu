@@ -45,8 +45,7 @@ void invoke_fold(const CommitParams& p, cudaStream_t stream, const LaunchOverrid
   enqueue_fold(p, stream, /*with_conv=*/false, o);
 }
 
-void invoke_commit_snapshot(const CommitParams& p, cudaStream_t stream,
-                            const LaunchOverrides& o) {
+void invoke_commit_snapshot(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o) {
   check_commit_launch(p, "invoke_commit_snapshot", params::kSnapshot);
   launch_commit_snapshot(p, stream, /*with_conv=*/false, o);
 }

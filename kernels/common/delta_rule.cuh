@@ -80,7 +80,7 @@ __device__ __forceinline__ void store_column(float* col, const ColRegs<Slice>& s
   }
 }
 
-/// The same stores as store_column, each with its own address: the streaming verify's
+/// The same stores as store_column, each with its own address: the persistent verify's
 /// snapshots use this form, with which ptxas allocates that kernel without spills at the
 /// 128-register cap (the lane-base form spills there).
 template <typename Slice, StoreHint kHint = StoreHint::kDefault>
@@ -92,7 +92,7 @@ __device__ __forceinline__ void store_column_per_partial(float* col, const ColRe
   }
 }
 
-// The step split into pieces, so that a caller can overlap independent trees (the streaming
+// The step split into pieces, so that a caller can overlap independent trees (the persistent
 // verify runs step t's output dot and step t+1's key dot through the cross-lane levels
 // together, as reduce-scatters: device_math.cuh tree_reduce_scatter):
 //   decay_and_key_partials -> cross-lane levels -> u -> apply_update   is one delta-rule step,

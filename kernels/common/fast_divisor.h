@@ -3,9 +3,9 @@
 // using multiplication", PLDI 1994, section 4).
 //
 // Why: a 32-bit `/` or `%` by a runtime value is a ~20-instruction sequence on the GPU (I2F,
-// MUFU.RCP, F2I, IMAD.HI and two corrections). The persistent streaming kernels split every
+// MUFU.RCP, F2I, IMAD.HI and two corrections). The persistent kernels split every
 // item index into (request, head, tile) and a v-head into its k-head; with plain division
-// that is a large share of the streaming verify's instructions.
+// that is a large share of the persistent verify's instructions.
 // The host builds the divisor (its constructor divides 64-bit values once); kernels take it
 // by value in their argument struct.
 #pragma once

@@ -1,4 +1,5 @@
-// state_stream.cuh: persistent CTAs that stream each work item's state tile through shared memory.
+// persistent_stage.cuh: persistent CTAs that bring each work item's state tile through a
+// shared-memory stage.
 //
 // Why: at large B a verify/fold CTA spends its life in two phases, "wait for 64 KiB of
 // state and the inputs" and "compute", and with only 2 CTAs per SM (register-bound) the
@@ -67,7 +68,7 @@ class BulkStage {
         : "memory");
 #else
     (void)r;
-    __trap();  // launchers only stream on sm_90+
+    __trap();  // launchers go persistent on sm_90+ only
 #endif
   }
 
@@ -167,7 +168,7 @@ __device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
 #else
   (void)smem;
   (void)gmem;
-  __trap();  // launchers only stream on sm_90+
+  __trap();  // launchers go persistent on sm_90+ only
 #endif
 }
 
@@ -201,7 +202,7 @@ __device__ __forceinline__ void bulk_store(void* dst, const void* src, uint32_t 
   (void)dst;
   (void)src;
   (void)bytes;
-  __trap();  // launchers only stream on sm_90+
+  __trap();  // launchers go persistent on sm_90+ only
 #endif
 }
 
@@ -241,7 +242,7 @@ __device__ __forceinline__ void clear_shared_before_bulk(void* smem, size_t byte
 #endif
 }
 
-/// Whether two CTAs of a streaming kernel (the 2 of its __launch_bounds__(256, 2)) fit one
+/// Whether two CTAs of a persistent kernel (the 2 of its __launch_bounds__(256, 2)) fit one
 /// SM's shared memory on sm_90 / sm_100 (228 KiB, of which each CTA reserves 1 KiB), given a
 /// CTA's static plus dynamic bytes. The launchers size the grid from the occupancy API, so a
 /// miss would not fail — it would halve the resident CTAs; the kernels assert it instead.
@@ -259,7 +260,7 @@ __device__ __forceinline__ int next_live_item(const Items& items, int item) {
   return item;
 }
 
-/// Every thread, at the start of a persistent streaming kernel: initialises the stage's
+/// Every thread, at the start of a persistent kernel: initialises the stage's
 /// barrier, waits for the previous grid (PDL) and lets the next one launch, then has warp 0
 /// put the fill of this CTA's first live item in flight (`fill_first(item)`, called by the 32
 /// lanes of warp 0). Returns that item, or items.count() when the CTA has none. A kernel that
@@ -271,8 +272,8 @@ __device__ __forceinline__ int next_live_item(const Items& items, int item) {
 /// liveness reads the accepted lengths, which the kernel before the commit
 /// (sampling) may write: it finds its first item after the wait.
 template <bool kFirstBeforeWait, typename Items, typename FillFirst>
-__device__ __forceinline__ int begin_streaming(BulkStage& bulk, const Items& items,
-                                               const FillFirst& fill_first) {
+__device__ __forceinline__ int begin_persistent(BulkStage& bulk, const Items& items,
+                                                const FillFirst& fill_first) {
   bulk.init();
   int first = 0;
   if constexpr (kFirstBeforeWait) {

@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kConvThreads)
 
 __global__ void __launch_bounds__(kConvThreads)
     conv_state_roll_kernel(const __grid_constant__ ExtendParams e) {
-  const VerifyParams& p = e.v;
+  const ExtendParams& p = e;
   const int64_t D = qkv_dim(p);
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x;
   const int n = blockIdx.y;
@@ -198,7 +198,7 @@ template void launch_conv_update<float>(const VerifyParams&, cudaStream_t, bool)
 template void launch_conv_update<bf16_t>(const VerifyParams&, cudaStream_t, bool);
 
 void launch_conv_state_roll(const ExtendParams& p, cudaStream_t stream, bool pdl) {
-  launch_per_request(conv_state_roll_kernel, p, qkv_dim(p.v), p.v.B, stream, pdl);
+  launch_per_request(conv_state_roll_kernel, p, qkv_dim(p), p.B, stream, pdl);
 }
 
 }  // namespace kda::kernels

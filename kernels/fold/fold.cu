@@ -1,5 +1,5 @@
 // fold.cu: the ring-mode fold kernels (fold_kernel: one CTA per item; fold_persistent_kernel:
-// persistent streaming CTAs) and their launchers: the eager commit's fold (with or without
+// persistent CTAs) and their launchers: the eager commit's fold (with or without
 // prefix-cache tracks), materialize and the deferred commit's track fold (FoldRole). Writes only
 // ssm_state of slots >= 0 and of valid track slots (and conv_state with the conv commit, and
 // *error_flag); never reads ring rows past a request's accepted length.
@@ -33,7 +33,8 @@ enum class FoldRole {
 };
 
 /// Where a fold item's state tile comes from: global memory (fold_kernel, FoldGlobalSource) or
-/// the streaming kernel's stage (fold_persistent_kernel, FoldStagedSource: one chunk, T <= kChunk).
+/// the persistent kernel's stage (fold_persistent_kernel, FoldStagedSource: one chunk, T <=
+/// kChunk).
 enum class FoldSource { kGlobal, kPersistent };
 
 /// A fold item's ring records in global memory (one CTA per item: FoldGlobalSource).
@@ -93,7 +94,7 @@ KDA_HD constexpr bool role_wraps(FoldRole r) {
 /// One fold work item: (V tile, request n, layer, v-head). run() replays the item's ring
 /// steps (FoldRole) onto the state tile and stores it. The source `Src` hands over the ring records
 /// and the state tile: FoldGlobalSource (global memory, one CTA per item, the state loaded
-/// before the ring records) or FoldStagedSource (persistent streaming CTAs: the state and
+/// before the ring records) or FoldStagedSource (persistent CTAs: the state and
 /// rawk / g / rawv from a shared-memory stage filled during the previous item, the state copied
 /// to registers after the prologue). Both give the same values to the same arithmetic.
 template <int K, FoldRole kRole = FoldRole::kCommit>
@@ -159,7 +160,7 @@ struct FoldItem {
     float* s_base = p.ssm_state + head + slot * p.ssm_slot_stride;
     // kTrackOnly stores its result (the state after step k) to the track slot; the tracked
     // eager fold stores the state after step track_k there as it passes it (the address is
-    // formed there: held through the steps, it made the streaming fold spill).
+    // formed there: held through the steps, it made the persistent fold spill).
     const auto track_base = [&] {
       return p.ssm_state + head + p.track_slots[n] * p.ssm_slot_stride;
     };
@@ -175,7 +176,7 @@ struct FoldItem {
     }
     src.wait_records();
 
-    // Streaming serves T <= kChunk only (launcher-checked): one chunk.
+    // The persistent fold serves T <= kChunk only (launcher-checked): one chunk.
     const int t_limit = Src::kSource == FoldSource::kPersistent ? 1 : steps;
     for (int t0 = 0; t0 < t_limit; t0 += Cfg::kChunk) {
       const int tc = min(Cfg::kChunk, steps - t0);
@@ -247,7 +248,7 @@ struct FoldItem {
       if constexpr (Src::kSource != FoldSource::kPersistent) {
         __syncthreads();  // the next chunk (or item) overwrites shared memory
       }
-      // Staged: no closing barrier. The streaming kernel gives consecutive live items
+      // Staged: no closing barrier. The persistent kernel gives consecutive live items
       // alternate TileSmem buffers, and a warp can reach the next item's rows only after
       // every warp has passed this item's load_state barrier, i.e. finished the previous
       // item's steps (the last reader of that buffer). Fast warps start the next item's
@@ -347,7 +348,7 @@ struct FoldStage {
 /// Fold items in a persistent CTA's order: item = ((layer*HV + hv)*B + n)*tiles + tile; live
 /// when the request has a slot and a valid accepted length.
 template <int K>
-struct FoldStreamItems {
+struct FoldPersistentItems {
   const CommitParams& p;
   const FoldDivisors& div;
   __device__ int count() const {
@@ -447,7 +448,7 @@ struct FoldStagedSource {
   __device__ __forceinline__ float beta(const FoldRing&, int, int tt) const {
     return reinterpret_cast<const float*>(stage + St::kBeta)[tt];
   }
-  /// Every column is copied (as in the streaming verify's StagedSource::load_state): the stage
+  /// Every column is copied (as in the persistent verify's StagedSource::load_state): the stage
   /// holds kFoldBlockV columns, those past V zeros (fold_persistent_kernel clears the state region
   /// first) or an earlier item's, never stored and never mixed with another column.
   __device__ __forceinline__ void load_state(ColRegs<Slice> (&S)[Slice::CPT],
@@ -470,7 +471,7 @@ struct FoldStagedSource {
   }
 };
 
-/// Persistent streaming fold (state_stream.cuh): grid = resident CTAs. With `conv_shares` > 0
+/// Persistent fold (common/persistent_stage.cuh): grid = resident CTAs. With `conv_shares` > 0
 /// every CTA copies its part of the conv commit after its fold items (conv_shares per (layer,
 /// request), handed out round-robin; after the items, since before them it proved slower at
 /// large B).
@@ -479,9 +480,9 @@ __global__ void __launch_bounds__(256, 2)
     fold_persistent_kernel(const __grid_constant__ CommitParams p,
                            const __grid_constant__ FoldDivisors div, int conv_shares) {
   static_assert(kRole == FoldRole::kCommit || kRole == FoldRole::kCommitTracked,
-                "the streaming fold folds accepted steps from ring position 0");
+                "the persistent fold folds accepted steps from ring position 0");
   using Item = FoldItem<K, kRole>;
-  using Items = FoldStreamItems<K>;
+  using Items = FoldPersistentItems<K>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm[2];  // alternate per live item
   __shared__ uint64_t bar;
   extern __shared__ __align__(128) unsigned char stage[];  // FoldStage<K>
@@ -489,8 +490,8 @@ __global__ void __launch_bounds__(256, 2)
   const Items items{p, div};
   clear_shared_before_bulk(stage, FoldStage<K>::kRawk);  // the state tile region
   BulkStage bulk(stage, &bar);
-  begin_streaming</*kFirstBeforeWait=*/false>(bulk, items,
-                                              [&](int item) { items.fill(bulk, stage, item); });
+  begin_persistent</*kFirstBeforeWait=*/false>(bulk, items,
+                                               [&](int item) { items.fill(bulk, stage, item); });
   int live = 0;  // live items done: they alternate between the two TileSmem buffers
   for (int i = blockIdx.x; i < items.count(); i += gridDim.x) {
     Item item(p, items.coords(i));
@@ -507,8 +508,8 @@ __global__ void __launch_bounds__(256, 2)
 }  // namespace
 
 bool fold_persistent_layout_ok(const CommitParams& p) {
-  // Every bulk run 16-byte aligned at both ends (state_stream.cuh): f32 strides multiple of
-  // 4 elements, bf16 ones of 8, V % 8 == 0 (the rawv rows).
+  // Every bulk run 16-byte aligned at both ends (common/persistent_stage.cuh): f32 strides multiple
+  // of 4 elements, bf16 ones of 8, V % 8 == 0 (the rawv rows).
   return is_aligned(p.ssm_state, 16) && p.ssm_slot_stride % 4 == 0 && p.ssm_layer_stride % 4 == 0 &&
          p.T <= TileConfig<128, kFoldBlockV>::kChunk && p.V % 8 == 0 &&
          is_aligned(p.ring_rawk, 16) && p.ring_rawk_slot_stride % 8 == 0 &&

@@ -38,14 +38,11 @@ enum class RecordMode : uint8_t {
   kRing,      ///< ReplaySSM ring records (rawk, rawv, g, beta) keyed by slot
 };
 
-/// One layer's verify (or extend) call.
-///
-/// Token t of request n is row n*T + t of qkv / a / b / out (a dense chain), or row
-/// token_offsets[n] + t of a ragged batch (contract §8). A request with slots[n] < 0 is a
-/// padding row: its T (T_n) output rows are written as zeros and nothing else of it is read
-/// (inputs may be NaN, rows[n] may be garbage) or written.
-struct VerifyParams {
-  // ---- problem ----
+// ---- a verify call's parameters by concern (VerifyParams composes them; extend takes its part)
+// ----
+
+/// The problem's sizes and numerics.
+struct VerifySizes {
   int32_t B = 0, T = 0;   ///< requests, tokens per request (1 <= T <= T_max)
   int32_t H = 0, HV = 0;  ///< q/k heads, v heads
   int32_t K = 0, V = 0;   ///< head_k_dim (64|128), head_v_dim
@@ -56,8 +53,10 @@ struct VerifyParams {
   GateKind gate = GateKind::kStandard;
   float lower_bound = 0.0f;  ///< safe gate only
   RecordMode mode = RecordMode::kRing;
+};
 
-  // ---- activations (per call) ----
+/// The per-call token inputs (rows per the draft shape, BatchParams).
+struct TokenInputs {
   const bf16_t* mixed_qkv =
       nullptr;  ///< [N, D] channels q|k|v, D contiguous; row stride mixed_qkv_stride >= D
   int64_t mixed_qkv_stride = 0;
@@ -65,27 +64,31 @@ struct VerifyParams {
   int64_t a_stride = 0;
   const bf16_t* b = nullptr;  ///< [N, HV] beta logits; row stride b_stride
   int64_t b_stride = 0;
+};
 
-  // ---- layer weights ----
+/// One layer's weights (they do not change between calls).
+struct WeightParams {
   const float* A_log = nullptr;       ///< [HV] f32
   const float* dt_bias = nullptr;     ///< [HV*K] f32
   const void* conv_weight = nullptr;  ///< [D, W] packed, f32 or bf16 (conv_weight_type)
   const void* conv_bias = nullptr;    ///< [D] same type as conv_weight, or nullptr
   ConvWeightType conv_weight_type = ConvWeightType::kF32;
+};
 
-  // ---- committed state: read-only in verify ----
+/// The committed state: read-only in verify (the deferred fold writes ssm_fold_out).
+struct CommittedState {
   const bf16_t* conv_state = nullptr;  ///< [S, W-1, D], (W-1, D) packed, slot pitch below
   int64_t conv_state_slot_stride = 0;
   const float* ssm_state = nullptr;  ///< [S, HV, V, K] f32, (HV, V, K) packed, K contiguous
   int64_t ssm_slot_stride = 0;
+};
 
-  // ---- indices (device memory for CUDA) ----
-  // Read by the verify kernels before their PDL wait (kda_kernels.h): complete at enqueue.
+/// The batch: requests' slots and scratch rows, and the draft shape (contract §8; both shape
+/// arrays null: a dense chain of T tokens per request). Device memory for CUDA, complete at
+/// enqueue: the verify kernels read them before their PDL wait (kda_kernels.h).
+struct BatchParams {
   const int32_t* slots = nullptr;  ///< [B] slot per request; -1 = padding row
   const int32_t* rows = nullptr;   ///< [B] scratch row per request (windows, snapshots)
-
-  // ---- draft shape (contract §8; both null: a dense chain of T tokens per request) ----
-  // Device memory for CUDA, complete at enqueue like slots / rows (read before the PDL wait).
   /// [B+1] ragged chain: request n verifies T_n = token_offsets[n+1] - token_offsets[n] tokens
   /// (1 <= T_n <= T), its step t at row token_offsets[n] + t (token_offsets[0] = 0, packed).
   /// Window, snapshot and ring index: the step t within the request, as for a dense chain;
@@ -97,13 +100,23 @@ struct VerifyParams {
   /// inputs (the committed conv state beyond the root), taps summed oldest -> node j as for a
   /// chain; its output, window, snapshot and ring records sit at step j. Unfused path only.
   const int32_t* parents = nullptr;
+};
 
-  // ---- outputs ----
+/// What every verify writes: the outputs and the per-step conv windows.
+struct VerifyOutputs {
   bf16_t* out = nullptr;          ///< [N, HV, V] packed
   bf16_t* conv_window = nullptr;  ///< [R, T_max, W-1, D]: window after consuming token t
   int64_t conv_window_row_stride = 0;
+};
+
+/// Snapshot mode's records.
+struct SnapshotRecords {
   float* snapshots = nullptr;  ///< snapshot mode: [R, T_max, HV, V, K] state after token t
   int64_t snapshot_row_stride = 0;
+};
+
+/// Ring mode's records (ReplaySSM, contract §2: keyed by slot).
+struct RingRecords {
   bf16_t* ring_rawv = nullptr;  ///< ring mode: [S, HV, L, V] v after conv+SiLU+bf16
   int64_t ring_rawv_slot_stride = 0;
   bf16_t* ring_rawk = nullptr;  ///< ring mode: [S, H, L, K] k after conv+SiLU+bf16, pre-norm
@@ -112,8 +125,11 @@ struct VerifyParams {
   int64_t ring_g_slot_stride = 0;
   float* ring_beta = nullptr;  ///< ring mode: [S, HV, L] sigmoid(b)
   int64_t ring_beta_slot_stride = 0;
+};
 
-  // ---- deferred commit (ring mode, contract §7; all null: no cursor, nothing pending) ----
+/// The deferred commit's fold inside the verify (ring mode, contract §7; all null: no cursor,
+/// nothing pending).
+struct DeferredFold {
   /// [S] ring base c of each slot: draft step t is recorded at ring position (c + t) mod L.
   /// Null: c = 0.
   const int32_t* ring_cursor = nullptr;
@@ -133,7 +149,7 @@ struct VerifyParams {
   float* ring_u = nullptr;
   int64_t ring_u_slot_stride = 0;
   /// Nonzero: the per-item kernels fold the pending steps before their PDL wait, overlapping the
-  /// kernels before them (the streaming kernel folds each item after its wait, as without it), and
+  /// kernels before them (the persistent kernel folds each item after its wait, as without it), and
   /// at short drafts their one-CTA-per-SM forms let their dependents launch at their entry
   /// (kernels::deferred_triggers_at_entry), so a later kernel may start while this one's
   /// predecessors still run. The caller guarantees that an earlier call without it, which lets its
@@ -144,22 +160,33 @@ struct VerifyParams {
   /// wait), since a round verifies each layer once and the backend refuses commit, materialize,
   /// copy_slot and extend of a batch slot during a round.
   int32_t fold_before_wait = 0;
+};
 
+/// One layer's verify call.
+///
+/// Token t of request n is row n*T + t of qkv / a / b / out (a dense chain), or row
+/// token_offsets[n] + t of a ragged batch (contract §8). A request with slots[n] < 0 is a
+/// padding row: its T (T_n) output rows are written as zeros and nothing else of it is read
+/// (inputs may be NaN, rows[n] may be garbage) or written.
+struct VerifyParams : VerifySizes,
+                      TokenInputs,
+                      WeightParams,
+                      CommittedState,
+                      BatchParams,
+                      VerifyOutputs,
+                      SnapshotRecords,
+                      RingRecords,
+                      DeferredFold {
   // ---- unfused path only: conv output handed from the conv kernel to the recurrence ----
   bf16_t* qkv_act = nullptr;  ///< [N, D] bf16 q|k|v after conv + SiLU, packed rows
 };
 
-KDA_HD int32_t qkv_dim(const VerifyParams& p) { return 2 * p.H * p.K + p.HV * p.V; }
+KDA_HD int32_t qkv_dim(const VerifySizes& p) { return 2 * p.H * p.K + p.HV * p.V; }
 
-/// Extend (prefill through the recurrence): N = B*T tokens per call are processed and
-/// committed in place (T may exceed T_max: extend uses no scratch). Uses VerifyParams for
-/// the inputs (mode, rows, T_max, scratch and ring
-/// fields are ignored); the final SSM state is written to ssm_state_out[slot] (may alias
-/// ssm_state) and conv_state_out[slot] gets the last W-1 raw inputs.
-struct ExtendParams {
-  VerifyParams v;
-  float* ssm_state_out = nullptr;    ///< [S, HV, V, K], same strides as v.ssm_state
-  bf16_t* conv_state_out = nullptr;  ///< [S, W-1, D], same strides as v.conv_state
+/// What extend writes besides its outputs: the committed state in place, and prefix-cache tracks.
+struct ExtendOutputs {
+  float* ssm_state_out = nullptr;    ///< [S, HV, V, K], same strides as ssm_state (may alias it)
+  bf16_t* conv_state_out = nullptr;  ///< [S, W-1, D], same strides as conv_state
   /// Prefix-cache track (contract §9; both null: none). Request n with track_steps[n] = k >= 0
   /// also writes the SSM state and conv state after its prompt token k (0 <= k < T) to slot
   /// track_slots[n] of ssm_state_out / conv_state_out, in the same pass; -1 = no track. The
@@ -168,6 +195,45 @@ struct ExtendParams {
   const int32_t* track_slots = nullptr;  ///< [B]
   const int32_t* track_steps = nullptr;  ///< [B]
 };
+
+/// Extend (prefill through the recurrence): N = B*T tokens per call are processed and committed
+/// in place (T may exceed T_max: extend uses no scratch and records nothing). It takes the parts
+/// of a verify it reads (sizes, inputs, weights, state, batch) and writes `out`, the final SSM
+/// state to ssm_state_out[slot] and the last W-1 raw inputs to conv_state_out[slot].
+struct ExtendParams : VerifySizes,
+                      TokenInputs,
+                      WeightParams,
+                      CommittedState,
+                      BatchParams,
+                      ExtendOutputs {
+  bf16_t* out = nullptr;  ///< [N, HV, V] packed
+};
+
+/// An extend's parts of a verify call `v` (its outputs and tracks left null).
+inline ExtendParams extend_params_of(const VerifyParams& v) {
+  ExtendParams e;
+  static_cast<VerifySizes&>(e) = v;
+  static_cast<TokenInputs&>(e) = v;
+  static_cast<WeightParams&>(e) = v;
+  static_cast<CommittedState&>(e) = v;
+  static_cast<BatchParams&>(e) = v;
+  e.out = v.out;
+  return e;
+}
+
+/// The verify kernels' and the reference's view of an extend call: its parts, nothing recorded,
+/// T_max = T (no scratch).
+KDA_HD VerifyParams verify_view(const ExtendParams& e) {
+  VerifyParams v;
+  static_cast<VerifySizes&>(v) = e;
+  static_cast<TokenInputs&>(v) = e;
+  static_cast<WeightParams&>(v) = e;
+  static_cast<CommittedState&>(v) = e;
+  static_cast<BatchParams&>(v) = e;
+  v.T_max = e.T;
+  v.out = e.out;
+  return v;
+}
 
 /// What a commit does with the SSM state (contract §1, §7).
 enum class CommitKind : uint8_t {

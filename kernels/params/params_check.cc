@@ -175,9 +175,9 @@ void check_fused_shape(const VerifyParams& p, const char* op) {
 }
 
 void check_extend(const ExtendParams& e, const char* op) {
-  check_verify(e.v, op, kConv | kRecurrence | kOut | kWritesSlots);
+  check_verify(verify_view(e), op, kConv | kRecurrence | kOut | kWritesSlots);
   KDA_CHECK(
-      e.v.token_offsets == nullptr && e.v.parents == nullptr,
+      e.token_offsets == nullptr && e.parents == nullptr,
       "{}: extend takes no draft shape (token_offsets / parents): T prompt tokens per request", op);
   check_present(e.ssm_state_out, op, "ssm_state_out", "[S, HV, V, K] f32, may alias ssm_state");
   check_present(e.conv_state_out, op, "conv_state_out", "[S, W-1, D] bf16, may alias conv_state");

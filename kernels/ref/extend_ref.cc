@@ -9,7 +9,7 @@ namespace kda::host {
 
 void extend(const ExtendParams& e) {
   detail::validate_extend(e, "kda::host::extend");
-  const VerifyParams& p = e.v;
+  const VerifyParams p = verify_view(e);
   const int64_t D = qkv_dim(p);
   std::vector<bf16_t> act(static_cast<size_t>(p.T * D));
   std::vector<bf16_t> last_window(static_cast<size_t>(kConvHistory * D));

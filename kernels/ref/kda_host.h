@@ -49,8 +49,8 @@ void verify_fused(const VerifyParams& p);
 
 // ---- extend (prefill through the recurrence) ----
 
-/// Processes the p.v.T tokens of every real request and commits them in place: outputs into
-/// p.v.out, the final state into p.ssm_state_out[slot], the window after the last token
+/// Processes the p.T tokens of every real request and commits them in place: outputs into
+/// p.out, the final state into p.ssm_state_out[slot], the window after the last token
 /// (last W-1 raw inputs) into p.conv_state_out[slot]. Either may alias its input. mode, rows,
 /// T_max, L, scratch, rings and qkv_act are ignored.
 void extend(const ExtendParams& p);

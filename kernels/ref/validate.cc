@@ -87,7 +87,7 @@ void validate_verify(const VerifyParams& p, const char* op, uint32_t needs) {
 
 void validate_extend(const ExtendParams& e, const char* op) {
   params::check_extend(e, op);
-  const VerifyParams& p = e.v;
+  const VerifyParams p = verify_view(e);
   check_indices(op, p.B, p.slots, p.num_slots, nullptr, p.num_rows,
                 /*distinct_slots=*/true, /*distinct_rows=*/false);
   if (e.track_steps == nullptr) {

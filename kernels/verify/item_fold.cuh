@@ -87,10 +87,10 @@ __device__ __forceinline__ void fold_columns_out(const Item& it, const Src& src,
 /// Folds `n` pending steps at ring positions (first + j) mod L onto the item's state tile and
 /// stores it to p.ssm_fold_out. Every thread of the CTA calls it (CTA-uniform: n is the slot's).
 /// The whole tile at once, as FoldItem steps its columns. `src` hands each column over and takes it
-/// back (fold_column_in / _out: global memory, or the streaming kernel's stage). Shared memory `sm`
-/// is free on entry after the leading barrier and on exit. The wide per-item forms (kEarlyTile)
-/// leave the folded tile in S (zeros past V) on the threads that hold columns; the others leave
-/// S alone.
+/// back (fold_column_in / _out: global memory, or the persistent kernel's stage). Shared memory
+/// `sm` is free on entry after the leading barrier and on exit. The wide per-item forms
+/// (kEarlyTile) leave the folded tile in S (zeros past V) on the threads that hold columns; the
+/// others leave S alone.
 template <typename Item, typename Src>
 __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
                                              TileSmem<typename Item::Cfg>& sm,
@@ -115,7 +115,7 @@ __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
   // per-item kernels (kEarlyLoads) load every job's records into registers before the barrier
   // that frees `sm` and store them after it, so their latency overlaps that wait; their wide
   // forms (kEarlyTile: up to 255 registers) also load their state columns there (one memory
-  // round trip after the slot's cursor, not two) and hold them across chunks. The streaming
+  // round trip after the slot's cursor, not two) and hold them across chunks. The persistent
   // kernel, at its register cap, would hold the records through the barrier (measured slower
   // there), so there each job loads after the barrier; it and the 128-register per-item forms
   // (which spill holding the columns through the job loads) load the columns per chunk.
@@ -193,7 +193,7 @@ __device__ __forceinline__ void fold_pending(const Item& it, const Src& src,
       }
     } else {
       if (t0 == 0) {
-        __syncthreads();  // a streaming CTA's previous item may still read `sm`
+        __syncthreads();  // a persistent CTA's previous item may still read `sm`
       }
 #pragma unroll
       for (int q = 0; q < kJobs; ++q) {

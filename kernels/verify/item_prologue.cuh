@@ -44,7 +44,7 @@ struct WeightReads {
 
 /// One work item of the verify / extend kernel: the (V tile, v-head, request) triple.
 /// The constructor computes indices only; load_constants() and run() read the item's inputs
-/// through a source `Src`: GlobalSource (global memory) or StagedSource (verify_stream.cuh:
+/// through a source `Src`: GlobalSource (global memory) or StagedSource (verify/persistent.cuh:
 /// the state tile from a shared-memory stage filled by a TMA bulk copy, the rest as
 /// GlobalSource). Both hand the same values to the same arithmetic, so the bits are equal.
 /// is_staged(Src::kSource): the state tile is copied to registers after the prologue (it is not
@@ -140,7 +140,7 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
   static constexpr int kConvWarps = (Cfg::kPairs + 31) / 32;
   static constexpr int kSpareWarps = Cfg::kWarps - kConvWarps;
 
-  /// The ring streaming kernel's column swizzle (is_persistent_ring(Src::kSource)): register j of
+  /// The ring persistent kernel's column swizzle (is_persistent_ring(Src::kSource)): register j of
   /// the state and of the trees holds column col0 + (j ^ swizzle) (run, step 4); elsewhere 0.
   template <typename Src>
   __device__ __forceinline__ int column_swizzle_of() const {
@@ -149,7 +149,7 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
 
   __device__ __forceinline__ ItemPrologue(const TileArgs& a, const ItemCoords& at)
       : ItemPrologue(a, at, shaped_rows_of<kShaped>(a.p, at.n)) {}
-  /// With the request's rows already read (the streaming kernel's planned items: NextRun).
+  /// With the request's rows already read (the persistent kernel's planned items: NextRun).
   __device__ __forceinline__ ItemPrologue(const TileArgs& a, const ItemCoords& at,
                                           const ShapedRows<kShaped>& rows)
       : ShapedRows<kShaped>(rows), args(a), p(a.p), tile(at.tile), hv(at.hv), n(at.n), h(at.h) {
@@ -191,7 +191,7 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
   }
 
   /// The gate constants, and the pair's conv taps in the per-item kernel (before the PDL
-  /// wait; the streaming kernel loads its taps in the conv step). The wide form (kWide) leaves
+  /// wait; the persistent kernel loads its taps in the conv step). The wide form (kWide) leaves
   /// EXP(A_log) to run: the one-CTA-per-SM kernel starts only when the previous kernel's CTA has
   /// left its SM, so a wait for the A_log load before griddepcontrol.wait is not hidden behind that
   /// kernel. The deferred wide BV = 32 tile, whose CTA can enter early (TileConfig::kMinCtasPerSm),
@@ -244,7 +244,7 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
     const int T = tokens();
     for (int t = 0; t < T; ++t) {
       // (The dense row in its own form: through first_row() it made the unfused K = 64 ring
-      // streaming kernel spill.)
+      // persistent kernel spill.)
       const int64_t r = kShaped ? first_row() + t : static_cast<int64_t>(n) * T + t;
       bf16_t* out_row = p.out + (r * p.HV + hv) * p.V;
       for (int j = tid; j < BV && v0 + j < p.V; j += Cfg::kThreads) {
@@ -303,7 +303,7 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
     const int64_t ring_step = dst.ring_step;
     const int32_t ring_cursor = dst.ring_cursor;
     const bool write_window = dst.write_window;
-    // The streaming kernel loads the taps here: held from the item's start they are live
+    // The persistent kernel loads the taps here: held from the item's start they are live
     // across its item loop and spill. The per-item kernel loads them with the constants,
     // before the PDL wait, which hides the loads at small B.
     if constexpr (FUSED && is_staged(Src::kSource)) {
@@ -383,7 +383,7 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
       // on zero inputs and are never stored), then its stores: with each token's stores
       // (behind their branches) between its arithmetic and the next token's, the tokens'
       // conv + SiLU chains run one after another.
-      // BV = 128 at 128 registers (the fallback when the streaming kernel cannot run) keeps
+      // BV = 128 at 128 registers (the fallback when the persistent kernel cannot run) keeps
       // one token per group: with four, the fused tile spills far more.
       constexpr int kGroup = BV <= 64 || kWide ? 4 : 1;
       static_assert(Cfg::kChunk % kGroup == 0, "whole groups per chunk");

@@ -1,7 +1,7 @@
 // item_steps.cuh: a verify / extend work item's recurrence (contract §3 steps 5-6 over a
-// chunk's tokens, the norms done) in the loop of its schedule: steps_ring_stream
-// (ItemSource::kPersistentRing), steps_snapshot_stream (kStreamSnapshot), steps_per_item (the
-// per-item kernels), and their stores: outputs and snapshots. Every loop performs the
+// chunk's tokens, the norms done) in the loop of its schedule: steps_ring_persistent
+// (ItemSource::kPersistentRing), steps_snapshot_persistent (kPersistentSnapshot), steps_per_item
+// (the per-item kernels), and their stores: outputs and snapshots. Every loop performs the
 // operations of delta_rule_step + output_dot in the same order, so their bits are equal.
 // Never writes ssm_state; writes out and (snapshot mode) snapshots only.
 #pragma once
@@ -32,8 +32,8 @@ struct ItemSteps : ItemPrologue<Traits> {
   using Prologue::Prologue;
   using typename Prologue::Cfg, typename Prologue::Slice;
 
-  /// Step 4's v of the thread's CPT columns at step tt (not the ring streaming kernel's: it loads
-  /// one column), columns past V as zeros. The snapshot streaming kernel (issue-bound) takes them
+  /// Step 4's v of the thread's CPT columns at step tt (not the ring persistent kernel's: it loads
+  /// one column), columns past V as zeros. The snapshot persistent kernel (issue-bound) takes them
   /// in one shared-memory load (CPT = 2 or 4: 8 * CPT-byte aligned group offsets). The per-item
   /// kernels keep per-column loads: the one-load form changes their allocation and makes the
   /// BV = 128 fallback tile spill more.
@@ -54,12 +54,12 @@ struct ItemSteps : ItemPrologue<Traits> {
     }
   }
 
-  /// Token t's outputs where every lane holds every column's bits (not the ring streaming
+  /// Token t's outputs where every lane holds every column's bits (not the ring persistent
   /// kernel's): lane 0 of the group writes its CPT columns, bf16 pairs, no per-lane column select
   /// (which nvcc lowered to a local-memory array). Pairs are whole: V, v0 and col0 are even when
   /// CPT >= 2. The output is indexed in 32 bits (the launchers check that `out` has fewer than
   /// 2^31 elements). Per-item kernels (latency-bound) add t rows of HV*V (out_token) to the
-  /// item's token-0 index (out_item), the least index arithmetic per store. The streaming
+  /// item's token-0 index (out_item), the least index arithmetic per store. The persistent
   /// kernels compute the row's 32-bit index per store (they pass neither): a token-0 index held
   /// through the steps makes them spill, and a 64-bit index costs more instructions per store.
   template <typename Src>
@@ -109,7 +109,7 @@ struct ItemSteps : ItemPrologue<Traits> {
     }
   }
 
-  /// Step 4 in the ring streaming kernel (issue-bound). Both streaming kernels are
+  /// Step 4 in the ring persistent kernel (issue-bound). Both persistent kernels are
   /// software-pipelined: step tt's output dot and step tt+1's key dot both read the state after
   /// step tt's update, so their cross-lane tree levels run together (the shuffle chains' latency
   /// was the recurrence's main stall). Per value, the operations and their order are those of
@@ -121,11 +121,11 @@ struct ItemSteps : ItemPrologue<Traits> {
   /// u records of the item's (slot, v-head), column col0), stored by the lanes that store the
   /// outputs.
   template <typename Src>
-  __device__ __forceinline__ void steps_ring_stream(const TileSmem<Cfg>& sm,
-                                                    ColRegs<Slice> (&S)[CPT], bool cols_ok, int T,
-                                                    int t0, int tc, float* u_row,
-                                                    int cursor) const {
-    static_assert(Slice::kLaneStride == 1, "the streaming kernel's trees pair lanes c ^ d");
+  __device__ __forceinline__ void steps_ring_persistent(const TileSmem<Cfg>& sm,
+                                                        ColRegs<Slice> (&S)[CPT], bool cols_ok,
+                                                        int T, int t0, int tc, float* u_row,
+                                                        int cursor) const {
+    static_assert(Slice::kLaneStride == 1, "the persistent kernel's trees pair lanes c ^ d");
     // The cross-lane levels as reduce-scatters on the swizzled columns
     // (device_math.cuh tree_reduce_scatter). A step's key tree leaves each lane the root
     // of column swz, the lane computes that column's u, and CPT - 1 shuffles give it the
@@ -179,17 +179,17 @@ struct ItemSteps : ItemPrologue<Traits> {
     }
   }
 
-  /// Step 4 in the snapshot streaming kernel, pipelined as steps_ring_stream: the cross-lane
+  /// Step 4 in the snapshot persistent kernel, pipelined as steps_ring_persistent: the cross-lane
   /// levels as all-reduces (every lane gets every root), v_of's one shared-memory load,
   /// store_outputs from lane 0. The ring kernel's reduce-scatter form spills here and proved
   /// slower.
   template <typename Src>
-  __device__ __forceinline__ void steps_snapshot_stream(const TileSmem<Cfg>& sm,
-                                                        ColRegs<Slice> (&S)[CPT],
-                                                        const bool (&col_ok)[CPT], int T,
-                                                        int64_t row, bool snap, int t0,
-                                                        int tc) const {
-    static_assert(Slice::kLaneStride == 1, "the streaming kernel's trees pair lanes c ^ d");
+  __device__ __forceinline__ void steps_snapshot_persistent(const TileSmem<Cfg>& sm,
+                                                            ColRegs<Slice> (&S)[CPT],
+                                                            const bool (&col_ok)[CPT], int T,
+                                                            int64_t row, bool snap, int t0,
+                                                            int tc) const {
+    static_assert(Slice::kLaneStride == 1, "the persistent kernel's trees pair lanes c ^ d");
     float vv[CPT];
     const auto update = [&](int tt, const float(&v)[CPT], const float(&kv)[CPT]) {
       float u[CPT];
@@ -232,7 +232,7 @@ struct ItemSteps : ItemPrologue<Traits> {
   /// kTrackedExtend (contract §9): the state after the request's track step goes to the track
   /// slot as the loop passes it (the verify kernels have no such code: in them it made the
   /// 128-register forms spill).
-  /// kDeferred: u records as in steps_ring_stream (`u_row`: column col0), stored by lane c = 0.
+  /// kDeferred: u records as in steps_ring_persistent (`u_row`: column col0), stored by lane c = 0.
   template <typename Src>
   __device__ __forceinline__ void steps_per_item(const TileSmem<Cfg>& sm, ColRegs<Slice> (&S)[CPT],
                                                  const bool (&col_ok)[CPT], bool holds_tile, int T,
@@ -298,8 +298,8 @@ struct ItemSteps : ItemPrologue<Traits> {
       step(tt, o);
       store_outputs<Src>(t0 + tt, o, col_ok, T, out_item, out_token);
       store_snapshot<Src>(t0 + tt, S, col_ok, row, snap);
-      if (tracks_extend() && t0 + tt == args.track_steps[n]) {
-        float* dst = args.ssm_out + args.track_slots[n] * p.ssm_slot_stride +
+      if (tracks_extend() && t0 + tt == args.ext.track_steps[n]) {
+        float* dst = args.ext.ssm_state_out + args.ext.track_slots[n] * p.ssm_slot_stride +
                      static_cast<int64_t>(hv) * p.V * K;
 #pragma unroll
         for (int j = 0; j < CPT; ++j) {
@@ -345,7 +345,7 @@ struct ItemSteps : ItemPrologue<Traits> {
 
   /// An extend call with prefix-cache tracks.
   __device__ __forceinline__ bool tracks_extend() const {
-    return kTrackedExtend && args.extend != 0 && args.track_steps != nullptr;
+    return kTrackedExtend && args.extend != 0 && args.ext.track_steps != nullptr;
   }
 };
 

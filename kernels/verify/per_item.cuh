@@ -15,7 +15,7 @@ namespace kda::kernels {
 /// 48 KiB up to BV = 64) for the tiles where one bulk copy proved faster than the threads'
 /// own loads into registers: BV = 16 and 64. BV = 8 and 32 keep the register loads, where the
 /// stage proved slower (at BV = 32 it does not make the conv history land sooner, and its copy
-/// after the norms costs more than it saves). BV = 128's large-B path is the streaming kernel.
+/// after the norms costs more than it saves). BV = 128's large-B path is the persistent kernel.
 /// Thread 0 initialises the barrier and issues the copy (lane 0 of the last warp, which has no
 /// channel pair, proved slower). With one CTA per SM (kCtasPerSm = 1) only BV = 16 keeps the
 /// stage: there BV = 64's register loads issued after the gates (VerifyItem::run,
@@ -89,7 +89,8 @@ struct GlobalSource : WeightReads<Item> {
   __device__ __forceinline__ int row(const Item&) const { return row_; }
   /// Start of a live item's work (after the padding check).
   __device__ __forceinline__ void begin(const Item&) const {}
-  /// The item's token inputs have been read by every thread (streaming prefetch point).
+  /// The item's token inputs have been read by every thread (the persistent kernel's prefetch
+  /// point).
   __device__ __forceinline__ void inputs_consumed(const Item&) const {}
   /// Conv history row j (oldest first) of the pair (raw bits).
   __device__ __forceinline__ uint32_t hist(const Item& it, int slot, int j) const {

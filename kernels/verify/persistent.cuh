@@ -1,15 +1,15 @@
-// verify_stream.cuh: the large-B verify kernel. Persistent CTAs (grid = resident CTAs) walk
+// verify/persistent.cuh: the large-B verify kernel. Persistent CTAs (grid = resident CTAs) walk
 // the (request, v-head, V tile) items; each item's state tile (BV x K f32, 64 KiB at
-// K = BV = 128) arrives in a shared-memory stage through a TMA bulk copy (state_stream.cuh)
-// issued while the previous item computes, and is copied to registers after the prologue.
-// The item's raw inputs (token channels, conv history, gate logits: ItemInputs) arrive the
-// same way one item ahead, through per-thread cp.async into a double buffer, so the prologue
-// reads shared memory instead of waiting on three global round trips.
-// Weights, gate constants and beta logits are read as in verify_tile_kernel, and the
-// arithmetic is VerifyItem's (verify_item.cuh), so the bits equal verify_tile_kernel's.
-// Streamable (checked by the launcher, else verify_tile_kernel runs): sm_90+, verify (not
-// extend), T <= kChunk, state 16-byte aligned with a slot stride that is a multiple of 4,
-// and the inputs copyable in 16-byte pieces (stream_layout_ok).
+// K = BV = 128) arrives in a shared-memory stage through a TMA bulk copy
+// (common/persistent_stage.cuh) issued while the previous item computes, and is copied to registers
+// after the prologue. The item's raw inputs (token channels, conv history, gate logits: ItemInputs)
+// arrive the same way one item ahead, through per-thread cp.async into a double buffer, so the
+// prologue reads shared memory instead of waiting on three global round trips. Weights, gate
+// constants and beta logits are read as in verify_tile_kernel, and the arithmetic is VerifyItem's
+// (verify_item.cuh), so the bits equal verify_tile_kernel's. Streamable (checked by the launcher,
+// else verify_tile_kernel runs): sm_90+, verify (not extend), T <= kChunk, state 16-byte aligned
+// with a slot stride that is a multiple of 4, and the inputs copyable in 16-byte pieces
+// (stream_layout_ok).
 #pragma once
 
 #include "kernels/common/persistent_stage.cuh"
@@ -23,7 +23,7 @@ inline constexpr size_t kStateStageBytes = static_cast<size_t>(BV) * K * sizeof(
 
 /// The items in a persistent CTA's order: item = (n*HV + hv)*tiles + tile.
 template <int K, int BV>
-struct VerifyStreamItems {
+struct VerifyPersistentItems {
   const VerifyParams& p;
   const ItemDivisors& div;
   __device__ int count() const { return p.B * p.HV * static_cast<int>(div.tiles.divisor); }
@@ -157,7 +157,7 @@ struct StagedSource : WeightReads<Item> {
       kMode == RecordMode::kRing ? ItemSource::kPersistentRing : ItemSource::kPersistentSnapshot;
   using Slice = typename Item::Slice;
   using Cfg = typename Item::Cfg;
-  using Items = VerifyStreamItems<Cfg::K, Cfg::BV>;
+  using Items = VerifyPersistentItems<Cfg::K, Cfg::BV>;
   using Inputs = ItemInputs<Cfg::K, Cfg::BV, Cfg::kChunk>;
   static_assert(kPlanner >= Cfg::kPairs && kPlanner < Cfg::kThreads,
                 "the planner thread has no channel pair");
@@ -252,7 +252,7 @@ struct StagedSource : WeightReads<Item> {
   /// folded tile to the committed state with one bulk store (the vector stores it replaced were
   /// the largest part of the deferred verify's fold at large B). Thread 0 waits
   /// for it to have read the stage before the stage's refill (load_state) and for its completion
-  /// before the CTA exits (verify_stream_kernel).
+  /// before the CTA exits (verify_persistent_kernel).
   __device__ __forceinline__ void fold_done(const Item& it, int slot) const {
     fence_proxy_async_shared();
     __syncthreads();
@@ -263,7 +263,7 @@ struct StagedSource : WeightReads<Item> {
     }
   }
   /// The stage always holds BV columns, so every column is copied: the ones past V hold zeros
-  /// (verify_stream_kernel clears the stage first) or an earlier item's state, and they are
+  /// (verify_persistent_kernel clears the stage first) or an earlier item's state, and they are
   /// never stored (columns do not mix in the recurrence), so they need no zeroing in registers.
   __device__ __forceinline__ void load_state(const Item& it, ColRegs<Slice> (&S)[Slice::CPT],
                                              const bool (&)[Slice::CPT], const float*) const {
@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(256, 2)
   // The first item's inputs go out before its state tile: its prologue needs only the inputs,
   // and with the tile's 64 KiB ahead of them in the memory queue (every CTA fills at once) the
   // first prologue would wait behind it. The tile lands during the prologue.
-  const int first = begin_streaming</*kFirstBeforeWait=*/true>(bulk, items, [](int) {});
+  const int first = begin_persistent</*kFirstBeforeWait=*/true>(bulk, items, [](int) {});
   if (first < items.count()) {
     const ItemCoords at = items.coords(first);
     const int slot = p.slots[at.n];

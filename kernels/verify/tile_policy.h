@@ -60,8 +60,8 @@ constexpr long long fused_grid_ctas(int B, int HV, int V, int bv) {
 }
 
 /// Waves of CTAs up to which a fused BV = 128 grid runs its per-item tiles one CTA per SM ahead
-/// of the streaming kernel's two per SM: a wide CTA finishes its item in about half the time of
-/// a streamed pair, so it wins while the streaming grid's items per CTA round up badly.
+/// of the persistent kernel's two per SM: a wide CTA finishes its item in about half the time of
+/// a persistent pair, so it wins while the persistent grid's items per CTA round up badly.
 constexpr int kWideFusedMaxWaves = 3;
 /// Waves of CTAs (one per SM) up to which snapshot mode's default tile stays BV = 128: beyond
 /// them the BV = 64 per-item tiles two per SM are faster in snapshot mode.
@@ -94,7 +94,7 @@ inline constexpr int kNarrowBv32MaxT = 4;
 /// TileOccupancy). T = 0: unknown (as T > kNarrowBv32MaxT).
 /// - The head tile (head_block_v: BV = 128 at V = 128) from 192 CTAs, or with
 ///   96..one_per_sm_ctas CTAs (one CTA per SM up to kWideFusedMaxWaves waves, beyond them
-///   streamed two per SM). Without one-per-SM CTAs it is BV = 64 below 192 CTAs.
+///   persistent, two per SM). Without one-per-SM CTAs it is BV = 64 below 192 CTAs.
 /// - Else the widest tile up to BV = 64 whose grid has >= 96 CTAs, or >= 48 CTAs that run one
 ///   per SM for BV = 16 (and BV = 32 with T <= kNarrowBv32MaxT); else BV = 8 where its grid
 ///   runs one per SM, BV = 16 otherwise.

@@ -52,7 +52,7 @@ constexpr int kMaxGridDim = 65535;  ///< gridDim.y / gridDim.z limit (B, HV, lay
 
 /// Row pitches of the token inputs (qkv, a, b; qkv_act's is D, an int32): the per-item verify
 /// kernels hold them in 32 bits and step through a chunk's gate rows with 32-bit offsets
-/// (verify_tile.cuh GlobalSource), so kChunk pitches must fit.
+/// (verify/per_item.cuh GlobalSource), so kChunk pitches must fit.
 constexpr int64_t kMaxRowPitch = int64_t{1} << 28;
 
 void check_row_pitch(int64_t pitch, const char* who, const char* name) {
@@ -127,7 +127,6 @@ constexpr uint32_t kRecurrentNeeds =
 constexpr uint32_t kFusedNeeds =
     params::kConv | params::kWindows | params::kRecurrence | params::kOut | params::kRecords;
 
-
 void enqueue_conv_update(const VerifyParams& p, cudaStream_t stream, bool pdl) {
   dispatch_weight(p.conv_weight_type,
                   [&](auto w) { launch_conv_update<decltype(w)>(p, stream, pdl); });
@@ -147,7 +146,8 @@ VerifyPlan plan_on_device(const VerifyParams& p, VerifyPath path, int block_v,
   const DeviceCaps caps = device_caps();
   int occupancy = 0;
   const VerifyFeatures features = verify_features(p, extend && tracked);
-  const bool may_persist = !extend && caps.sm_major >= 9 && o.persistent != PersistentMode::kNever &&
+  const bool may_persist = !extend && caps.sm_major >= 9 &&
+                           o.persistent != PersistentMode::kNever &&
                            (path == VerifyPath::kUnfused || block_v == 128);
   if (may_persist) {
     VerifyPlan config;
@@ -171,8 +171,7 @@ void check_plan(const VerifyParams& p, const VerifyPlan& plan, const char* who) 
   const VerifyFeatures want =
       persistent_snapshot ? kNoFeatures : verify_features(p, (plan.features & kExtendTracks) != 0);
   KDA_CHECK(plan.K == p.K && plan.weight == (fused ? p.conv_weight_type : ConvWeightType::kF32) &&
-                plan.features == want &&
-                plan.items == ceil_div(p.V, plan.block_v) * p.HV * p.B &&
+                plan.features == want && plan.items == ceil_div(p.V, plan.block_v) * p.HV * p.B &&
                 (fused || plan.block_v == kRecurrentBlockV),
             "{}: the plan ({}) is not this call's (K={}, HV={}, V={}, B={}): plan each call with "
             "plan_verify_on_device",
@@ -212,7 +211,7 @@ void invoke_verify(const VerifyParams& p, const VerifyPlan& plan, cudaStream_t s
   if (!fused) {
     enqueue_conv_update(p, stream, plan.pdl);
   }
-  enqueue_plan(TileArgs{p, nullptr, 0, {}}, plan, stream);
+  enqueue_plan(TileArgs{p, {}, 0, {}}, plan, stream);
 }
 
 void invoke_verify_unfused(const VerifyParams& p, cudaStream_t stream, const LaunchOverrides& o) {
@@ -230,15 +229,14 @@ void invoke_verify_fused(const VerifyParams& p, int block_v, cudaStream_t stream
 
 void invoke_extend(const ExtendParams& e, cudaStream_t stream, const LaunchOverrides& o) {
   params::check_extend(e, "invoke_extend");
-  check_cuda_layout(e.v, "invoke_extend", params::kConv | params::kRecurrence | params::kOut);
+  const VerifyParams v = verify_view(e);
+  check_cuda_layout(v, "invoke_extend", params::kConv | params::kRecurrence | params::kOut);
   KDA_CHECK(is_aligned(e.ssm_state_out, 16),
             "invoke_extend: ssm_state_out must be 16-byte aligned");
   const bool tracked = e.track_steps != nullptr;
   const VerifyPlan plan =
-      plan_on_device(e.v, VerifyPath::kFused, kExtendBlockV, o, /*extend=*/true, tracked);
-  TileArgs args{e.v, e.ssm_state_out, 1, {}};  // divisors and trigger: set by launch_verify
-  args.track_slots = e.track_slots;
-  args.track_steps = e.track_steps;
+      plan_on_device(v, VerifyPath::kFused, kExtendBlockV, o, /*extend=*/true, tracked);
+  TileArgs args{v, e, 1, {}};  // divisors and trigger: set by launch_verify
   enqueue_plan(args, plan, stream);
   // After the recurrence: every CTA has read the old conv history by now (stream order).
   launch_conv_state_roll(e, stream, o.pdl);

@@ -1,7 +1,7 @@
 // verify_item.cuh: one verify / extend work item, the (V tile, v-head hv, request n) triple, as
 // one CTA of 256 threads runs it: VerifyItem::run, the schedule that orders the phases
 // (item_prologue.cuh, item_steps.cuh), their loads and their barriers. The kernels that run
-// items: verify_tile.cuh (one CTA per item, grid (ceil(V/BV), HV, B)) and verify_stream.cuh
+// items: verify/per_item.cuh (one CTA per item, grid (ceil(V/BV), HV, B)) and verify/persistent.cuh
 // (persistent CTAs); their source names the item's ItemSource (item_schedule.h).
 // Per chunk of up to kChunk tokens:
 //   1. q/k (2K channels of k-head h) and v (the BV channels of this tile) for every token,
@@ -32,8 +32,8 @@ namespace kda::kernels {
 
 /// One work item of the verify / extend kernel. The constructor computes indices only;
 /// load_constants() and run() read the item's inputs through a source `Src` whose kSource
-/// (item_schedule.h) says where they come from: GlobalSource (verify_tile.cuh: global memory)
-/// or StagedSource (verify_stream.cuh: the state tile from a shared-memory stage filled by a
+/// (item_schedule.h) says where they come from: GlobalSource (verify/per_item.cuh: global memory)
+/// or StagedSource (verify/persistent.cuh: the state tile from a shared-memory stage filled by a
 /// TMA bulk copy, the rest as GlobalSource). Both hand the same values to the same arithmetic,
 /// so the bits are equal. Sources take the item as its ItemPrologue.
 template <typename Traits>
@@ -58,14 +58,14 @@ struct VerifyItem : ItemSteps<Traits> {
 
   /// Runs the item: the state tile and the chunk's inputs in flight, then per chunk the steps of
   /// the file's header: 1. convolve_chunk, 2. gates_chunk, 3. the norms (spare_warp_norms or every
-  /// warp), 4. steps_ring_stream, steps_snapshot_stream or steps_per_item. This function holds the
-  /// schedule (which loads and barriers go where); the phases hold the arithmetic.
-  /// kWide: the register budget of the calling kernel (its __launch_bounds__). false: 128
-  /// registers per thread. true (the per-item kernel's one-CTA-per-SM form, up to 255): every
-  /// tile loads its first chunk early and convolves 4 tokens per group, the ring-mode steps
-  /// run in groups of kStepGroup with their outputs stored after the group, a state tile
-  /// loaded into registers is loaded after the gates (kLateStateLoads), and EXP(A_log) is
-  /// computed here (load_constants leaves it).
+  /// warp), 4. steps_ring_persistent, steps_snapshot_persistent or steps_per_item. This function
+  /// holds the schedule (which loads and barriers go where); the phases hold the arithmetic. kWide:
+  /// the register budget of the calling kernel (its __launch_bounds__). false: 128 registers per
+  /// thread. true (the per-item kernel's one-CTA-per-SM form, up to 255): every tile loads its
+  /// first chunk early and convolves 4 tokens per group, the ring-mode steps run in groups of
+  /// kStepGroup with their outputs stored after the group, a state tile loaded into registers is
+  /// loaded after the gates (kLateStateLoads), and EXP(A_log) is computed here (load_constants
+  /// leaves it).
   template <typename Src>
   __device__ __forceinline__ void run(TileSmem<Cfg>& sm, Src& src) {
     const int T = this->tokens();
@@ -82,7 +82,7 @@ struct VerifyItem : ItemSteps<Traits> {
       return;
     }
     src.begin(*this);
-    // The streaming kernel serves verify only (launcher-checked): extend's code is not in it.
+    // The persistent kernel serves verify only (launcher-checked): extend's code is not in it.
     const bool extend = !is_staged(Src::kSource) && args.extend != 0;
     const RecordMode mode = record_mode_of(Src::kSource, p.mode);
     const bool ring = !extend && mode == RecordMode::kRing;
@@ -124,7 +124,7 @@ struct VerifyItem : ItemSteps<Traits> {
       }
     }
 
-    // Conv history of the pair (fused only; the streaming kernel reads it per token, below).
+    // Conv history of the pair (fused only; the persistent kernel reads it per token, below).
     // Issued first: the conv waits for it. Raw bits until every load of the item is in
     // flight (converted below).
     uint32_t hist_bits[kConvHistory];
@@ -142,7 +142,7 @@ struct VerifyItem : ItemSteps<Traits> {
     // after the PDL wait (the per-item kernel has read the slot before it), not three (the
     // chunk loop would otherwise keep the input loads behind the history's conversion). So do
     // BV = 128 tiles with wide registers; at 128 registers BV = 128 tiles load them in the
-    // loop: there the early loads cost spills (per-item kernel) or registers (streaming
+    // loop: there the early loads cost spills (per-item kernel) or registers (persistent
     // kernel), and other CTAs hide the latency.
     constexpr bool kEarlyInputs = !is_staged(Src::kSource) && (BV <= 64 || kWide);
     ChunkInputs in;
@@ -177,7 +177,7 @@ struct VerifyItem : ItemSteps<Traits> {
     // So BV >= 64 and the unfused recurrence keep the all-warp norms.
     constexpr bool kSpareWarpNorms = FUSED && kWide && !is_staged(Src::kSource) && BV <= 32;
     static_assert(!kSpareWarpNorms || kSpareWarps >= 3, "three warps without a conv pair");
-    // The ring streaming kernel holds its columns swizzled (register j: column col0 + (j ^ swz),
+    // The ring persistent kernel holds its columns swizzled (register j: column col0 + (j ^ swz),
     // for its reduce-scatter trees, step 4; swz is recomputed where it is used: held from
     // here, it cost spills). Streaming calls have V % 8 == 0 (launcher-checked)
     // and col0 % CPT == 0, so there a thread's columns are all below V or all past it.
@@ -218,7 +218,7 @@ struct VerifyItem : ItemSteps<Traits> {
     }
 
     const PairStores pair = pair_stores(sm, slot, row, ring, cursor, qk_owner, write_window);
-    // The streaming kernel serves T <= kChunk only (launcher-checked): one chunk, so the
+    // The persistent kernel serves T <= kChunk only (launcher-checked): one chunk, so the
     // state is never live through a prologue (no spills).
     const int t_limit = is_staged(Src::kSource) ? 1 : T;
     for (int t0 = 0; t0 < t_limit; t0 += Cfg::kChunk) {
@@ -262,7 +262,7 @@ struct VerifyItem : ItemSteps<Traits> {
         }
       }
       __syncthreads();
-      src.inputs_consumed(*this);  // streaming: the next item's inputs go in flight
+      src.inputs_consumed(*this);  // persistent: the next item's inputs go in flight
 
       // 3. L2 norms of q (scaled by K^-0.5) and k, one warp per vector (without spare-warp
       // norms).
@@ -294,15 +294,15 @@ struct VerifyItem : ItemSteps<Traits> {
                                      : nullptr;
       if constexpr (is_staged(Src::kSource)) {
         if constexpr (is_persistent_ring(Src::kSource)) {
-          this->template steps_ring_stream<Src>(sm, S, col_ok[0], T, t0, tc, u_row, cursor);
+          this->template steps_ring_persistent<Src>(sm, S, col_ok[0], T, t0, tc, u_row, cursor);
         } else {
-          this->template steps_snapshot_stream<Src>(sm, S, col_ok, T, row, snap, t0, tc);
+          this->template steps_snapshot_persistent<Src>(sm, S, col_ok, T, row, snap, t0, tc);
         }
       } else {
         this->template steps_per_item<Src>(sm, S, col_ok, holds_tile, T, row, snap, t0, tc, u_row,
                                            cursor, slot);
       }
-      // The next chunk overwrites shared memory. The streaming kernel runs one chunk per item,
+      // The next chunk overwrites shared memory. The persistent kernel runs one chunk per item,
       // and its next live item passes a barrier before it writes shared memory (after its
       // input copies land), so it ends the item without one: fast warps start the next item's
       // set-up while slow ones finish their steps.
@@ -312,7 +312,8 @@ struct VerifyItem : ItemSteps<Traits> {
     }
 
     if (extend) {
-      float* dst = args.ssm_out + slot * p.ssm_slot_stride + static_cast<int64_t>(hv) * p.V * K;
+      float* dst =
+          args.ext.ssm_state_out + slot * p.ssm_slot_stride + static_cast<int64_t>(hv) * p.V * K;
 #pragma unroll
       for (int j = 0; j < CPT; ++j) {
         if (col_ok[j]) {

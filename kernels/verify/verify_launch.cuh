@@ -24,8 +24,8 @@ namespace kda::kernels {
 inline constexpr VerifySchedule kVerifySchedules[] = {
     VerifySchedule::kPerItem, VerifySchedule::kPerItemWide, VerifySchedule::kPersistentRing,
     VerifySchedule::kPersistentSnapshot};
-inline constexpr VerifyFeatures kVerifyFeatureSets[] = {
-    kNoFeatures, kDeferredFold, kRaggedRows, kRaggedRows | kDeferredFold, kExtendTracks};
+inline constexpr VerifyFeatures kVerifyFeatureSets[] = {kNoFeatures, kDeferredFold, kRaggedRows,
+                                                        kRaggedRows | kDeferredFold, kExtendTracks};
 
 /// Whether the kernel (path, V tile `bv`, schedule, features) is instantiated: the per-item
 /// schedules for every tile, the persistent ones at BV = 128 (snapshot mode: the dense kernel
@@ -109,8 +109,7 @@ void for_each_feature_set(F& f, std::index_sequence<Fs...>) {
 }
 template <VerifyPath PATH, int BV, typename F, size_t... Ss>
 void for_each_schedule(F& f, std::index_sequence<Ss...>) {
-  (for_each_feature_set<PATH, BV, Ss>(f,
-                                      std::make_index_sequence<std::size(kVerifyFeatureSets)>{}),
+  (for_each_feature_set<PATH, BV, Ss>(f, std::make_index_sequence<std::size(kVerifyFeatureSets)>{}),
    ...);
 }
 template <VerifyPath PATH, int BV, typename F>
@@ -156,9 +155,9 @@ int persistent_occupancy(RecordMode mode, VerifyFeatures features) {
     if constexpr (is_persistent(S)) {
       if (S == want && F == f) {
         using Traits = VerifyTraits<W, K, BV, PATH, S, F>;
-        ctas = persistent_ctas_per_sm(
-            reinterpret_cast<const void*>(&verify_persistent_kernel<Traits>),
-            TileConfig<K, BV>::kThreads, kVerifyPersistentSmemBytes<K, BV>);
+        ctas =
+            persistent_ctas_per_sm(reinterpret_cast<const void*>(&verify_persistent_kernel<Traits>),
+                                   TileConfig<K, BV>::kThreads, kVerifyPersistentSmemBytes<K, BV>);
       }
     }
   });
@@ -169,9 +168,9 @@ int persistent_occupancy(RecordMode mode, VerifyFeatures features) {
 
 /// X(W, K, BV, PATH) for every verify configuration of weight W and head dim K: the fused tiles
 /// (tile_policy.h KDA_FUSED_BLOCK_VS), and for W = float the unfused recurrence's tile.
-#define KDA_VERIFY_CONFIG_DECLARE(W, K, BV, PATH)                                               \
-  extern template void launch_verify<W, K, BV, PATH>(const TileArgs&, const VerifyPlan&,         \
-                                                     cudaStream_t);                              \
+#define KDA_VERIFY_CONFIG_DECLARE(W, K, BV, PATH)                                        \
+  extern template void launch_verify<W, K, BV, PATH>(const TileArgs&, const VerifyPlan&, \
+                                                     cudaStream_t);                      \
   extern template int persistent_occupancy<W, K, BV, PATH>(RecordMode, VerifyFeatures);
 #define KDA_VERIFY_CONFIG_DEFINE(W, K, BV, PATH)                                                 \
   template void launch_verify<W, K, BV, PATH>(const TileArgs&, const VerifyPlan&, cudaStream_t); \
@@ -180,8 +179,8 @@ int persistent_occupancy(RecordMode mode, VerifyFeatures features) {
 #define KDA_VERIFY_FUSED_F32_K128(bv, X) X(float, 128, bv, VerifyPath::kFused)
 #define KDA_VERIFY_FUSED_BF16_K64(bv, X) X(bf16_t, 64, bv, VerifyPath::kFused)
 #define KDA_VERIFY_FUSED_BF16_K128(bv, X) X(bf16_t, 128, bv, VerifyPath::kFused)
-#define KDA_VERIFY_UNFUSED(X)                                 \
-  X(float, 64, kRecurrentBlockV, VerifyPath::kUnfused)        \
+#define KDA_VERIFY_UNFUSED(X)                          \
+  X(float, 64, kRecurrentBlockV, VerifyPath::kUnfused) \
   X(float, 128, kRecurrentBlockV, VerifyPath::kUnfused)
 
 #define KDA_VERIFY_DECLARE_F32_K64(bv) KDA_VERIFY_FUSED_F32_K64(bv, KDA_VERIFY_CONFIG_DECLARE)

@@ -95,9 +95,9 @@ VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v, cons
   // BV = 128: the persistent kernel where its rule picks it (ring mode, or snapshot mode without
   // ragged rows: snapshot mode's per-item kernel is at its bandwidth floor there).
   if (bv == 128 && !extend && (ring || !shaped)) {
-    const int64_t grid = persistent_grid(
-        plan.items, persistent_ctas_per_sm, caps, o, persistent_layout_ok(p, path),
-        fused ? PersistentFrom::kAnyCount : PersistentFrom::kBeyondOneWave);
+    const int64_t grid =
+        persistent_grid(plan.items, persistent_ctas_per_sm, caps, o, persistent_layout_ok(p, path),
+                        fused ? PersistentFrom::kAnyCount : PersistentFrom::kBeyondOneWave);
     if (grid > 0) {
       plan.schedule = ring ? VerifySchedule::kPersistentRing : VerifySchedule::kPersistentSnapshot;
       // The snapshot kernel carries no fold: a deferred call is ring mode.

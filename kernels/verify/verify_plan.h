@@ -35,11 +35,11 @@ struct VerifyPlan {
   /// A deferred one-CTA-per-SM verify that lets its dependents launch at its entry
   /// (deferred_triggers_at_entry).
   bool entry_trigger = false;
-  bool pdl = true;      ///< programmatic dependent launch (LaunchOverrides::pdl)
+  bool pdl = true;  ///< programmatic dependent launch (LaunchOverrides::pdl)
   /// The host kernel set runs its reference whatever the plan says (kernel() names it).
   bool host_reference = false;
-  int64_t items = 0;    ///< work items: ceil(V / block_v) * HV * B
-  int64_t grid = 0;     ///< CTAs launched: `items`, or the persistent grid
+  int64_t items = 0;  ///< work items: ceil(V / block_v) * HV * B
+  int64_t grid = 0;   ///< CTAs launched: `items`, or the persistent grid
 
   /// The kernel that runs, e.g. "verify_tile<f32 K=128 BV=32 fused per-item-wide deferred>";
   /// the unfused path names its recurrence kernel after "conv_update + "; "host reference (fused)"
