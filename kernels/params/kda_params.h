@@ -209,15 +209,21 @@ struct ExtendParams : VerifySizes,
   bf16_t* out = nullptr;  ///< [N, HV, V] packed
 };
 
+/// Copies the parts a verify and an extend share (sizes, inputs, weights, state, batch, out).
+template <typename To, typename From>
+KDA_HD void copy_shared_parts(To& to, const From& from) {
+  static_cast<VerifySizes&>(to) = from;
+  static_cast<TokenInputs&>(to) = from;
+  static_cast<WeightParams&>(to) = from;
+  static_cast<CommittedState&>(to) = from;
+  static_cast<BatchParams&>(to) = from;
+  to.out = from.out;
+}
+
 /// An extend's parts of a verify call `v` (its outputs and tracks left null).
 inline ExtendParams extend_params_of(const VerifyParams& v) {
   ExtendParams e;
-  static_cast<VerifySizes&>(e) = v;
-  static_cast<TokenInputs&>(e) = v;
-  static_cast<WeightParams&>(e) = v;
-  static_cast<CommittedState&>(e) = v;
-  static_cast<BatchParams&>(e) = v;
-  e.out = v.out;
+  copy_shared_parts(e, v);
   return e;
 }
 
@@ -225,13 +231,8 @@ inline ExtendParams extend_params_of(const VerifyParams& v) {
 /// T_max = T (no scratch).
 KDA_HD VerifyParams verify_view(const ExtendParams& e) {
   VerifyParams v;
-  static_cast<VerifySizes&>(v) = e;
-  static_cast<TokenInputs&>(v) = e;
-  static_cast<WeightParams&>(v) = e;
-  static_cast<CommittedState&>(v) = e;
-  static_cast<BatchParams&>(v) = e;
+  copy_shared_parts(v, e);
   v.T_max = e.T;
-  v.out = e.out;
   return v;
 }
 

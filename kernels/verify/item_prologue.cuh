@@ -76,14 +76,8 @@ __device__ __forceinline__ ShapedRows<kShaped> shaped_rows_of(const VerifyParams
 /// dense instantiations carry none of that code.
 template <typename Traits>
 struct ItemPrologue : ShapedRows<Traits::kShaped> {
-  using WeightT = typename Traits::Weight;
+  KDA_VERIFY_TRAITS_MEMBERS(Traits);
   using Weight = WeightT;
-  static constexpr int K = Traits::K;
-  static constexpr int BV = Traits::BV;
-  static constexpr bool FUSED = Traits::kFused;
-  static constexpr bool kWide = Traits::kWide;
-  static constexpr bool kDeferred = Traits::kDeferred;
-  static constexpr bool kShaped = Traits::kShaped;
   static constexpr bool kFused = FUSED;
   static constexpr bool kDraftShape = kShaped;
   static constexpr bool kDeferredCommit = kDeferred;  ///< a call with ring_pending (item_fold.cuh)

@@ -18,14 +18,7 @@ namespace kda::kernels {
 template <typename Traits>
 struct ItemSteps : ItemPrologue<Traits> {
   using Prologue = ItemPrologue<Traits>;
-  using WeightT = typename Traits::Weight;
-  static constexpr int K = Traits::K;
-  static constexpr int BV = Traits::BV;
-  static constexpr bool FUSED = Traits::kFused;
-  static constexpr bool kWide = Traits::kWide;
-  static constexpr bool kDeferred = Traits::kDeferred;
-  static constexpr bool kTrackedExtend = Traits::kTrackedExtend;
-  static constexpr bool kShaped = Traits::kShaped;
+  KDA_VERIFY_TRAITS_MEMBERS(Traits);
   using Prologue::args, Prologue::c, Prologue::col0, Prologue::CPT, Prologue::first_row,
       Prologue::group, Prologue::hv, Prologue::kSnapshotStores, Prologue::n, Prologue::P,
       Prologue::p;

@@ -39,14 +39,7 @@ namespace kda::kernels {
 template <typename Traits>
 struct VerifyItem : ItemSteps<Traits> {
   using Steps = ItemSteps<Traits>;
-  using WeightT = typename Traits::Weight;
-  static constexpr int K = Traits::K;
-  static constexpr int BV = Traits::BV;
-  static constexpr bool FUSED = Traits::kFused;
-  static constexpr bool kWide = Traits::kWide;
-  static constexpr bool kDeferred = Traits::kDeferred;
-  static constexpr bool kTrackedExtend = Traits::kTrackedExtend;
-  static constexpr bool kShaped = Traits::kShaped;
+  KDA_VERIFY_TRAITS_MEMBERS(Traits);
   using Steps::a_log, Steps::args, Steps::c, Steps::col0, Steps::convolve_chunk, Steps::CPT,
       Steps::exp_a_log, Steps::gates_chunk, Steps::h, Steps::hv, Steps::is_qk, Steps::kConvWarps,
       Steps::kSpareWarps, Steps::lane, Steps::load_chunk, Steps::p, Steps::pair_channel,

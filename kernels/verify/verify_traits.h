@@ -82,4 +82,17 @@ struct VerifyTraits {
                 "tracked extend runs the dense per-item kernels");
 };
 
+/// The traits' compile-time choices as members of a work-item template (ItemPrologue, ItemSteps,
+/// VerifyItem: each derives from the one before, a dependent base whose members it cannot name
+/// unqualified), under the names the item code uses.
+#define KDA_VERIFY_TRAITS_MEMBERS(Traits)                        \
+  using WeightT = typename Traits::Weight;                       \
+  static constexpr int K = Traits::K;                            \
+  static constexpr int BV = Traits::BV;                          \
+  static constexpr bool FUSED = Traits::kFused;                  \
+  static constexpr bool kWide = Traits::kWide;                   \
+  static constexpr bool kDeferred = Traits::kDeferred;           \
+  static constexpr bool kTrackedExtend = Traits::kTrackedExtend; \
+  static constexpr bool kShaped = Traits::kShaped
+
 }  // namespace kda::kernels
