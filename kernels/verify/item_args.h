@@ -17,19 +17,23 @@ struct ItemDivisors {
   FastDivisor group;  ///< HV / H: v-heads per k-head
 };
 
-/// Kernel argument: the layer's params (an extend's verify_view) plus what extend adds.
+/// Kernel argument: the layer's params (an extend's verify_view) plus what extend adds. The
+/// fields' order is the kernels' parameter layout: the small-B tiles read `extend` and `div`
+/// before their PDL wait, where the layout's constant-bank loads are on the critical path
+/// (measured: a reordering slowed the one-CTA-per-SM BV = 32 tile).
 struct TileArgs {
   VerifyParams p;
-  /// Extend only: the final state's destination (ssm_state_out, [S, HV, V, K]) and the
-  /// prefix-cache tracks (null: none): request n with track_steps[n] = k >= 0 stores its state
-  /// after token k to ssm_state_out[track_slots[n]].
-  ExtendOutputs ext;
-  int32_t extend;    ///< 1: extend (no records, final state to ext.ssm_state_out); 0: verify
+  float* ssm_out;    ///< extend only: ExtendOutputs::ssm_state_out, [S, HV, V, K] final state
+  int32_t extend;    ///< 1: extend (no records, final state to ssm_out); 0: verify
   ItemDivisors div;  ///< callers leave it default: launch_verify sets it
   /// Set by launch_verify from the plan (a caller's value is ignored): a deferred verify with
   /// VerifyParams::fold_before_wait where deferred_triggers_at_entry lets its dependents launch
   /// at its entry, before its pending fold and PDL wait.
   int32_t trigger_at_entry = 0;
+  /// Extend only: ExtendOutputs' prefix-cache tracks (null: none): request n with
+  /// track_steps[n] = k >= 0 stores its state after token k to ssm_out[track_slots[n]].
+  const int32_t* track_slots = nullptr;
+  const int32_t* track_steps = nullptr;
 };
 
 /// Where a work item sits: request n, v-head hv (of k-head h), V tile.

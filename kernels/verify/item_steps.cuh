@@ -291,8 +291,8 @@ struct ItemSteps : ItemPrologue<Traits> {
       step(tt, o);
       store_outputs<Src>(t0 + tt, o, col_ok, T, out_item, out_token);
       store_snapshot<Src>(t0 + tt, S, col_ok, row, snap);
-      if (tracks_extend() && t0 + tt == args.ext.track_steps[n]) {
-        float* dst = args.ext.ssm_state_out + args.ext.track_slots[n] * p.ssm_slot_stride +
+      if (tracks_extend() && t0 + tt == args.track_steps[n]) {
+        float* dst = args.ssm_out + args.track_slots[n] * p.ssm_slot_stride +
                      static_cast<int64_t>(hv) * p.V * K;
 #pragma unroll
         for (int j = 0; j < CPT; ++j) {
@@ -338,7 +338,7 @@ struct ItemSteps : ItemPrologue<Traits> {
 
   /// An extend call with prefix-cache tracks.
   __device__ __forceinline__ bool tracks_extend() const {
-    return kTrackedExtend && args.extend != 0 && args.ext.track_steps != nullptr;
+    return kTrackedExtend && args.extend != 0 && args.track_steps != nullptr;
   }
 };
 

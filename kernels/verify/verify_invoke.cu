@@ -211,7 +211,7 @@ void invoke_verify(const VerifyParams& p, const VerifyPlan& plan, cudaStream_t s
   if (!fused) {
     enqueue_conv_update(p, stream, plan.pdl);
   }
-  enqueue_plan(TileArgs{p, {}, 0, {}}, plan, stream);
+  enqueue_plan(TileArgs{p, nullptr, 0, {}}, plan, stream);
 }
 
 void invoke_verify_unfused(const VerifyParams& p, cudaStream_t stream, const LaunchOverrides& o) {
@@ -236,7 +236,9 @@ void invoke_extend(const ExtendParams& e, cudaStream_t stream, const LaunchOverr
   const bool tracked = e.track_steps != nullptr;
   const VerifyPlan plan =
       plan_on_device(v, VerifyPath::kFused, kExtendBlockV, o, /*extend=*/true, tracked);
-  TileArgs args{v, e, 1, {}};  // divisors and trigger: set by launch_verify
+  TileArgs args{v, e.ssm_state_out, 1, {}};  // divisors and trigger: set by launch_verify
+  args.track_slots = e.track_slots;
+  args.track_steps = e.track_steps;
   enqueue_plan(args, plan, stream);
   // After the recurrence: every CTA has read the old conv history by now (stream order).
   launch_conv_state_roll(e, stream, o.pdl);

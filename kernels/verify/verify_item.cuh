@@ -305,8 +305,7 @@ struct VerifyItem : ItemSteps<Traits> {
     }
 
     if (extend) {
-      float* dst =
-          args.ext.ssm_state_out + slot * p.ssm_slot_stride + static_cast<int64_t>(hv) * p.V * K;
+      float* dst = args.ssm_out + slot * p.ssm_slot_stride + static_cast<int64_t>(hv) * p.V * K;
 #pragma unroll
       for (int j = 0; j < CPT; ++j) {
         if (col_ok[j]) {
