@@ -35,6 +35,11 @@ struct PoolMemoryReport {
   // Both modes for the same shape, so an engine can see the trade.
   int64_t snapshot_mode_total_bytes = 0;
   int64_t ring_mode_total_bytes = 0;
+
+  // Who holds total_bytes (filled by KdaStatePool; 0 in a compute_memory_report result):
+  int64_t allocated_bytes = 0;  ///< allocated by the pool (cudaMalloc or the engine's Allocator)
+  int64_t external_bytes = 0;   ///< in engine-owned tensors (PoolStorage::external)
+  bool from_allocator = false;  ///< allocated_bytes came from the engine's Allocator
   /// Bytes ring mode saves against snapshot mode (negative: ring mode costs more, which
   /// happens when S is much larger than R * T_max / L).
   int64_t ring_mode_savings_bytes() const {

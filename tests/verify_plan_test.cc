@@ -127,8 +127,8 @@ TEST_CASE("verify plan: features follow the call; ragged and tracked rules", "[k
   r.mode = RecordMode::kSnapshot;
   CHECK(plan(r, VerifyPath::kFused, 128).schedule == VerifySchedule::kPerItem);
   // Extend runs BV = kExtendBlockV, never persistent; with tracks, the tracked instantiations.
-  const VerifyPlan e = kernels::plan_verify(kimi(64, 4, RecordMode::kRing), VerifyPath::kFused,
-                                            128, kSm90, {}, kTwoPerSm, /*extend=*/true);
+  const VerifyPlan e = kernels::plan_verify(kimi(64, 4, RecordMode::kRing), VerifyPath::kFused, 128,
+                                            kSm90, {}, kTwoPerSm, /*extend=*/true);
   CHECK(e.block_v == kernels::kExtendBlockV);
   CHECK(e.schedule == VerifySchedule::kPerItem);
   const VerifyPlan tracked =
@@ -138,8 +138,7 @@ TEST_CASE("verify plan: features follow the call; ragged and tracked rules", "[k
   CHECK(tracked.schedule == VerifySchedule::kPerItemWide);
 }
 
-TEST_CASE("verify plan: overrides force each schedule; plans compare by value",
-          "[kernels][plan]") {
+TEST_CASE("verify plan: overrides force each schedule; plans compare by value", "[kernels][plan]") {
   LaunchOverrides never;
   never.persistent = kernels::PersistentMode::kNever;
   CHECK(plan(kimi(64, 4, RecordMode::kRing), VerifyPath::kFused, 128, never).schedule ==
