@@ -20,7 +20,8 @@ struct PoolMemoryReport {
   // Per slot, all layers.
   int64_t conv_state_per_slot = 0;  ///< [W-1, D] bf16
   int64_t ssm_state_per_slot = 0;   ///< [HV, V, K] f32
-  int64_t ring_per_slot = 0;  ///< rawv + rawk + g + beta (+ u, deferred); ring mode's cost per slot
+  /// rawv + rawk + g + beta (+ u, deferred) + cursor and pending counts: ring mode's cost per slot
+  int64_t ring_per_slot = 0;
 
   // Per scratch row, all layers.
   int64_t conv_window_per_row = 0;  ///< [T_max, W-1, D] bf16
