@@ -19,6 +19,7 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -215,6 +216,43 @@ std::vector<std::pair<const char*, TensorView>> compared(const KdaStatePool& p) 
           {"ring_cursor", p.ring_cursor()},
           {"ring_pending", p.ring_pending_all()},
           {"ring_u", p.ring_u_all()}};
+}
+
+// The engine's own tensors, read through its own views (its strides, its first S slots / R rows /
+// T_max steps), against the reference backend's pool: the state lands where the engine keeps it.
+void check_engine_views(const Harness& ref, const ExternalPool& e, const char* who) {
+  const KdaStatePool& p = ref.pool();
+  const PoolConfig& c = p.config();
+  const std::pair<const char*, const TensorView*> views[] = {
+      {"conv_state", &e.tensors.conv_state},
+      {"ssm_state", &e.tensors.ssm_state},
+      {"conv_window", &e.tensors.conv_window},
+      {"snapshots", &e.tensors.snapshots},
+      {"ring_rawv", &e.tensors.ring_rawv},
+      {"ring_rawk", &e.tensors.ring_rawk},
+      {"ring_g", &e.tensors.ring_g},
+      {"ring_beta", &e.tensors.ring_beta},
+      {"ring_cursor", &e.tensors.ring_cursor},
+      {"ring_pending", &e.tensors.ring_pending},
+      {"ring_u", &e.tensors.ring_u}};
+  const auto want = compared(p);
+  for (size_t i = 0; i < std::size(views); ++i) {
+    const TensorView& t = *views[i].second;
+    if (!t.defined()) {
+      continue;
+    }
+    CAPTURE(who, views[i].first);
+    TensorView mine = t;
+    if (t.ndim() == 1) {
+      mine = t.narrow(0, 0, c.num_slots);
+    } else if (std::strcmp(views[i].first, "conv_window") == 0 ||
+               std::strcmp(views[i].first, "snapshots") == 0) {
+      mine = t.narrow(1, 0, c.num_rows).narrow(2, 0, c.T_max);
+    } else {
+      mine = t.narrow(1, 0, c.num_slots);
+    }
+    CHECK(elements(mine) == elements(want[i].second));
+  }
 }
 
 void check_same_pool(const Harness& ref, const Harness& other, const char* who) {
@@ -470,6 +508,8 @@ TEST_CASE("engine memory: external-pool and allocator-hooked backends equal the 
       check_same_pool(owning, ext, "external");
       check_same_pool(owning, alloc, "allocator");
       check_same_pool(owning, mixed, "external state + allocator");
+      check_engine_views(owning, all, "external");
+      check_engine_views(owning, state, "external state + allocator");
     }
     if (c.deferred) {
       std::vector<int32_t> every(static_cast<size_t>(S));
@@ -479,6 +519,8 @@ TEST_CASE("engine memory: external-pool and allocator-hooked backends equal the 
       }
       check_same_pool(owning, ext, "external, materialized");
       check_same_pool(owning, mixed, "external state + allocator, materialized");
+      check_engine_views(owning, all, "external, materialized");
+      check_engine_views(owning, state, "external state + allocator, materialized");
     }
     check_untouched(all, ext.pool());
     check_untouched(state, mixed.pool());
