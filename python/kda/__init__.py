@@ -127,14 +127,17 @@ class bf16:
 
 
 class via_dlpack:
-    """Sends a tensor through its ``__dlpack__`` capsule with the call's stream (for a torch CUDA
-    tensor: torch records an event on its current stream and makes the call's stream wait on it),
-    instead of the direct, unsynchronised torch path."""
+    """Sends a tensor through its ``__dlpack__`` capsule (instead of the direct torch path). With
+    ``sync=True`` (the default) a CUDA producer gets the call's stream and orders the tensor on it
+    (torch records an event on its current stream and makes the call's stream wait); with
+    ``sync=False`` it gets stream -1, DLPack's "no synchronisation": the no-sync DLPack path for a
+    tensor already ordered on the call's stream (any producer: torch, cupy, ...)."""
 
-    __slots__ = ("tensor",)
+    __slots__ = ("tensor", "sync")
 
-    def __init__(self, tensor):
+    def __init__(self, tensor, sync=True):
         self.tensor = tensor
+        self.sync = bool(sync)
 
 
 _BF16 = _dlpack.DLDataType(_dlpack.kDLBfloat, 16, 1)
@@ -147,12 +150,13 @@ def _borrow_tensor(obj, call, name, stream=0):
         return None
     override = None
     force = False
-    if isinstance(obj, via_dlpack):
-        obj, force = obj.tensor, True
-    if isinstance(obj, bf16):
-        obj, override = obj.tensor, _BF16
-    if isinstance(obj, via_dlpack):
-        obj, force = obj.tensor, True
+    for _ in range(2):  # kda.bf16(kda.via_dlpack(t)) or kda.via_dlpack(kda.bf16(t))
+        if isinstance(obj, via_dlpack):
+            if not obj.sync:
+                stream = -1  # DLPack: the producer must not synchronise
+            obj, force = obj.tensor, True
+        if isinstance(obj, bf16):
+            obj, override = obj.tensor, _BF16
     if not hasattr(obj, "__dlpack__") and not _dlpack.is_torch_tensor(obj):
         raise TypeError(f"{call}: {name}: expected a tensor with __dlpack__ (numpy array, "
                         f"torch tensor), got {type(obj).__name__}")

@@ -173,7 +173,7 @@ def as_dltensor(obj, where, stream=None, dtype_override=None, force_dlpack=False
     """``obj.__dlpack__()`` as a Borrowed DLTensor (a torch tensor: from_torch, unless
     ``force_dlpack``). ``where`` names the argument in errors (raised as TypeError/ValueError by
     the caller's wrapper). ``stream``: the consumer's CUDA stream handle for CUDA producers
-    (DLPack: 1 = the legacy default stream). A ``dtype_override`` (DLDataType) reinterprets a
+    (DLPack: 1 = the legacy default stream, -1 = no synchronisation). A ``dtype_override`` (DLDataType) reinterprets a
     16-bit integer tensor, e.g. numpy uint16 as bfloat16 (numpy has no bfloat16)."""
     if not force_dlpack and is_torch_tensor(obj):
         return from_torch(obj, where, dtype_override)

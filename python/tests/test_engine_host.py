@@ -292,7 +292,7 @@ def padded(dtype, shape, pitch_dim, fill=0x5A):
         if d in (pitch_dim, pitch_dim - 1) and pitch_dim >= 0:
             strides[d] += pad if d == pitch_dim else 2 * pad
             span = strides[d] * shape[d]
-    base = np.full((span + 64) * itemsize, fill, np.uint8)
+    base = np.full(span * itemsize + 256, fill, np.uint8)  # room for the 256-byte alignment
     offset = (-base.ctypes.data) % 256
     flat = base[offset:offset + span * itemsize].view(dtype)
     view = np.lib.stride_tricks.as_strided(flat, shape=shape,
@@ -353,10 +353,10 @@ def check_engine_memory(library, seed):
                              be.pool_array(name), backends[0].pool_array(name))
             checks += 1
         # Spare slots, rows, steps and the pitch padding are the engine's: untouched.
-        for t in list(ext.values()) + list(state.values()):
+        for name, t in list(ext.items()) + list(state.items()):
             arr = t.tensor if isinstance(t, kda.bf16) else t
             if arr.ndim >= 2 and arr.shape[0] == L_ and arr.shape[1] == S + 2:
-                assert (arr[:, S:].view(np.uint8) == 0x5A).all(), what
+                assert (arr[:, S:].view(np.uint8) == 0x5A).all(), (what, name)
         for be in backends:
             be.close()
             assert be.released
@@ -565,8 +565,8 @@ class _FakeTorch:
 
 
 def check_torch_path(library, seed):
-    """torch tensors: metadata path (no __dlpack__), via_dlpack forces the capsule, the default
-    stream is torch's current one on CUDA."""
+    """torch tensors: metadata path (no __dlpack__), via_dlpack forces the capsule (sync=False:
+    stream -1, no synchronisation), the default stream is torch's current one on CUDA."""
     fake = _FakeTorch()
     module = types.ModuleType("torch")
     module.Tensor = fake.Tensor
@@ -602,6 +602,23 @@ def check_torch_path(library, seed):
         assert fake.Tensor.dlpack_calls == 1, "via_dlpack must go through __dlpack__"
         for name in ("ssm_state", "conv_state"):
             same(f"torch path: {name}", a_torch.pool_array(name), a_np.pool_array(name))
+        # The DLPack paths' streams: a CUDA producer gets the call's stream with sync (the
+        # default), -1 (DLPack's "no synchronisation") with via_dlpack(t, sync=False).
+        seen = []
+
+        class CudaProducer:
+            def __dlpack_device__(self):
+                return (kda._dlpack.kDLCUDA, 0)
+
+            def __dlpack__(self, stream=None):
+                seen.append(stream)
+                return np.zeros(4, np.float32).__dlpack__()
+        kda._borrow_tensor(kda.via_dlpack(CudaProducer()), "verify", "a", 77)
+        kda._borrow_tensor(kda.via_dlpack(CudaProducer(), sync=False), "verify", "a", 77)
+        kda._borrow_tensor(kda.bf16(kda.via_dlpack(fake.bf16(np.zeros(2, np.uint16)),
+                                                   sync=False)), "verify", "a", 77)
+        assert seen == [77, -1], seen
+        assert fake.Tensor.dlpack_calls == 2
         expect(lambda: kda._borrow_tensor(fake.Tensor(np.zeros(3, np.float64), "complex64"),
                                           "verify", "a"),
                kda.INVALID_ARGUMENT, "verify: a: torch dtype torch.complex64 has no DLPack")
@@ -610,7 +627,7 @@ def check_torch_path(library, seed):
             del sys.modules["torch"]
         else:
             sys.modules["torch"] = saved
-    return L_ + 3
+    return L_ + 4
 
 
 def check_ops_errors(library):

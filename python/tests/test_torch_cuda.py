@@ -273,7 +273,9 @@ def check_ops_torch(library, device, seed=58):
                 q, a, b = (to_torch(x, device) for x in r.inputs[layer])
                 out = to_torch(r.garbage, device)
                 w = be._w[layer]
-                kda.ops.verify(q, a, b, out, A_log=w[0], dt_bias=w[1], conv_weight=w[2],
+                # mixed_qkv through the no-sync DLPack path (ordered on this stream already).
+                kda.ops.verify(kda.via_dlpack(q, sync=False), a, b, out, A_log=w[0],
+                               dt_bias=w[1], conv_weight=w[2],
                                conv_bias=w[3], state=kda.ops.layer(pool, layer), slots=slots,
                                rows=rows, T=r.T, query_start_loc=qsl, parents=parents,
                                fused_ring_max_batch=2, library=library)
