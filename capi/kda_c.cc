@@ -445,9 +445,9 @@ ops::StateTensors state_of(const kda_state_tensors& s, const std::string& call,
       {s.ring_pending, &ops::StateTensors::ring_pending},
       {s.ring_u, &ops::StateTensors::ring_u},
       {s.qkv_act, &ops::StateTensors::qkv_act}};
-  const char* names[] = {"conv_state", "ssm_state", "conv_window",  "snapshots",
-                         "ring_rawv",  "ring_rawk", "ring_g",       "ring_beta",
-                         "ring_cursor", "ring_pending", "ring_u",   "qkv_act"};
+  const char* names[] = {"conv_state",  "ssm_state",    "conv_window", "snapshots",
+                         "ring_rawv",   "ring_rawk",    "ring_g",      "ring_beta",
+                         "ring_cursor", "ring_pending", "ring_u",      "qkv_act"};
   for (size_t i = 0; i < std::size(all); ++i) {
     const std::string name = prefix + "." + names[i];
     t.*(all[i].second) = to_view(all[i].first, call, name.c_str(), kStateDTypes, true);
@@ -460,7 +460,8 @@ ops::BatchTensors batch_of(const kda_batch_tensors& b, const std::string& call) 
   t.T = b.T;
   t.slots = to_view(b.slots, call, "batch.slots", {DType::kI32}, true);
   t.rows = to_view(b.rows, call, "batch.rows", {DType::kI32}, true);
-  t.query_start_loc = to_view(b.query_start_loc, call, "batch.query_start_loc", {DType::kI32}, true);
+  t.query_start_loc =
+      to_view(b.query_start_loc, call, "batch.query_start_loc", {DType::kI32}, true);
   t.parents = to_view(b.parents, call, "batch.parents", {DType::kI32}, true);
   return t;
 }
@@ -900,8 +901,8 @@ int kda_op_verify(const kda_verify_op* op, void* stream, kda_dispatch_info* info
     a.options.lower_bound = op->lower_bound;
     KDA_CHECK(op->fused_verify == 0 || op->fused_verify == 1,
               "ops.verify: fused_verify = {}, expected 0 or 1", op->fused_verify);
-    a.options.dispatch = DispatchFlags{op->fused_verify != 0, op->fused_ring_max_batch,
-                                       op->block_v};
+    a.options.dispatch =
+        DispatchFlags{op->fused_verify != 0, op->fused_ring_max_batch, op->block_v};
     KDA_CHECK(a.state.ssm_state.defined(), "ops.verify: state.ssm_state: NULL DLTensor");
     capi::OpsKernels& k = capi::ops_kernels(a.state.ssm_state.device());
     const std::lock_guard<std::mutex> lock(k.mu);

@@ -17,7 +17,10 @@
  * Weights (kda_set_layer_weights) are kept as views: their memory must stay valid and unchanged
  * for as long as the backend may run that layer. Inputs, outputs, accepted lengths and tracks must
  * stay valid until the work enqueued on the stream has run (host kernel set: until the call
- * returns). Pool views (kda_pool_view) point into the backend's memory and die with it.
+ * returns). Pool views (kda_pool_view) point into the backend's memory (an external pool's: the
+ * engine's) and die with the backend. With kda_backend_options.allocator the backend's memory is
+ * the engine's allocator's; with kda_backend_options.external_pool the state tensors are the
+ * engine's (kept valid by it until destroy). The kda_op_* functions own nothing.
  *
  * Streams: `stream` is a cudaStream_t passed as void* (NULL = the legacy default stream); every
  * device operation is enqueued on it, as in the C++ API (no host synchronisation except
@@ -173,7 +176,7 @@ typedef struct {
   int64_t bytes_per_row;     /**< pool bytes per scratch row (all layers) */
   int64_t snapshot_mode_total_bytes; /**< the pool in snapshot mode (same shape) */
   int64_t ring_mode_total_bytes;     /**< the pool in ring mode (same shape) */
-  int32_t from_allocator;    /**< 1: allocated_bytes came from kda_backend_options.allocator */
+  int32_t from_allocator; /**< 1: allocated_bytes came from kda_backend_options.allocator */
 } kda_memory_report;
 
 /** A batch's index tensors for the kda_op_* functions: int32, contiguous, on the state's device. */
@@ -187,12 +190,12 @@ typedef struct {
 
 /** kda_op_verify's arguments (kda::ops::VerifyArgs). */
 typedef struct {
-  const DLTensor* mixed_qkv; /**< [N, D] bf16, inner contiguous, row stride >= D */
-  const DLTensor* a;         /**< [N, HV*K] bf16 */
-  const DLTensor* b;         /**< [N, HV] bf16 */
-  const DLTensor* out;       /**< [N, HV, V] bf16, contiguous */
-  const DLTensor* A_log;     /**< [HV] f32 */
-  const DLTensor* dt_bias;   /**< [HV*K] f32 */
+  const DLTensor* mixed_qkv;   /**< [N, D] bf16, inner contiguous, row stride >= D */
+  const DLTensor* a;           /**< [N, HV*K] bf16 */
+  const DLTensor* b;           /**< [N, HV] bf16 */
+  const DLTensor* out;         /**< [N, HV, V] bf16, contiguous */
+  const DLTensor* A_log;       /**< [HV] f32 */
+  const DLTensor* dt_bias;     /**< [HV*K] f32 */
   const DLTensor* conv_weight; /**< [D, 4] f32 or bf16 */
   const DLTensor* conv_bias;   /**< [D] as conv_weight, or NULL */
   kda_state_tensors state;     /**< one layer's */

@@ -8,11 +8,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
-#include <cstring>
-#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <string>
@@ -874,8 +874,8 @@ void* count_alloc(void* ctx, int64_t bytes, int32_t device_type, int32_t /*devic
   return p;
 }
 
-void count_free(void* ctx, void* ptr, int64_t bytes, int32_t /*device_type*/,
-                int32_t /*device_id*/, void* /*stream*/) {
+void count_free(void* ctx, void* ptr, int64_t bytes, int32_t /*device_type*/, int32_t /*device_id*/,
+                void* /*stream*/) {
   auto* c = static_cast<CAllocatorCounts*>(ctx);
   const auto it = c->live.find(ptr);
   if (it == c->live.end() || it->second != bytes) {
@@ -955,8 +955,10 @@ TEST_CASE("capi: an engine allocator and an external pool equal the C++ backend 
     const int64_t S = h.pool().num_slots(), D = m.qkv_dim();
     // The engine owns the state and rings (one spare slot, padded pitches); the rest comes from
     // its allocator.
-    Padded conv(DType::kBF16, {kLayers, S + 1, 3, D}), ssm(DType::kF32, {kLayers, S + 1, 4, 64, 64});
-    Padded rawv(DType::kBF16, {kLayers, S + 1, 4, 8, 64}), rawk(DType::kBF16, {kLayers, S + 1, 2, 8, 64});
+    Padded conv(DType::kBF16, {kLayers, S + 1, 3, D}),
+        ssm(DType::kF32, {kLayers, S + 1, 4, 64, 64});
+    Padded rawv(DType::kBF16, {kLayers, S + 1, 4, 8, 64}),
+        rawk(DType::kBF16, {kLayers, S + 1, 2, 8, 64});
     Padded g(DType::kF32, {kLayers, S + 1, 4, 8, 64}), beta(DType::kF32, {kLayers, S + 1, 4, 8});
     const Dl conv_dl(conv.view), ssm_dl(ssm.view), rawv_dl(rawv.view), rawk_dl(rawk.view),
         g_dl(g.view), beta_dl(beta.view);
@@ -987,8 +989,7 @@ TEST_CASE("capi: an engine allocator and an external pool equal the C++ backend 
               KDA_OK);
     }
     // The engine wrote its state itself and claims its slots by number, last first.
-    from_host_vector(to_host_vector<bf16_t>(h.pool().conv_state_all()),
-                     conv.view.narrow(1, 0, S));
+    from_host_vector(to_host_vector<bf16_t>(h.pool().conv_state_all()), conv.view.narrow(1, 0, S));
     from_host_vector(to_host_vector<float>(h.pool().ssm_state_all()), ssm.view.narrow(1, 0, S));
     for (int32_t slot = static_cast<int32_t>(S) - 1; slot >= 0; --slot) {
       REQUIRE(kda_claim_slot(c, slot, KDA_SLOT_KEEP_STATE, nullptr) == KDA_OK);
@@ -1017,9 +1018,9 @@ TEST_CASE("capi: an engine allocator and an external pool equal the C++ backend 
     }
     CHECK(r.from_allocator == 1);
     CHECK(r.allocated_bytes == live);  // every byte the backend owns came from the allocator
-    CHECK(r.external_bytes == r.conv_state_bytes + r.ssm_state_bytes +
-                                  kLayers * S * (4 * 8 * 64 * 2 + 2 * 8 * 64 * 2 + 4 * 8 * 64 * 4 +
-                                                 4 * 8 * 4));
+    CHECK(r.external_bytes ==
+          r.conv_state_bytes + r.ssm_state_bytes +
+              kLayers * S * (4 * 8 * 64 * 2 + 2 * 8 * 64 * 2 + 4 * 8 * 64 * 4 + 4 * 8 * 4));
     CHECK(r.pool_bytes == r.conv_state_bytes + r.ssm_state_bytes + r.ring_bytes +
                               r.conv_window_bytes + r.snapshot_bytes + r.qkv_act_bytes);
     CHECK(r.total_bytes == r.pool_bytes + r.workspace_bytes);
@@ -1152,8 +1153,8 @@ TEST_CASE("capi: kda_op_verify / kda_op_commit / kda_op_materialize equal the C+
         const Activations& xa = x[static_cast<size_t>(layer)];
         const LayerWeights& w = h.weights[static_cast<size_t>(layer)].views;
         Buffer out(Device::host(), xa.out_view.span_bytes());
-        const TensorView out_view = out.view(
-            DType::kBF16, {xa.out_view.size(0), xa.out_view.size(1), xa.out_view.size(2)});
+        const TensorView out_view =
+            out.view(DType::kBF16, {xa.out_view.size(0), xa.out_view.size(1), xa.out_view.size(2)});
         const Dl qkv(xa.in.mixed_qkv), a(xa.in.a), b(xa.in.b), o(out_view);
         const Dl A_log(w.A_log), dt_bias(w.dt_bias), cw(w.conv_weight), cb(w.conv_bias);
         const Dl c_dl(conv.select(0, layer)), s_dl(ssm.select(0, layer)),
