@@ -2,18 +2,24 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/cuda_check.h"
 
 namespace kda {
 
 BatchIndices::BatchIndices(const Device& device, int capacity, int max_tokens, int num_slots)
+    : BatchIndices(device, capacity, max_tokens, num_slots, nullptr, nullptr) {}
+
+BatchIndices::BatchIndices(const Device& device, int capacity, int max_tokens, int num_slots,
+                           std::shared_ptr<Allocator> allocator, cudaStream_t stream)
     : capacity_(capacity),
       max_tokens_(max_tokens),
       num_slots_(num_slots),
       device_(device,
               (kRows * int64_t{capacity} + capacity + 1 + int64_t{capacity} * max_tokens) * 4 +
-                  num_slots),
+                  num_slots,
+              std::move(allocator), stream),
       slot_table_(static_cast<size_t>(std::max(num_slots, 0)), 0),
       changed_(static_cast<size_t>(std::max(num_slots, 0)), 0) {
   KDA_CHECK(capacity >= 1, "BatchIndices: capacity must be >= 1, got {}", capacity);

@@ -25,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/buffer.h"
@@ -46,6 +47,9 @@ class BatchIndices {
   /// Room for `capacity` requests of up to `max_tokens` draft tokens, and a table of
   /// `num_slots` slots (none allocated).
   BatchIndices(const Device& device, int capacity, int max_tokens, int num_slots);
+  /// The same, the device buffer from `allocator` on `stream` (null: cudaMalloc / host memory).
+  BatchIndices(const Device& device, int capacity, int max_tokens, int num_slots,
+               std::shared_ptr<Allocator> allocator, cudaStream_t stream);
   ~BatchIndices();
   BatchIndices(const BatchIndices&) = delete;
   BatchIndices& operator=(const BatchIndices&) = delete;
@@ -79,6 +83,8 @@ class BatchIndices {
   const int32_t* offsets_data() const { return slots_data() + kRows * capacity_; }
   const int32_t* parents_data() const { return offsets_data() + capacity_ + 1; }
   int capacity() const { return capacity_; }
+  /// Bytes of the device buffer.
+  int64_t device_bytes() const { return device_.bytes(); }
 
  private:
   static constexpr int kRows = 4;

@@ -6,6 +6,7 @@
 #include <limits>
 #include <utility>
 
+#include "backend/ops.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/logging.h"
@@ -95,6 +96,24 @@ Platform platform_for(const Device& device, const BackendOptions& o) {
   return p;
 }
 
+// The pool's shapes as the ops see them.
+ops::detail::Dims dims_of(const KdaStatePool& pool, bool deferred) {
+  const PoolConfig& c = pool.config();
+  ops::detail::Dims d;
+  d.layers = c.layers;
+  d.S = c.num_slots;
+  d.R = c.num_rows;
+  d.T_max = c.T_max;
+  d.L = c.ring_len;
+  d.H = c.H;
+  d.HV = c.HV;
+  d.K = c.K;
+  d.V = c.V;
+  d.mode = c.ring_mode ? RecordMode::kRing : RecordMode::kSnapshot;
+  d.deferred = deferred;
+  return d;
+}
+
 // Whether `stream` is capturing a CUDA graph (then enqueued work has not run).
 bool capturing(const Device& device, cudaStream_t stream) {
   if (!device.is_cuda()) {
@@ -105,8 +124,8 @@ bool capturing(const Device& device, cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-Buffer zeroed_flag(const Device& device) {
-  Buffer flag(device, sizeof(int32_t));
+Buffer zeroed_flag(const Device& device, const BackendOptions& o) {
+  Buffer flag(device, sizeof(int32_t), o.allocator, o.allocation_stream);
   const int32_t zero = 0;
   flag.upload(&zero, sizeof(zero));
   return flag;
@@ -137,14 +156,17 @@ KdaAttentionBackend::KdaAttentionBackend(const ModelConfig& model, const EngineF
       kernels_(non_null(std::move(kernels))),
       device_(device_for(*kernels_, model_)),
       platform_(platform_for(device_, options)),
-      pool_(make_pool_config(model_, flags_, device_, platform_, options)),
+      pool_(make_pool_config(model_, flags_, device_, platform_, options),
+            PoolStorage{options.allocator, options.allocation_stream, options.external_pool}),
       weights_(static_cast<size_t>(model.num_layers)),
-      indices_(device_, flags.max_running_requests, flags.num_draft_tokens, pool_.num_slots()),
-      error_flag_(zeroed_flag(device_)),
+      indices_(device_, flags.max_running_requests, flags.num_draft_tokens, pool_.num_slots(),
+               options.allocator, options.allocation_stream),
+      error_flag_(zeroed_flag(device_, options)),
       round_(model.num_layers),
       deferred_(defers_commit(model_, flags_, platform_)),
       verify_ran_(static_cast<size_t>(model.num_layers), 0),
-      checked_accepted_(device_, int64_t{flags.max_running_requests} * 4),
+      checked_accepted_(device_, int64_t{flags.max_running_requests} * 4, options.allocator,
+                        options.allocation_stream),
       last_decision_(static_cast<size_t>(model.num_layers)) {
   batch_slots_.reserve(static_cast<size_t>(flags.max_running_requests));
   upload_rows_.reserve(static_cast<size_t>(flags.max_running_requests));
@@ -186,6 +208,18 @@ int KdaAttentionBackend::allocate_slot(cudaStream_t stream) {
   const int slot = pool_.allocate_slot(stream);
   indices_.set_slot_allocated(slot, true);  // the commit's slot table (BatchIndices)
   return slot;
+}
+
+void KdaAttentionBackend::claim_slot(int slot, SlotInit init, cudaStream_t stream) {
+  KDA_CHECK(init == SlotInit::kZero || init == SlotInit::kKeepState,
+            "claim_slot: init = {} unknown, expected kZero (0) or kKeepState (1)",
+            static_cast<int>(init));
+  pool_.claim_slot(slot, init, stream);
+  indices_.set_slot_allocated(slot, true);
+}
+
+int64_t KdaAttentionBackend::workspace_bytes() const {
+  return indices_.device_bytes() + error_flag_.bytes() + checked_accepted_.bytes();
 }
 
 void KdaAttentionBackend::release_slot(int slot) {
@@ -566,32 +600,16 @@ VerifyParams KdaAttentionBackend::make_verify_params(int layer, const VerifyInpu
 
 DispatchProblem KdaAttentionBackend::make_dispatch_problem(int layer,
                                                            const VerifyInputs& in) const {
-  const LayerWeights& w = weights_[static_cast<size_t>(layer)];
-  DispatchProblem d;
-  d.B = batch_B_;
-  d.T = batch_T_;
-  d.H = model_.H;
-  d.HV = model_.HV;
-  d.K = model_.K;
-  d.V = model_.V;
-  d.conv_width = kConvWidth;
-  d.mode = flags_.record_mode();
-  d.plain_chain = batch_shape_ != DraftShape::kTree;  // ragged chains take the fused path too
-  d.tokens = batch_tokens_;
-  d.mixed_qkv = in.mixed_qkv;
-  d.a = in.a;
-  d.b = in.b;
-  d.conv_weight = w.conv_weight;
-  d.conv_bias = w.conv_bias;
-  d.slots = indices_.slots(batch_B_);
-  d.rows = indices_.rows(batch_B_);
+  RingViews rings;
   if (pool_.ring_mode()) {
-    d.rings = RingViews{pool_.ring_rawv(layer), pool_.ring_rawk(layer), pool_.ring_g(layer),
-                        pool_.ring_beta(layer)};
+    rings = RingViews{pool_.ring_rawv(layer), pool_.ring_rawk(layer), pool_.ring_g(layer),
+                      pool_.ring_beta(layer)};
   }
-  d.num_slots = pool_.num_slots();
-  d.deferred = deferred_;
-  return d;
+  // Ragged chains take the fused path too; trees are not plain chains.
+  return ops::detail::dispatch_problem(
+      dims_of(pool_, deferred_), batch_B_, batch_T_, batch_shape_ != DraftShape::kTree,
+      batch_tokens_, in.mixed_qkv, in.a, in.b, weights_[static_cast<size_t>(layer)],
+      indices_.slots(batch_B_), indices_.rows(batch_B_), rings);
 }
 
 void KdaAttentionBackend::record_decision(int layer, const DispatchDecision& d) {
@@ -607,12 +625,11 @@ DispatchDecision KdaAttentionBackend::verify(int layer, const VerifyInputs& in,
                                              const TensorView& out, cudaStream_t stream) {
   check_layer_ready(RoundKind::kVerify, layer);
   validate_activations("verify", layer, in, out);
-  DispatchDecision decision =
-      choose_verify_path(make_dispatch_problem(layer, in), platform_, flags_.dispatch_flags());
   const VerifyParams params = make_verify_params(layer, in, out);
-  // Plan once (the kernel, its schedule and grid), launch what the plan says.
-  decision.plan = kernels_->plan_verify(params, decision.path, decision.block_v);
-  kernels_->verify(params, decision.plan, stream);
+  // The ops' dispatch: choose the path, plan it once, launch what the plan says.
+  const DispatchDecision decision =
+      ops::detail::run_verify(*kernels_, params, make_dispatch_problem(layer, in), platform_,
+                              flags_.dispatch_flags(), stream);
   record_decision(layer, decision);
   // Only a deferred backend needs it (abort_round); the query is a driver call per verify.
   verify_ran_[static_cast<size_t>(layer)] = deferred_ && !capturing(device_, stream);
@@ -714,67 +731,32 @@ void KdaAttentionBackend::enqueue_commit(const TensorView& accepted_lengths,
   round_.on_committed();
 }
 
-CommitParams KdaAttentionBackend::make_commit_params(CommitKind kind) const {
-  CommitParams c;
-  c.num_layers = model_.num_layers;
-  c.T_max = pool_.T_max();
-  c.H = model_.H;
-  c.HV = model_.HV;
-  c.K = model_.K;
-  c.V = model_.V;
-  c.L = pool_.ring_len();
-  c.num_slots = pool_.num_slots();
-  c.num_rows = pool_.num_rows();
-  c.mode = flags_.record_mode();
-  c.slots = indices_.slots_data();
-  c.rows = indices_.rows_data();
-  c.slot_allocated = indices_.slot_table_data();
+ExternalPoolTensors KdaAttentionBackend::pool_state() const {
+  ExternalPoolTensors t;
+  t.conv_state = pool_.conv_state_all();
+  t.ssm_state = pool_.ssm_state_all();
+  t.conv_window = pool_.conv_window_all();
+  t.snapshots = pool_.snapshots_all();
+  t.ring_rawv = pool_.ring_rawv_all();
+  t.ring_rawk = pool_.ring_rawk_all();
+  t.ring_g = pool_.ring_g_all();
+  t.ring_beta = pool_.ring_beta_all();
+  t.ring_cursor = pool_.ring_cursor();
+  t.ring_pending = pool_.ring_pending_all();
+  t.ring_u = pool_.ring_u_all();
+  t.qkv_act = pool_.qkv_act();
+  return t;
+}
 
-  const TensorView ssm = pool_.ssm_state_all(), conv = pool_.conv_state_all();
-  const TensorView window = pool_.conv_window_all();
-  c.ssm_state = static_cast<float*>(ssm.data());
-  c.ssm_layer_stride = ssm.stride(0);
-  c.ssm_slot_stride = ssm.stride(1);
-  c.conv_state = static_cast<bf16_t*>(conv.data());
-  c.conv_state_layer_stride = conv.stride(0);
-  c.conv_state_slot_stride = conv.stride(1);
-  c.conv_window = static_cast<bf16_t*>(window.data());
-  c.conv_window_layer_stride = window.stride(0);
-  c.conv_window_row_stride = window.stride(1);
-  if (pool_.ring_mode()) {
-    const TensorView rawv = pool_.ring_rawv_all(), rawk = pool_.ring_rawk_all();
-    const TensorView g = pool_.ring_g_all(), beta = pool_.ring_beta_all();
-    c.ring_rawv = static_cast<bf16_t*>(rawv.data());
-    c.ring_rawv_layer_stride = rawv.stride(0);
-    c.ring_rawv_slot_stride = rawv.stride(1);
-    c.ring_rawk = static_cast<bf16_t*>(rawk.data());
-    c.ring_rawk_layer_stride = rawk.stride(0);
-    c.ring_rawk_slot_stride = rawk.stride(1);
-    c.ring_g = static_cast<float*>(g.data());
-    c.ring_g_layer_stride = g.stride(0);
-    c.ring_g_slot_stride = g.stride(1);
-    c.ring_beta = static_cast<float*>(beta.data());
-    c.ring_beta_layer_stride = beta.stride(0);
-    c.ring_beta_slot_stride = beta.stride(1);
-  } else {
-    const TensorView snapshots = pool_.snapshots_all();
-    c.snapshots = static_cast<const float*>(snapshots.data());
-    c.snapshot_layer_stride = snapshots.stride(0);
-    c.snapshot_row_stride = snapshots.stride(1);
-  }
-  if (kind != CommitKind::kEager) {
-    const TensorView pending = pool_.ring_pending_all();
-    c.ring_cursor = static_cast<int32_t*>(pool_.ring_cursor().data());
-    c.ring_pending = static_cast<int32_t*>(pending.data());
-    c.ring_pending_layer_stride = pending.stride(0);
-    const TensorView u = pool_.ring_u_all();
-    c.ring_u = static_cast<const float*>(u.data());
-    c.ring_u_layer_stride = u.stride(0);
-    c.ring_u_slot_stride = u.stride(1);
-  }
-  c.kind = kind;
-  c.error_flag = static_cast<int32_t*>(error_flag_.data());
-  return c;
+CommitParams KdaAttentionBackend::make_commit_params(CommitKind kind) const {
+  // The ops' commit params (backend/ops.h) over the pool, with the backend's index buffers.
+  ops::detail::CommitCall call;
+  call.kind = kind;
+  call.slots = indices_.slots_data();
+  call.rows = indices_.rows_data();
+  call.slot_allocated = indices_.slot_table_data();
+  call.error_flag = static_cast<int32_t*>(error_flag_.data());
+  return ops::detail::commit_params(dims_of(pool_, deferred_), pool_state(), call);
 }
 
 void KdaAttentionBackend::materialize(const std::vector<int32_t>& slots, cudaStream_t stream) {

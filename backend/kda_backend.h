@@ -16,6 +16,12 @@
 // the device index buffers and the kernel set. Weights (set_layer_weights), inputs, outputs
 // and accepted lengths are views the caller owns and keeps alive until the work that uses them
 // has run on the stream (for captured graphs: for as long as the graph may be replayed).
+// Engine-owned memory (BackendOptions): with an `allocator` (core/allocator.h) every byte the
+// backend allocates (pool, index buffers, flags) comes from the engine's allocator and goes back
+// to it at destruction; with an `external_pool` the engine hands in the state tensors it owns
+// (memory_pool/pool_storage.h: SSM / conv state, rings, scratch; validated, used in place, never
+// freed by the backend) and runs the lifecycle on them with its own slot numbers (claim_slot).
+// kda::ops (backend/ops.h) is the same verify / commit / materialize without the object.
 //
 // Streams: every device operation is enqueued on the `stream` argument (host kernel set:
 // runs synchronously, the stream is ignored). Use one stream for prepare, verify and commit of
@@ -55,6 +61,7 @@
 #include "dispatch/verify_dispatch.h"
 #include "kernels/kernel_set.h"
 #include "memory_pool/kda_state_pool.h"
+#include "memory_pool/pool_storage.h"
 
 namespace kda {
 
@@ -67,6 +74,19 @@ struct BackendOptions {
   /// State slots beyond --max-running-requests (S = max_running_requests + extra_slots), for
   /// engines that admit (prefill) a request before a finished one's slot is released.
   int extra_slots = 0;
+  /// The engine's allocator (core/allocator.h): every byte of device memory the backend owns
+  /// (the pool tensors not in external_pool, the index buffers, the error flag) comes from it,
+  /// on allocation_stream, and returns to it when the backend is destroyed. Null: cudaMalloc
+  /// (CUDA) or aligned_alloc (host).
+  std::shared_ptr<Allocator> allocator;
+  /// The stream of the allocator's allocations and frees and of the pool's construction-time
+  /// zeroing (synchronised during construction). Null: the legacy default stream.
+  cudaStream_t allocation_stream = nullptr;
+  /// Engine-owned pool tensors (memory_pool/pool_storage.h: "external_pool.<tensor>" errors from
+  /// the constructor, before anything is allocated), used in place of the pool's own; they must
+  /// stay valid until the backend is destroyed. Their contents are the engine's: the backend
+  /// writes a slot when it hands it out (allocate_slot, claim_slot) and runs on them.
+  ExternalPoolTensors external_pool;
 };
 
 /// A verify batch's draft shape (contract §8).
@@ -166,6 +186,9 @@ class KdaAttentionBackend {
   /// The state pool (views for inspection, tests and engine-side state copies).
   const KdaStatePool& pool() const { return pool_; }
   const PoolMemoryReport& memory_report() const { return pool_.memory_report(); }
+  /// Device bytes the backend owns beyond the pool: the index buffers, the error flag and the
+  /// checked-lengths scratch (from BackendOptions::allocator when one is given).
+  int64_t workspace_bytes() const;
 
   /// Sets layer `layer`'s weights (views; see LayerWeights). Validated against the model and
   /// the device; must be set before the layer is verified or extended.
@@ -174,6 +197,12 @@ class KdaAttentionBackend {
   // ---- slots (one per running request; not on the hot path) ----
   /// A zeroed slot (see KdaStatePool::allocate_slot); kOutOfMemory when none is free.
   int allocate_slot(cudaStream_t stream = nullptr);
+  /// The engine's own slot number `slot` (e.g. its MambaPool index) becomes allocated here:
+  /// zeroed like allocate_slot (SlotInit::kZero, enqueued on `stream`), or with the conv / SSM
+  /// state the engine already wrote in the (external) pool kept (SlotInit::kKeepState: only the
+  /// ring cursor and pending counts are zeroed). kInvalidArgument: outside [0, S) or already
+  /// allocated; nothing changes on an error. Release it with release_slot as any slot.
+  void claim_slot(int slot, SlotInit init, cudaStream_t stream = nullptr);
   /// Frees `slot`. kInvalidArgument: foreign or not allocated; kLifecycle: the slot is in the
   /// batch of a round in progress (commit or abort_round first).
   void release_slot(int slot);
@@ -292,6 +321,8 @@ class KdaAttentionBackend {
   DispatchProblem make_dispatch_problem(int layer, const VerifyInputs& in) const;
   void record_decision(int layer, const DispatchDecision& d);
   CommitParams make_commit_params(CommitKind kind) const;
+  /// The pool's tensors (all layers) as ops see them.
+  ExternalPoolTensors pool_state() const;
   void enqueue_commit(const TensorView& accepted_lengths, const TensorView* accepted_paths,
                       const CommitTrack* track, cudaStream_t stream);
   void validate_shape(const BatchSpec& batch) const;

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,6 +27,8 @@
 #include "backend/flags.h"
 #include "backend/kda_backend.h"
 #include "backend/kernel_set_factory.h"
+#include "backend/ops.h"
+#include "core/allocator.h"
 #include "core/error.h"
 #include "core/tensor_view.h"
 
@@ -396,6 +400,91 @@ TensorView pool_tensor(const KdaStatePool& pool, const std::string& name, int la
       name);
 }
 
+// kda_allocator's callbacks as a kda::Allocator; `release` runs when the last user lets go.
+class CAllocator final : public Allocator {
+ public:
+  explicit CAllocator(const kda_allocator& cb) : cb_(cb) {}
+  ~CAllocator() override {
+    if (cb_.release != nullptr) {
+      cb_.release(cb_.ctx);
+    }
+  }
+  CAllocator(const CAllocator&) = delete;
+  CAllocator& operator=(const CAllocator&) = delete;
+  void* allocate(int64_t bytes, const Device& device, cudaStream_t stream) override {
+    return cb_.alloc(cb_.ctx, bytes, device.is_cuda() ? kDLCUDA : kDLCPU, device.index,
+                     static_cast<void*>(stream));
+  }
+  void deallocate(void* ptr, int64_t bytes, const Device& device,
+                  cudaStream_t stream) noexcept override {
+    cb_.free(cb_.ctx, ptr, bytes, device.is_cuda() ? kDLCUDA : kDLCPU, device.index,
+             static_cast<void*>(stream));
+  }
+  const char* name() const override { return "engine allocator (kda_allocator)"; }
+
+ private:
+  kda_allocator cb_;
+};
+
+constexpr std::initializer_list<DType> kStateDTypes = {DType::kBF16, DType::kF32, DType::kI32};
+
+// kda_state_tensors as ops::StateTensors; `prefix` names them ("external_pool", "state").
+ops::StateTensors state_of(const kda_state_tensors& s, const std::string& call,
+                           const std::string& prefix) {
+  ops::StateTensors t;
+  const std::pair<const DLTensor*, TensorView ops::StateTensors::*> all[] = {
+      {s.conv_state, &ops::StateTensors::conv_state},
+      {s.ssm_state, &ops::StateTensors::ssm_state},
+      {s.conv_window, &ops::StateTensors::conv_window},
+      {s.snapshots, &ops::StateTensors::snapshots},
+      {s.ring_rawv, &ops::StateTensors::ring_rawv},
+      {s.ring_rawk, &ops::StateTensors::ring_rawk},
+      {s.ring_g, &ops::StateTensors::ring_g},
+      {s.ring_beta, &ops::StateTensors::ring_beta},
+      {s.ring_cursor, &ops::StateTensors::ring_cursor},
+      {s.ring_pending, &ops::StateTensors::ring_pending},
+      {s.ring_u, &ops::StateTensors::ring_u},
+      {s.qkv_act, &ops::StateTensors::qkv_act}};
+  const char* names[] = {"conv_state",  "ssm_state",    "conv_window", "snapshots",
+                         "ring_rawv",   "ring_rawk",    "ring_g",      "ring_beta",
+                         "ring_cursor", "ring_pending", "ring_u",      "qkv_act"};
+  for (size_t i = 0; i < std::size(all); ++i) {
+    const std::string name = prefix + "." + names[i];
+    t.*(all[i].second) = to_view(all[i].first, call, name.c_str(), kStateDTypes, true);
+  }
+  return t;
+}
+
+ops::BatchTensors batch_of(const kda_batch_tensors& b, const std::string& call) {
+  ops::BatchTensors t;
+  t.T = b.T;
+  t.slots = to_view(b.slots, call, "batch.slots", {DType::kI32}, true);
+  t.rows = to_view(b.rows, call, "batch.rows", {DType::kI32}, true);
+  t.query_start_loc =
+      to_view(b.query_start_loc, call, "batch.query_start_loc", {DType::kI32}, true);
+  t.parents = to_view(b.parents, call, "batch.parents", {DType::kI32}, true);
+  return t;
+}
+
+// The ops' kernel set of `device` (made on first use, kept for the process) and its lock.
+struct OpsKernels {
+  std::mutex mu;
+  std::unique_ptr<KernelSet> kernels;
+};
+
+OpsKernels& ops_kernels(const Device& device) {
+  static std::mutex mu;
+  static auto* sets = new std::map<std::pair<int, int>, std::unique_ptr<OpsKernels>>();
+  const std::lock_guard<std::mutex> lock(mu);
+  auto& slot = (*sets)[{static_cast<int>(device.kind), device.index}];
+  if (slot == nullptr) {
+    auto k = std::make_unique<OpsKernels>();
+    k->kernels = make_kernel_set(device);
+    slot = std::move(k);
+  }
+  return *slot;
+}
+
 DLDataType to_dl(DType t) {
   switch (t) {
     case DType::kBF16:
@@ -461,6 +550,24 @@ int kda_backend_create(const kda_model_config* model, const char* const* flags, 
       KDA_CHECK(options->extra_slots >= 0, "create: options.extra_slots = {} is negative",
                 options->extra_slots);
       backend_options.extra_slots = options->extra_slots;
+      backend_options.allocation_stream = static_cast<cudaStream_t>(options->allocation_stream);
+      if (options->allocator != nullptr) {
+        // First: from here on every way out of create releases the allocator once.
+        const kda_allocator& a = *options->allocator;
+        if (a.alloc == nullptr || a.free == nullptr) {
+          if (a.release != nullptr) {
+            a.release(a.ctx);
+          }
+          KDA_FAIL(
+              "create: options.allocator: alloc and free must both be given (alloc {}, free {})",
+              a.alloc != nullptr ? "set" : "NULL", a.free != nullptr ? "set" : "NULL");
+        }
+        backend_options.allocator = std::make_shared<capi::CAllocator>(a);
+      }
+      if (options->external_pool != nullptr) {
+        backend_options.external_pool =
+            capi::state_of(*options->external_pool, "create", "external_pool");
+      }
     }
     auto handle = std::make_unique<capi::Handle>();
     handle->backend = std::make_unique<KdaAttentionBackend>(config, engine_flags,
@@ -500,6 +607,18 @@ int kda_allocate_slot(kda_backend* backend, void* stream, int32_t* slot) {
     kda::KdaAttentionBackend& b = kda::capi::backend_of(backend, "allocate_slot");
     KDA_CHECK(slot != nullptr, "allocate_slot: slot is NULL");
     *slot = b.allocate_slot(static_cast<cudaStream_t>(stream));
+  });
+}
+
+int kda_claim_slot(kda_backend* backend, int32_t slot, int32_t init, void* stream) {
+  return guarded([&] {
+    kda::KdaAttentionBackend& b = kda::capi::backend_of(backend, "claim_slot");
+    KDA_CHECK(init == KDA_SLOT_ZERO || init == KDA_SLOT_KEEP_STATE,
+              "claim_slot: init = {} unknown, expected KDA_SLOT_ZERO (0) or KDA_SLOT_KEEP_STATE "
+              "(1)",
+              init);
+    b.claim_slot(slot, init == KDA_SLOT_ZERO ? kda::SlotInit::kZero : kda::SlotInit::kKeepState,
+                 static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -727,6 +846,115 @@ int kda_round_state(kda_backend* backend, const char** state) {
     KDA_CHECK(state != nullptr, "round_state: state is NULL");
     h.round_state = h.backend->round_state();
     *state = h.round_state.c_str();
+  });
+}
+
+int kda_memory_report_get(const kda_backend* backend, kda_memory_report* out) {
+  return guarded([&] {
+    const kda::KdaAttentionBackend& b = kda::capi::backend_of(backend, "memory_report");
+    KDA_CHECK(out != nullptr, "memory_report: out is NULL");
+    const kda::PoolMemoryReport& r = b.memory_report();
+    kda_memory_report m{};
+    m.pool_bytes = r.total_bytes;
+    m.conv_state_bytes = r.slots * r.conv_state_per_slot;
+    m.ssm_state_bytes = r.slots * r.ssm_state_per_slot;
+    m.ring_bytes = r.ring_mode ? r.slots * r.ring_per_slot : 0;
+    m.conv_window_bytes = r.rows * r.conv_window_per_row;
+    m.snapshot_bytes = r.ring_mode ? 0 : r.rows * r.snapshot_per_row;
+    m.qkv_act_bytes = r.rows * r.qkv_act_per_row;
+    m.workspace_bytes = b.workspace_bytes();
+    m.total_bytes = m.pool_bytes + m.workspace_bytes;
+    m.allocated_bytes = r.allocated_bytes + m.workspace_bytes;
+    m.external_bytes = r.external_bytes;
+    m.bytes_per_slot = r.bytes_per_slot;
+    m.bytes_per_row = r.bytes_per_row;
+    m.snapshot_mode_total_bytes = r.snapshot_mode_total_bytes;
+    m.ring_mode_total_bytes = r.ring_mode_total_bytes;
+    m.from_allocator = r.from_allocator ? 1 : 0;
+    *out = m;
+  });
+}
+
+int kda_op_verify(const kda_verify_op* op, void* stream, kda_dispatch_info* info) {
+  return guarded([&] {
+    using namespace kda;
+    KDA_CHECK(op != nullptr, "ops.verify: op is NULL");
+    const std::string call = "ops.verify";
+    ops::VerifyArgs a;
+    a.mixed_qkv = capi::to_view(op->mixed_qkv, call, "mixed_qkv", {DType::kBF16});
+    a.a = capi::to_view(op->a, call, "a", {DType::kBF16});
+    a.b = capi::to_view(op->b, call, "b", {DType::kBF16});
+    a.out = capi::to_view(op->out, call, "out", {DType::kBF16});
+    a.weights.A_log = capi::to_view(op->A_log, call, "A_log", {DType::kF32});
+    a.weights.dt_bias = capi::to_view(op->dt_bias, call, "dt_bias", {DType::kF32});
+    a.weights.conv_weight =
+        capi::to_view(op->conv_weight, call, "conv_weight", {DType::kF32, DType::kBF16});
+    a.weights.conv_bias =
+        capi::to_view(op->conv_bias, call, "conv_bias", {DType::kF32, DType::kBF16}, true);
+    a.state = capi::state_of(op->state, call, "state");
+    a.batch = capi::batch_of(op->batch, call);
+    KDA_CHECK(op->gate == KDA_GATE_STANDARD || op->gate == KDA_GATE_SAFE,
+              "ops.verify: gate = {} unsupported, expected KDA_GATE_STANDARD (0) or KDA_GATE_SAFE "
+              "(1)",
+              op->gate);
+    a.options.gate = op->gate == KDA_GATE_SAFE ? GateKind::kSafe : GateKind::kStandard;
+    a.options.lower_bound = op->lower_bound;
+    KDA_CHECK(op->fused_verify == 0 || op->fused_verify == 1,
+              "ops.verify: fused_verify = {}, expected 0 or 1", op->fused_verify);
+    a.options.dispatch =
+        DispatchFlags{op->fused_verify != 0, op->fused_ring_max_batch, op->block_v};
+    KDA_CHECK(a.state.ssm_state.defined(), "ops.verify: state.ssm_state: NULL DLTensor");
+    capi::OpsKernels& k = capi::ops_kernels(a.state.ssm_state.device());
+    const std::lock_guard<std::mutex> lock(k.mu);
+    const DispatchDecision d = ops::verify(*k.kernels, a, static_cast<cudaStream_t>(stream));
+    if (info != nullptr) {
+      info->fused = d.fused() ? 1 : 0;
+      info->block_v = d.block_v;
+      info->reason = dispatch_reason_name(d.reason);
+    }
+  });
+}
+
+int kda_op_commit(const kda_commit_op* op, void* stream, kda_commit_info* info) {
+  return guarded([&] {
+    using namespace kda;
+    KDA_CHECK(op != nullptr, "ops.commit: op is NULL");
+    const std::string call = "ops.commit";
+    ops::CommitArgs a;
+    a.state = capi::state_of(op->state, call, "state");
+    a.batch = capi::batch_of(op->batch, call);
+    a.accepted_lengths =
+        capi::to_view(op->accepted_lengths, call, "accepted_lengths", {DType::kI32}, true);
+    a.accepted_paths =
+        capi::to_view(op->accepted_paths, call, "accepted_paths", {DType::kI32}, true);
+    a.track_slots = capi::to_view(op->track_slots, call, "track_slots", {DType::kI32}, true);
+    a.track_steps = capi::to_view(op->track_steps, call, "track_steps", {DType::kI32}, true);
+    a.checked_accepted =
+        capi::to_view(op->checked_accepted, call, "checked_accepted", {DType::kI32}, true);
+    a.error_flag = capi::to_view(op->error_flag, call, "error_flag", {DType::kI32}, true);
+    KDA_CHECK(a.state.ssm_state.defined(), "ops.commit: state.ssm_state: NULL DLTensor");
+    capi::OpsKernels& k = capi::ops_kernels(a.state.ssm_state.device());
+    const std::lock_guard<std::mutex> lock(k.mu);
+    const ops::CommitDecision d = ops::commit(*k.kernels, a, static_cast<cudaStream_t>(stream));
+    if (info != nullptr) {
+      info->deferred = d.kind == CommitKind::kDeferred ? 1 : 0;
+      info->reason = d.reason;
+    }
+  });
+}
+
+int kda_op_materialize(const kda_state_tensors* state, const DLTensor* slots, void* stream) {
+  return guarded([&] {
+    using namespace kda;
+    KDA_CHECK(state != nullptr, "ops.materialize: state is NULL");
+    const std::string call = "ops.materialize";
+    ops::MaterializeArgs a;
+    a.state = capi::state_of(*state, call, "state");
+    a.slots = capi::to_view(slots, call, "slots", {DType::kI32});
+    KDA_CHECK(a.state.ssm_state.defined(), "ops.materialize: state.ssm_state: NULL DLTensor");
+    capi::OpsKernels& k = capi::ops_kernels(a.state.ssm_state.device());
+    const std::lock_guard<std::mutex> lock(k.mu);
+    ops::materialize(*k.kernels, a, static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -17,7 +17,10 @@
  * Weights (kda_set_layer_weights) are kept as views: their memory must stay valid and unchanged
  * for as long as the backend may run that layer. Inputs, outputs, accepted lengths and tracks must
  * stay valid until the work enqueued on the stream has run (host kernel set: until the call
- * returns). Pool views (kda_pool_view) point into the backend's memory and die with it.
+ * returns). Pool views (kda_pool_view) point into the backend's memory (an external pool's: the
+ * engine's) and die with the backend. With kda_backend_options.allocator the backend's memory is
+ * the engine's allocator's; with kda_backend_options.external_pool the state tensors are the
+ * engine's (kept valid by it until destroy). The kda_op_* functions own nothing.
  *
  * Streams: `stream` is a cudaStream_t passed as void* (NULL = the legacy default stream); every
  * device operation is enqueued on it, as in the C++ API (no host synchronisation except
@@ -51,8 +54,9 @@
 extern "C" {
 #endif
 
-/** Bumped when a struct or a signature of this header changes. */
-#define KDA_C_ABI_VERSION 2
+/** Bumped when a struct or a signature of this header changes (3: engine-owned memory in
+ * kda_backend_options, kda_claim_slot, kda_memory_report_get, the kda_op_* functions). */
+#define KDA_C_ABI_VERSION 3
 
 /* Status codes (kda::ErrorCode + 1; 0 = success). */
 #define KDA_OK 0
@@ -98,11 +102,128 @@ typedef struct {
   int32_t has_conv_bias;     /**< 0 or 1 */
 } kda_model_config;
 
+/* kda_claim_slot's init (kda::SlotInit) */
+#define KDA_SLOT_ZERO 0       /**< zeroed, as kda_allocate_slot */
+#define KDA_SLOT_KEEP_STATE 1 /**< the engine's conv / SSM state kept (cursor, pending zeroed) */
+
+/** The engine's allocator hook (kda::Allocator, core/allocator.h): the backend takes every byte of
+ * memory it owns from `alloc` and returns it through `free` when destroyed. device_type is kDLCUDA
+ * (device_id: the ordinal) or kDLCPU (the host kernel set); stream is the backend's
+ * allocation_stream. alloc returns a block of `bytes` aligned to 256 bytes, or NULL when out of
+ * memory (create then fails with KDA_ERROR_OUT_OF_MEMORY); free must not fail. `release` (may be
+ * NULL) is called exactly once per kda_backend_create that was given the allocator: before create
+ * returns when it fails (after freeing what it allocated), else after the last free, when the
+ * destroyed backend no longer uses the allocator. The struct is copied by kda_backend_create; ctx
+ * and the functions must stay valid until release (or, without release, until
+ * kda_backend_destroy has returned). Called on the thread driving the backend (create and
+ * destroy), never from inside a stream capture. */
+typedef struct {
+  void* ctx;
+  void* (*alloc)(void* ctx, int64_t bytes, int32_t device_type, int32_t device_id, void* stream);
+  void (*free)(void* ctx, void* ptr, int64_t bytes, int32_t device_type, int32_t device_id,
+               void* stream);
+  void (*release)(void* ctx);
+} kda_allocator;
+
+/** Pool / state tensors (contract §2; the rules of memory_pool/pool_storage.h, letters S, R, L,
+ * T_max as there). NULL = absent. As kda_backend_options.external_pool: engine-owned tensors with
+ * a leading [layers] dim that the backend uses in place of allocating its own (absent ones it
+ * allocates). For kda_op_verify one layer's (no [layers] dim; ring_pending [S]); for kda_op_commit
+ * and kda_op_materialize all layers' ([layers, ...]; ring_cursor [S] has no layer dim). */
+typedef struct {
+  const DLTensor* conv_state;   /**< [layers, S, W-1, D] bf16 */
+  const DLTensor* ssm_state;    /**< [layers, S, HV, V, K] f32 */
+  const DLTensor* conv_window;  /**< [layers, R, T_max, W-1, D] bf16 scratch */
+  const DLTensor* snapshots;    /**< snapshot mode: [layers, R, T_max, HV, V, K] f32 */
+  const DLTensor* ring_rawv;    /**< ring mode: [layers, S, HV, L, V] bf16 */
+  const DLTensor* ring_rawk;    /**< ring mode: [layers, S, H, L, K] bf16 */
+  const DLTensor* ring_g;       /**< ring mode: [layers, S, HV, L, K] f32 */
+  const DLTensor* ring_beta;    /**< ring mode: [layers, S, HV, L] f32 */
+  const DLTensor* ring_cursor;  /**< deferred (ops) / ring mode (pool): [S] int32 */
+  const DLTensor* ring_pending; /**< deferred (ops) / ring mode (pool): [layers, S] int32 */
+  const DLTensor* ring_u;       /**< deferred: [layers, S, HV, L, V] f32 */
+  const DLTensor* qkv_act;      /**< [>= R*T_max (ops: N), D] bf16, the unfused path's scratch */
+} kda_state_tensors;
+
 /** kda::BackendOptions (NULL = defaults: all zero). */
 typedef struct {
   int64_t memory_budget_bytes; /**< pool budget, 0 = none (kOutOfMemory above it) */
   int32_t extra_slots;         /**< slots beyond --max-running-requests */
+  /** The engine's allocator (NULL: cudaMalloc / host memory); copied by create. */
+  const kda_allocator* allocator;
+  /** cudaStream_t of the allocator's calls and the pool's set-up (NULL: legacy default stream). */
+  void* allocation_stream;
+  /** Engine-owned pool tensors (NULL: none), validated by create (KDA_ERROR_INVALID_ARGUMENT
+   * naming "external_pool.<tensor>", nothing allocated); their memory must stay valid until
+   * kda_backend_destroy. Read during create only (the views are kept). */
+  const kda_state_tensors* external_pool;
 } kda_backend_options;
+
+/** Bytes of a backend's memory, per part (kda_memory_report_get; kda::PoolMemoryReport). */
+typedef struct {
+  int64_t total_bytes;       /**< pool_bytes + workspace_bytes */
+  int64_t pool_bytes;        /**< every pool tensor, whoever owns it */
+  int64_t conv_state_bytes;  /**< [layers, S, W-1, D] bf16 */
+  int64_t ssm_state_bytes;   /**< [layers, S, HV, V, K] f32 */
+  int64_t ring_bytes;        /**< ring mode: rawv, rawk, g, beta (+ u), cursor, pending counts */
+  int64_t conv_window_bytes; /**< [layers, R, T_max, W-1, D] bf16 */
+  int64_t snapshot_bytes;    /**< snapshot mode: [layers, R, T_max, HV, V, K] f32 */
+  int64_t qkv_act_bytes;     /**< [R*T_max, D] bf16 */
+  int64_t workspace_bytes;   /**< the backend's index buffers, error flag, length scratch */
+  int64_t allocated_bytes;   /**< allocated by the backend (cudaMalloc or the allocator) */
+  int64_t external_bytes;    /**< in engine-owned tensors (external_pool) */
+  int64_t bytes_per_slot;    /**< pool bytes per state slot (all layers) */
+  int64_t bytes_per_row;     /**< pool bytes per scratch row (all layers) */
+  int64_t snapshot_mode_total_bytes; /**< the pool in snapshot mode (same shape) */
+  int64_t ring_mode_total_bytes;     /**< the pool in ring mode (same shape) */
+  int32_t from_allocator; /**< 1: allocated_bytes came from kda_backend_options.allocator */
+} kda_memory_report;
+
+/** A batch's index tensors for the kda_op_* functions: int32, contiguous, on the state's device. */
+typedef struct {
+  int32_t T;                       /**< tokens (tree: nodes) per request, 1..T_max */
+  const DLTensor* slots;           /**< [B]; -1 = padding row */
+  const DLTensor* rows;            /**< [B] scratch rows in [0, R) (required) */
+  const DLTensor* query_start_loc; /**< ragged chain: [B + 1] (NULL: dense) */
+  const DLTensor* parents;         /**< tree: [B, T] or [B*T] (NULL: a chain) */
+} kda_batch_tensors;
+
+/** kda_op_verify's arguments (kda::ops::VerifyArgs). */
+typedef struct {
+  const DLTensor* mixed_qkv;   /**< [N, D] bf16, inner contiguous, row stride >= D */
+  const DLTensor* a;           /**< [N, HV*K] bf16 */
+  const DLTensor* b;           /**< [N, HV] bf16 */
+  const DLTensor* out;         /**< [N, HV, V] bf16, contiguous */
+  const DLTensor* A_log;       /**< [HV] f32 */
+  const DLTensor* dt_bias;     /**< [HV*K] f32 */
+  const DLTensor* conv_weight; /**< [D, 4] f32 or bf16 */
+  const DLTensor* conv_bias;   /**< [D] as conv_weight, or NULL */
+  kda_state_tensors state;     /**< one layer's */
+  kda_batch_tensors batch;
+  int32_t gate;                 /**< KDA_GATE_* */
+  float lower_bound;            /**< safe gate only */
+  int32_t fused_verify;         /**< 1: the fused kernel allowed, 0: unfused only */
+  int32_t fused_ring_max_batch; /**< ring mode: largest B fused (--kda-fused-ring-max-batch) */
+  int32_t block_v;              /**< fused V tile, 0 = auto (--kda-verify-block-v) */
+} kda_verify_op;
+
+/** kda_op_commit's arguments (kda::ops::CommitArgs). */
+typedef struct {
+  kda_state_tensors state; /**< all layers' */
+  kda_batch_tensors batch;
+  const DLTensor* accepted_lengths; /**< [B] int32 */
+  const DLTensor* accepted_paths;   /**< tree: [B, T] int32 (NULL: a chain) */
+  const DLTensor* track_slots;      /**< optional [B] int32 (with track_steps) */
+  const DLTensor* track_steps;      /**< optional [B] int32, -1 = no track */
+  const DLTensor* checked_accepted; /**< ragged / tree: [B] int32 scratch */
+  const DLTensor* error_flag;       /**< optional [1] int32: CommitError bits or-ed in */
+} kda_commit_op;
+
+/** What kda_op_commit ran. */
+typedef struct {
+  int32_t deferred;   /**< 1: recorded the counts (deferred commit), 0: committed the state */
+  const char* reason; /**< "ring_fold", "snapshot_copy" or "deferred_record" (static string) */
+} kda_commit_info;
 
 /** What a verify chose (kda::DispatchDecision). */
 typedef struct {
@@ -160,6 +281,10 @@ int kda_set_layer_weights(kda_backend* backend, int layer, const DLTensor* A_log
 
 /** A zeroed state slot in *slot (KDA_ERROR_OUT_OF_MEMORY when none is free). */
 int kda_allocate_slot(kda_backend* backend, void* stream, int32_t* slot);
+/** The engine's own slot number `slot` becomes allocated (kda::KdaAttentionBackend::claim_slot):
+ * init KDA_SLOT_ZERO (zeroed, enqueued on stream) or KDA_SLOT_KEEP_STATE (its conv / SSM state,
+ * written by the engine, kept). KDA_ERROR_INVALID_ARGUMENT: outside [0, S) or allocated. */
+int kda_claim_slot(kda_backend* backend, int32_t slot, int32_t init, void* stream);
 /** Frees `slot` (not while it is in a round's batch). */
 int kda_release_slot(kda_backend* backend, int32_t slot);
 /** dst's committed state (and pending deferred steps) become src's (contract §9). */
@@ -230,6 +355,25 @@ int kda_backend_info_get(const kda_backend* backend, kda_backend_info* info);
 /** The round state, e.g. "verify round, 1 of 2 layers verified (0)", in *state: owned by the
  * backend, valid until the next call on it. */
 int kda_round_state(kda_backend* backend, const char** state);
+
+/** Fills *out with the bytes of the backend's memory per part. */
+int kda_memory_report_get(const kda_backend* backend, kda_memory_report* out);
+
+/* ---- functional ops (kda::ops, backend/ops.h): verify, commit and materialize on tensors the
+ * caller owns, no backend object. The kernel set is the tensors' device's (host or cuda:N, one
+ * per device, made on first use; calls for one device are serialised). Shapes come from the
+ * tensors; every argument is validated before anything is enqueued (KDA_ERROR_INVALID_ARGUMENT
+ * naming it, e.g. "ops.verify: state.ring_g: expected dtype f32, got bf16"; nothing changes). Index
+ * values (slots, rows, lengths, parents) on CUDA are read on the device only: a bad one is
+ * undefined (the host kernel set checks them). Enqueued on `stream`; graph-capturable. ---- */
+
+/** Verifies one layer; `info` (may be NULL) gets the dispatcher's decision. */
+int kda_op_verify(const kda_verify_op* op, void* stream, kda_dispatch_info* info);
+/** Commits every layer of `op->state` (or, with ring_pending given, records the deferred counts);
+ * `info` may be NULL. */
+int kda_op_commit(const kda_commit_op* op, void* stream, kda_commit_info* info);
+/** Folds the pending steps of slots ([n] int32) into every layer's state (deferred commit). */
+int kda_op_materialize(const kda_state_tensors* state, const DLTensor* slots, void* stream);
 
 /** A view of the pool tensor `name` (kda_state_pool.h: "conv_state", "ssm_state",
  * "conv_window", "snapshots", "ring_rawv", "ring_rawk", "ring_g", "ring_beta", "ring_pending",

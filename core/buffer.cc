@@ -37,12 +37,50 @@ Buffer::Buffer(Device device, int64_t bytes) : bytes_(bytes), device_(device) {
   }
 }
 
+Buffer::Buffer(Device device, int64_t bytes, std::shared_ptr<Allocator> allocator,
+               cudaStream_t stream) {
+  if (allocator == nullptr) {
+    *this = Buffer(device, bytes);
+    return;
+  }
+  KDA_CHECK(bytes >= 0, "Buffer: negative size {}", bytes);
+  device_ = device;
+  if (bytes == 0) {
+    return;
+  }
+  void* p = allocator->allocate(bytes, device, stream);
+  KDA_CHECK_CODE(p != nullptr, ErrorCode::kOutOfMemory,
+                 "Buffer: the {} returned no memory for {} bytes on {}", allocator->name(), bytes,
+                 device_name(device));
+  if (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(kAllocatorAlignment) != 0) {
+    allocator->deallocate(p, bytes, device, stream);
+    KDA_FAIL(
+        "Buffer: the {} returned address {} for {} bytes on {}, expected one aligned to {} bytes",
+        allocator->name(), p, bytes, device_name(device), kAllocatorAlignment);
+  }
+  if (device.is_cuda()) {
+    // A stream-ordered allocator (PyTorch's) may hand out a block that work still queued on
+    // `stream` uses; set-up copies into it (upload, cudaMemset) do not order on that stream.
+    const cudaError_t st = cudaStreamSynchronize(stream);
+    if (st != cudaSuccess) {
+      allocator->deallocate(p, bytes, device, stream);
+      KDA_CUDA_CHECK(st);
+    }
+  }
+  data_ = p;
+  bytes_ = bytes;
+  allocator_ = std::move(allocator);
+  stream_ = stream;
+}
+
 Buffer::~Buffer() { release(); }
 
 Buffer::Buffer(Buffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
-      device_(other.device_) {}
+      device_(other.device_),
+      allocator_(std::move(other.allocator_)),
+      stream_(other.stream_) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
@@ -50,6 +88,8 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     device_ = other.device_;
+    allocator_ = std::move(other.allocator_);
+    stream_ = other.stream_;
   }
   return *this;
 }
@@ -58,7 +98,10 @@ void Buffer::release() noexcept {
   if (data_ == nullptr) {
     return;
   }
-  if (device_.is_cuda()) {
+  if (allocator_ != nullptr) {
+    allocator_->deallocate(data_, bytes_, device_, stream_);
+    allocator_.reset();
+  } else if (device_.is_cuda()) {
     cudaFree(data_);  // destructor: errors cannot be reported; the context may be gone
   } else {
     std::free(data_);

@@ -1,14 +1,18 @@
 // buffer.h: an owning, move-only block of host or CUDA memory (RAII).
 //
-// Host buffers are 256-byte aligned; CUDA buffers come from cudaMalloc (256-byte aligned).
+// Host buffers are 256-byte aligned; CUDA buffers come from cudaMalloc (256-byte aligned), or
+// both from an engine's Allocator (core/allocator.h) when one is given: then the block is
+// returned to it, with the same size, device and stream, when the buffer dies.
 // upload()/download()/fill are synchronous set-up helpers for tools and tests; nothing on
 // the verify/commit path allocates or copies through Buffer.
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/tensor_view.h"
 
 namespace kda {
@@ -18,6 +22,11 @@ class Buffer {
   Buffer() = default;
   /// Allocates `bytes` on `device`; throws kOutOfMemory / kCuda / kUnsupported.
   Buffer(Device device, int64_t bytes);
+  /// Allocates `bytes` on `device` from `allocator` on `stream` (null allocator: as above), then
+  /// (CUDA) synchronises `stream`, so the block is free of the stream's earlier work. Throws
+  /// kOutOfMemory when it returns nullptr, kInvalidArgument (after returning the block) when the
+  /// block is not aligned to kAllocatorAlignment.
+  Buffer(Device device, int64_t bytes, std::shared_ptr<Allocator> allocator, cudaStream_t stream);
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
@@ -27,6 +36,8 @@ class Buffer {
   void* data() const { return data_; }
   int64_t bytes() const { return bytes_; }
   const Device& device() const { return device_; }
+  /// Whether the block came from an engine Allocator.
+  bool from_allocator() const { return allocator_ != nullptr; }
 
   /// A contiguous view of the start of the buffer; throws if it does not fit.
   TensorView view(DType dtype, std::initializer_list<int64_t> shape) const;
@@ -41,6 +52,8 @@ class Buffer {
   void* data_ = nullptr;
   int64_t bytes_ = 0;
   Device device_{};
+  std::shared_ptr<Allocator> allocator_;  // null: cudaMalloc / aligned_alloc
+  cudaStream_t stream_ = nullptr;         // the allocator's stream
 };
 
 /// Synchronous byte copy between any two devices (host or CUDA); for set-up and tests.

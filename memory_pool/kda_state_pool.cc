@@ -37,24 +37,34 @@ class ScopedCudaDevice {
   bool restore_ = false;
 };
 
-void zero_bytes(void* ptr, int64_t bytes, const Device& device) {
+void zero_bytes(void* ptr, int64_t bytes, const Device& device, cudaStream_t stream) {
   if (bytes == 0) {
     return;
   }
   if (device.is_cuda()) {
-    KDA_CUDA_CHECK(cudaMemset(ptr, 0, static_cast<size_t>(bytes)));
+    KDA_CUDA_CHECK(cudaMemsetAsync(ptr, 0, static_cast<size_t>(bytes), stream));
   } else {
     std::memset(ptr, 0, static_cast<size_t>(bytes));
   }
 }
 
-// Zeroes slot `slot` of a [layers, S, ...] packed view in every layer: `layers` runs of
-// one slot pitch, one layer pitch apart (one 2-D memset on CUDA).
+// Bytes of one packed slot of a [layers, S, inner...] view (dims 2.. packed; its slot pitch may
+// be larger: an external tensor's padding is not ours to write).
+int64_t slot_payload_bytes(const TensorView& all) {
+  int64_t n = dtype_size(all.dtype());
+  for (int d = 2; d < all.ndim(); ++d) {
+    n *= all.size(d);
+  }
+  return n;
+}
+
+// Zeroes slot `slot` of a [layers, S, ...] view in every layer: `layers` runs of one packed
+// slot, one layer pitch apart (one 2-D memset on CUDA).
 void zero_slot_in_all_layers(const TensorView& all, int slot, cudaStream_t stream) {
   const int64_t esize = dtype_size(all.dtype());
   const int64_t layer_pitch = all.stride(0) * esize;
-  const int64_t slot_bytes = all.stride(1) * esize;
-  char* first = static_cast<char*>(all.data()) + slot * slot_bytes;
+  const int64_t slot_bytes = slot_payload_bytes(all);
+  char* first = static_cast<char*>(all.data()) + slot * all.stride(1) * esize;
   if (all.device().is_cuda()) {
     KDA_CUDA_CHECK(cudaMemset2DAsync(first, static_cast<size_t>(layer_pitch), 0,
                                      static_cast<size_t>(slot_bytes),
@@ -66,15 +76,15 @@ void zero_slot_in_all_layers(const TensorView& all, int slot, cudaStream_t strea
   }
 }
 
-// Copies slot `src` of a [layers, S, ...] packed view onto slot `dst` in every layer (one 2-D
-// copy on CUDA, enqueued on `stream`).
+// Copies slot `src` of a [layers, S, ...] view onto slot `dst` in every layer (one 2-D copy on
+// CUDA, enqueued on `stream`).
 void copy_slot_in_all_layers(const TensorView& all, int src, int dst, cudaStream_t stream) {
   const int64_t esize = dtype_size(all.dtype());
   const int64_t layer_pitch = all.stride(0) * esize;
-  const int64_t slot_bytes = all.stride(1) * esize;
+  const int64_t slot_bytes = slot_payload_bytes(all);
   char* base = static_cast<char*>(all.data());
-  char* to = base + dst * slot_bytes;
-  const char* from = base + src * slot_bytes;
+  char* to = base + dst * all.stride(1) * esize;
+  const char* from = base + src * all.stride(1) * esize;
   if (all.device().is_cuda()) {
     KDA_CUDA_CHECK(
         cudaMemcpy2DAsync(to, static_cast<size_t>(layer_pitch), from,
@@ -90,7 +100,9 @@ void copy_slot_in_all_layers(const TensorView& all, int src, int dst, cudaStream
 
 }  // namespace
 
-KdaStatePool::KdaStatePool(const PoolConfig& config)
+KdaStatePool::KdaStatePool(const PoolConfig& config) : KdaStatePool(config, PoolStorage{}) {}
+
+KdaStatePool::KdaStatePool(const PoolConfig& config, const PoolStorage& storage)
     : config_(config), report_(compute_memory_report(config)), slots_(config.num_slots) {
   if (config.memory_budget_bytes > 0) {
     KDA_CHECK_CODE(
@@ -101,41 +113,54 @@ KdaStatePool::KdaStatePool(const PoolConfig& config)
         config.ring_mode ? "snapshot" : "ring",
         config.ring_mode ? report_.snapshot_mode_total_bytes : report_.ring_mode_total_bytes);
   }
+  validate_external_tensors(config, storage.external);  // before anything is allocated
   const ScopedCudaDevice on_device(config.device);
   const int64_t layers = config.layers, S = config.num_slots, R = config.num_rows;
   const int64_t H = config.H, HV = config.HV, K = config.K, V = config.V;
   const int64_t T = config.T_max, L = config.ring_len, D = config.qkv_dim();
+  const ExternalPoolTensors& ext = storage.external;
 
-  buffers_.reserve(11);
-  auto allocate = [&](DType dtype, std::initializer_list<int64_t> shape) {
+  buffers_.reserve(12);
+  // The engine's tensor when given (used in place, not written), else a zeroed allocation.
+  auto take = [&](const TensorView& external, const char* name, DType dtype,
+                  std::initializer_list<int64_t> shape) {
+    if (external.defined()) {
+      TensorView v = external_pool_view(config, name, external);
+      report_.external_bytes += v.numel() * dtype_size(dtype);
+      return v;
+    }
     int64_t numel = 1;
     for (int64_t e : shape) {
       numel *= e;  // cannot overflow: compute_memory_report checked every product
     }
-    buffers_.emplace_back(config.device, numel * dtype_size(dtype));
-    zero_bytes(buffers_.back().data(), buffers_.back().bytes(), config.device);
+    buffers_.emplace_back(config.device, numel * dtype_size(dtype), storage.allocator,
+                          storage.stream);
+    zero_bytes(buffers_.back().data(), buffers_.back().bytes(), config.device, storage.stream);
+    report_.allocated_bytes += buffers_.back().bytes();
     return buffers_.back().view(dtype, shape);
   };
-  conv_state_ = allocate(DType::kBF16, {layers, S, kPoolConvHistory, D});
-  ssm_state_ = allocate(DType::kF32, {layers, S, HV, V, K});
-  conv_window_ = allocate(DType::kBF16, {layers, R, T, kPoolConvHistory, D});
-  qkv_act_ = allocate(DType::kBF16, {R * T, D});
+  conv_state_ = take(ext.conv_state, "conv_state", DType::kBF16, {layers, S, kPoolConvHistory, D});
+  ssm_state_ = take(ext.ssm_state, "ssm_state", DType::kF32, {layers, S, HV, V, K});
+  conv_window_ =
+      take(ext.conv_window, "conv_window", DType::kBF16, {layers, R, T, kPoolConvHistory, D});
+  qkv_act_ = take(ext.qkv_act, "qkv_act", DType::kBF16, {R * T, D});
   if (config.ring_mode) {
-    ring_rawv_ = allocate(DType::kBF16, {layers, S, HV, L, V});
-    ring_rawk_ = allocate(DType::kBF16, {layers, S, H, L, K});
-    ring_g_ = allocate(DType::kF32, {layers, S, HV, L, K});
-    ring_beta_ = allocate(DType::kF32, {layers, S, HV, L});
-    ring_cursor_ = allocate(DType::kI32, {S});
-    ring_pending_ = allocate(DType::kI32, {layers, S});
+    ring_rawv_ = take(ext.ring_rawv, "ring_rawv", DType::kBF16, {layers, S, HV, L, V});
+    ring_rawk_ = take(ext.ring_rawk, "ring_rawk", DType::kBF16, {layers, S, H, L, K});
+    ring_g_ = take(ext.ring_g, "ring_g", DType::kF32, {layers, S, HV, L, K});
+    ring_beta_ = take(ext.ring_beta, "ring_beta", DType::kF32, {layers, S, HV, L});
+    ring_cursor_ = take(ext.ring_cursor, "ring_cursor", DType::kI32, {S});
+    ring_pending_ = take(ext.ring_pending, "ring_pending", DType::kI32, {layers, S});
     if (config.deferred_commit) {
-      ring_u_ = allocate(DType::kF32, {layers, S, HV, L, V});
+      ring_u_ = take(ext.ring_u, "ring_u", DType::kF32, {layers, S, HV, L, V});
     }
   } else {
-    snapshots_ = allocate(DType::kF32, {layers, R, T, HV, V, K});
+    snapshots_ = take(ext.snapshots, "snapshots", DType::kF32, {layers, R, T, HV, V, K});
   }
+  report_.from_allocator = storage.allocator != nullptr && report_.allocated_bytes > 0;
   if (config.device.is_cuda()) {
-    // The legacy-stream memsets above must land before any engine stream touches the pool.
-    KDA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    // The memsets above must land before any engine stream touches the pool.
+    KDA_CUDA_CHECK(cudaStreamSynchronize(storage.stream));
   }
   logger().info("{}", report_.to_string());
 }
@@ -143,12 +168,22 @@ KdaStatePool::KdaStatePool(const PoolConfig& config)
 int KdaStatePool::allocate_slot(cudaStream_t stream) {
   const int slot = slots_.allocate();
   try {
-    zero_slot(slot, stream);
+    zero_slot(slot, /*state=*/true, stream);
   } catch (...) {
     slots_.release(slot);  // leave the free list as it was
     throw;
   }
   return slot;
+}
+
+void KdaStatePool::claim_slot(int slot, SlotInit init, cudaStream_t stream) {
+  slots_.allocate_at(slot);
+  try {
+    zero_slot(slot, /*state=*/init == SlotInit::kZero, stream);
+  } catch (...) {
+    slots_.release(slot);
+    throw;
+  }
 }
 
 void KdaStatePool::release_slot(int slot) { slots_.release(slot); }
@@ -188,13 +223,17 @@ void KdaStatePool::copy_slot(int src, int dst, SlotCopy what, cudaStream_t strea
   }
 }
 
-void KdaStatePool::zero_slot(int slot, cudaStream_t stream) {
+void KdaStatePool::zero_slot(int slot, bool state, cudaStream_t stream) {
   const ScopedCudaDevice on_device(config_.device);
-  for (const TensorView* all : {&conv_state_, &ssm_state_, &ring_rawv_, &ring_rawk_, &ring_g_,
-                                &ring_beta_, &ring_pending_, &ring_u_}) {
-    if (all->defined()) {
+  const TensorView* kept[] = {&conv_state_, &ssm_state_, &ring_rawv_, &ring_rawk_,
+                              &ring_g_,     &ring_beta_, &ring_u_};
+  for (const TensorView* all : kept) {
+    if (state && all->defined()) {
       zero_slot_in_all_layers(*all, slot, stream);
     }
+  }
+  if (ring_pending_.defined()) {
+    zero_slot_in_all_layers(ring_pending_, slot, stream);
   }
   if (ring_cursor_.defined()) {
     int32_t* cursor = static_cast<int32_t*>(ring_cursor_.data()) + slot;

@@ -29,12 +29,17 @@
 // them: the committed state is materialized (folded) by the slot's next verify of each layer
 // or by KdaAttentionBackend::materialize. Read or copy ssm_state only with no steps pending
 // (ring_pending zero for the slot in every layer), e.g. right after materialize.
-// Ownership: the pool owns all memory (kda::Buffer, RAII) on config.device, host or CUDA;
-// it is move-only and views stay valid (same addresses) across a move until the pool is
-// destroyed. Everything is zeroed at construction; a slot's conv_state, ssm_state and rings
-// (and ring cursor and pending counts) are zeroed again when it is handed out by allocate_slot, so
-// a released slot never leaks the previous request's state. Thread safety: none; the owner (the
-// backend) serialises calls.
+// Ownership: the pool owns the memory it allocates (kda::Buffer, RAII) on config.device, host or
+// CUDA, from cudaMalloc / aligned_alloc or from the engine's Allocator (PoolStorage::allocator,
+// pool_storage.h); tensors the engine hands in (PoolStorage::external, an "external pool") stay
+// the engine's, are validated (validate_external_tensors) and used in place, with their padded
+// pitches. The pool is move-only and views stay valid (same addresses) across a move until the
+// pool is destroyed. What the pool allocates is zeroed at construction; external tensors are not
+// written then. A slot's conv_state, ssm_state and rings (and ring cursor and pending counts) are
+// zeroed when it is handed out by allocate_slot or claim_slot(kZero), so a released slot never
+// leaks the previous request's state. Views of external tensors may have padded slot / row /
+// layer pitches: read strides from the views. Thread safety: none; the owner (the backend)
+// serialises calls.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -46,9 +51,17 @@
 #include "core/tensor_view.h"
 #include "memory_pool/memory_report.h"
 #include "memory_pool/pool_config.h"
+#include "memory_pool/pool_storage.h"
 #include "memory_pool/slot_allocator.h"
 
 namespace kda {
+
+/// What KdaStatePool::claim_slot does to the slot's state.
+enum class SlotInit {
+  kZero,       ///< as allocate_slot: conv_state, ssm_state, rings, cursor and pending counts zeroed
+  kKeepState,  ///< the engine wrote the slot's conv_state and ssm_state (e.g. its own prefill):
+               ///< they are kept; the ring cursor and pending counts are zeroed
+};
 
 /// What KdaStatePool::copy_slot copies besides conv_state and ssm_state.
 enum class SlotCopy {
@@ -65,6 +78,11 @@ class KdaStatePool {
   /// (kOutOfMemory, message gives both numbers and the ring-mode alternative), allocates,
   /// zeroes every tensor (synchronously) and logs the memory report at info level.
   explicit KdaStatePool(const PoolConfig& config);
+  /// The same with `storage`'s memory sources: validates config, then the external tensors
+  /// (kInvalidArgument naming "external_pool.<tensor>", before anything is allocated or written),
+  /// allocates the rest from storage.allocator on storage.stream (zeroed there; the stream is
+  /// synchronised once).
+  KdaStatePool(const PoolConfig& config, const PoolStorage& storage);
 
   KdaStatePool(KdaStatePool&&) noexcept = default;
   KdaStatePool& operator=(KdaStatePool&&) noexcept = default;
@@ -89,6 +107,11 @@ class KdaStatePool {
   /// on that stream sees a clean slot; host: done before returning. Throws kOutOfMemory
   /// when all S slots are in use. Not for the verify/commit hot path (not capturable).
   int allocate_slot(cudaStream_t stream = nullptr);
+  /// Hands out `slot` itself (an engine that numbers its slots: SGLang's MambaPool indices),
+  /// zeroed as allocate_slot does, or with its conv / SSM state kept (SlotInit::kKeepState).
+  /// Throws kInvalidArgument for a slot outside [0, S) or one already allocated; nothing
+  /// changes on a throw. Enqueued on `stream` like allocate_slot.
+  void claim_slot(int slot, SlotInit init, cudaStream_t stream = nullptr);
   /// Returns `slot` to the free list. Throws kInvalidArgument for a slot outside [0, S)
   /// or one that is not allocated (double release); nothing changes on a throw. The caller
   /// must not release a slot that enqueued work still uses.
@@ -132,12 +155,12 @@ class KdaStatePool {
 
  private:
   TensorView layer_view(const TensorView& all, int layer, const char* what) const;
-  void zero_slot(int slot, cudaStream_t stream);
+  void zero_slot(int slot, bool state, cudaStream_t stream);
 
   PoolConfig config_;
   PoolMemoryReport report_;
   SlotAllocator slots_;
-  std::vector<Buffer> buffers_;  // owns the memory behind every view below
+  std::vector<Buffer> buffers_;  // owns the memory behind every view below but external ones
   TensorView conv_state_, ssm_state_, conv_window_, snapshots_, qkv_act_;
   TensorView ring_rawv_, ring_rawk_, ring_g_, ring_beta_, ring_cursor_, ring_pending_, ring_u_;
 };

@@ -20,7 +20,8 @@ struct PoolMemoryReport {
   // Per slot, all layers.
   int64_t conv_state_per_slot = 0;  ///< [W-1, D] bf16
   int64_t ssm_state_per_slot = 0;   ///< [HV, V, K] f32
-  int64_t ring_per_slot = 0;  ///< rawv + rawk + g + beta (+ u, deferred); ring mode's cost per slot
+  /// rawv + rawk + g + beta (+ u, deferred) + cursor and pending counts: ring mode's cost per slot
+  int64_t ring_per_slot = 0;
 
   // Per scratch row, all layers.
   int64_t conv_window_per_row = 0;  ///< [T_max, W-1, D] bf16
@@ -35,6 +36,11 @@ struct PoolMemoryReport {
   // Both modes for the same shape, so an engine can see the trade.
   int64_t snapshot_mode_total_bytes = 0;
   int64_t ring_mode_total_bytes = 0;
+
+  // Who holds total_bytes (filled by KdaStatePool; 0 in a compute_memory_report result):
+  int64_t allocated_bytes = 0;  ///< allocated by the pool (cudaMalloc or the engine's Allocator)
+  int64_t external_bytes = 0;   ///< in engine-owned tensors (PoolStorage::external)
+  bool from_allocator = false;  ///< allocated_bytes came from the engine's Allocator
   /// Bytes ring mode saves against snapshot mode (negative: ring mode costs more, which
   /// happens when S is much larger than R * T_max / L).
   int64_t ring_mode_savings_bytes() const {

@@ -1,5 +1,7 @@
 #include "memory_pool/slot_allocator.h"
 
+#include <cstddef>
+
 #include "core/error.h"
 
 namespace kda {
@@ -22,6 +24,21 @@ int SlotAllocator::allocate() {
   free_.pop_back();
   allocated_[static_cast<size_t>(slot)] = 1;
   return slot;
+}
+
+void SlotAllocator::allocate_at(int slot) {
+  KDA_CHECK(slot >= 0 && slot < capacity(),
+            "claim_slot: slot {} is not a slot of this pool (expected in [0, {}))", slot,
+            capacity());
+  KDA_CHECK(allocated_[static_cast<size_t>(slot)] == 0,
+            "claim_slot: slot {} is already allocated (release it first)", slot);
+  for (size_t i = 0; i < free_.size(); ++i) {
+    if (free_[i] == slot) {
+      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));  // keeps the others' order
+      break;
+    }
+  }
+  allocated_[static_cast<size_t>(slot)] = 1;
 }
 
 void SlotAllocator::release(int slot) {

@@ -15,6 +15,9 @@ class SlotAllocator {
 
   /// Takes a free slot; throws kda::Error(kOutOfMemory) when all `capacity` are in use.
   int allocate();
+  /// Takes `slot` itself (an engine that numbers its slots); throws kda::Error(kInvalidArgument)
+  /// if it is out of [0, capacity) or already allocated. Nothing changes on a throw.
+  void allocate_at(int slot);
   /// Returns `slot`; throws kda::Error(kInvalidArgument) if it is out of [0, capacity)
   /// ("foreign") or not allocated (double release). Nothing changes on a throw.
   void release(int slot);

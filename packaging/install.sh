@@ -4,14 +4,19 @@
 #   ./bazelw run //:install -- PREFIX        (PREFIX relative to the directory it is run from)
 #
 # Layout:
-#   PREFIX/lib/libkda.so
+#   PREFIX/lib/libkda.so.VERSION             soname libkda.so.MAJOR
+#   PREFIX/lib/libkda.so.MAJOR -> libkda.so.VERSION, PREFIX/lib/libkda.so -> libkda.so.MAJOR
 #   PREFIX/include/kda/<tree path>.h         e.g. include/kda/backend/kda_backend.h
 #   PREFIX/lib/cmake/kda/kdaConfig.cmake     imported target kda::kda (+ kdaConfigVersion.cmake)
 #   PREFIX/lib/pkgconfig/kda.pc
-# The headers are the include closure of the public roots: every "..." include of an installed
-# header is installed too; <...> includes must be the C++ library, the CUDA runtime or fmt (the
-# package's interface dependencies; dlpack/dlpack.h for the C ABI: Debian libdlpack-dev), so an
-# internal dependency cannot leak into the interface.
+# The include directory is PREFIX/include: consumers write #include <kda/backend/kda_backend.h>,
+# so no tree directory of ours (core/, backend/, ...) can clash with an engine's own. The headers
+# are the include closure of the public roots: every "..." include of an installed header is
+# installed too, and rewritten on the way to its installed path ("core/buffer.h" becomes
+# "kda/core/buffer.h"): one include root, resolved from PREFIX/include, while the tree keeps its
+# own paths. <...> includes must be the C++ library, the CUDA runtime or fmt (the package's
+# interface dependencies; dlpack/dlpack.h for the C ABI: Debian libdlpack-dev), so an internal
+# dependency cannot leak into the interface.
 set -euo pipefail
 
 usage() {
@@ -19,10 +24,11 @@ usage() {
   exit 2
 }
 
-version="" cuda_home="" lib="" templates=() roots=()
+version="" soversion="" cuda_home="" lib="" templates=() roots=()
 while (($#)); do
   case $1 in
     --version) version=$2; shift 2 ;;
+    --soversion) soversion=$2; shift 2 ;;
     --cuda-home) cuda_home=$2; shift 2 ;;
     --lib) lib=$2; shift 2 ;;
     --templates) templates=("$2" "$3" "$4"); shift 4 ;;
@@ -68,19 +74,28 @@ while ((${#queue[@]})); do
 done
 
 # ---- install ----
+[[ -n $soversion ]] || usage
 mkdir -p "$prefix/lib/cmake/kda" "$prefix/lib/pkgconfig"
 rm -rf "$prefix/include/kda"  # ours alone: no stale headers from an earlier install
 for h in "${headers[@]}"; do
-  install -D -m 644 "$h" "$prefix/include/kda/$h"
+  mkdir -p "$(dirname "$prefix/include/kda/$h")"
+  # Quoted includes (all of them installed: the closure above) move under kda/.
+  sed -E 's|^([[:space:]]*#[[:space:]]*include[[:space:]]*")([^"]+)"|\1kda/\2"|' "$h" \
+    >"$prefix/include/kda/$h"
+  chmod 644 "$prefix/include/kda/$h"
 done
-install -m 755 "$lib" "$prefix/lib/libkda.so"
+rm -f "$prefix/lib/libkda.so" "$prefix/lib/libkda.so.$soversion" "$prefix/lib/libkda.so."*
+install -m 755 "$lib" "$prefix/lib/libkda.so.$version"
+ln -s "libkda.so.$version" "$prefix/lib/libkda.so.$soversion"
+ln -s "libkda.so.$soversion" "$prefix/lib/libkda.so"
 
 subst() {
-  sed -e "s|@KDA_VERSION@|$version|g" -e "s|@KDA_CUDA_HOME@|$cuda_home|g" "$1" >"$2"
+  sed -e "s|@KDA_VERSION@|$version|g" -e "s|@KDA_SOVERSION@|$soversion|g" \
+    -e "s|@KDA_CUDA_HOME@|$cuda_home|g" "$1" >"$2"
 }
 subst "${templates[0]}" "$prefix/lib/cmake/kda/kdaConfig.cmake"
 subst "${templates[1]}" "$prefix/lib/cmake/kda/kdaConfigVersion.cmake"
 subst "${templates[2]}" "$prefix/lib/pkgconfig/kda.pc"
 
-echo "install: kda $version -> $prefix (lib/libkda.so, ${#headers[@]} headers in include/kda," \
-  "lib/cmake/kda, lib/pkgconfig/kda.pc)"
+echo "install: kda $version -> $prefix (lib/libkda.so.$version, soname libkda.so.$soversion," \
+  "${#headers[@]} headers in include/kda, lib/cmake/kda, lib/pkgconfig/kda.pc)"

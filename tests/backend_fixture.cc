@@ -249,10 +249,13 @@ Harness::Harness(const ModelCase& mc, const EngineFlags& flags, const Platform& 
     : Harness(model_for(mc), flags, platform) {}
 
 Harness::Harness(const ModelConfig& m, const EngineFlags& flags, const Platform& platform)
+    : Harness(m, flags, platform, BackendOptions{}) {}
+
+Harness::Harness(const ModelConfig& m, const EngineFlags& flags, const Platform& platform,
+                 BackendOptions options)
     : model(m),
       counts(std::make_shared<KernelCounts>()),
       launch(std::make_shared<kernels::LaunchOverrides>()) {
-  BackendOptions options;
   options.platform_override = platform;
   options.extra_slots = 1;
   backend = std::make_unique<KdaAttentionBackend>(

@@ -100,6 +100,10 @@ struct Harness {
   Harness(const ModelCase& mc, const EngineFlags& flags, const Platform& platform);
   /// The same with this model (any head dims).
   Harness(const ModelConfig& m, const EngineFlags& flags, const Platform& platform);
+  /// The same with these backend options (engine memory: allocator, external_pool); the
+  /// harness sets platform_override = `platform` and extra_slots = 1 over them.
+  Harness(const ModelConfig& m, const EngineFlags& flags, const Platform& platform,
+          BackendOptions options);
 
   /// Fills the scratch (conv windows, snapshots) and rings with seeded random values (never
   /// zeros), so that a test can see what a round wrote and what it left alone.

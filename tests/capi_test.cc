@@ -8,10 +8,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -850,4 +853,396 @@ TEST_CASE("capi: create validates flags, model and device", "[capi]") {
   CHECK(info.record_mode == KDA_MODE_SNAPSHOT);
   kda_backend_destroy(b);
   kda_backend_destroy(nullptr);
+}
+
+namespace {
+
+// A kda_allocator over host memory that counts what is live.
+struct CAllocatorCounts {
+  std::map<void*, int64_t> live;
+  int allocations = 0, frees = 0, bad_frees = 0, releases = 0;
+  int64_t last_device_type = -1;
+};
+
+void* count_alloc(void* ctx, int64_t bytes, int32_t device_type, int32_t /*device_id*/,
+                  void* /*stream*/) {
+  auto* c = static_cast<CAllocatorCounts*>(ctx);
+  void* p = std::aligned_alloc(256, static_cast<size_t>((bytes + 255) / 256 * 256));
+  c->live[p] = bytes;
+  ++c->allocations;
+  c->last_device_type = device_type;
+  return p;
+}
+
+void count_free(void* ctx, void* ptr, int64_t bytes, int32_t /*device_type*/, int32_t /*device_id*/,
+                void* /*stream*/) {
+  auto* c = static_cast<CAllocatorCounts*>(ctx);
+  const auto it = c->live.find(ptr);
+  if (it == c->live.end() || it->second != bytes) {
+    ++c->bad_frees;
+  } else {
+    c->live.erase(it);
+  }
+  ++c->frees;
+  std::free(ptr);
+}
+
+void count_release(void* ctx) { ++static_cast<CAllocatorCounts*>(ctx)->releases; }
+
+// Every element of a view, packed (views of padded external tensors compare by elements).
+std::vector<uint8_t> packed(const TensorView& v) {
+  std::vector<uint8_t> out;
+  auto take = [&out](const auto& vec) {
+    const auto* p = reinterpret_cast<const uint8_t*>(vec.data());
+    out.assign(p, p + vec.size() * sizeof(vec[0]));
+  };
+  if (v.dtype() == DType::kBF16) {
+    take(to_host_vector<bf16_t>(v));
+  } else if (v.dtype() == DType::kF32) {
+    take(to_host_vector<float>(v));
+  } else {
+    take(to_host_vector<int32_t>(v));
+  }
+  return out;
+}
+
+bool same_pool_elements(kda_backend* c, const KdaStatePool& cpp) {
+  bool same = true;
+  for (const char* name : kPoolNames) {
+    const TensorView want = cpp_pool_view(cpp, name);
+    if (!want.defined()) {
+      continue;
+    }
+    if (packed(pool_view(c, name)) != packed(want)) {
+      UNSCOPED_INFO("pool tensor " << name << " differs");
+      same = false;
+    }
+  }
+  return same;
+}
+
+// An engine-owned [layers, S + 1, ...] tensor with a padded slot pitch (16 bytes), host memory.
+struct Padded {
+  Buffer buf;
+  TensorView view;
+  Padded(DType dt, std::vector<int64_t> shape) : buf() {
+    const int nd = static_cast<int>(shape.size());
+    const int64_t pad = 16 / dtype_size(dt);
+    std::vector<int64_t> strides(static_cast<size_t>(nd), 1);
+    int64_t s = 1;
+    for (int d = nd - 1; d >= 0; --d) {
+      strides[static_cast<size_t>(d)] = s;
+      s *= shape[static_cast<size_t>(d)];
+      if (d == 1 && nd > 2) {
+        strides[1] += pad;
+        s = strides[1] * shape[1];
+      }
+    }
+    buf = Buffer(Device::host(), s * dtype_size(dt));
+    std::memset(buf.data(), 0x77, static_cast<size_t>(buf.bytes()));
+    view = TensorView::strided(buf.data(), dt, Device::host(), shape.data(), strides.data(), nd);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("capi: an engine allocator and an external pool equal the C++ backend bitwise",
+          "[capi]") {
+  for (const bool deferred : {false, true}) {
+    CAPTURE(deferred);
+    Harness h(kGqaCase, /*ring=*/true, Platform{}, /*fused=*/true, deferred);
+    const ModelConfig& m = h.model;
+    const int64_t S = h.pool().num_slots(), D = m.qkv_dim();
+    // The engine owns the state and rings (one spare slot, padded pitches); the rest comes from
+    // its allocator.
+    Padded conv(DType::kBF16, {kLayers, S + 1, 3, D}),
+        ssm(DType::kF32, {kLayers, S + 1, 4, 64, 64});
+    Padded rawv(DType::kBF16, {kLayers, S + 1, 4, 8, 64}),
+        rawk(DType::kBF16, {kLayers, S + 1, 2, 8, 64});
+    Padded g(DType::kF32, {kLayers, S + 1, 4, 8, 64}), beta(DType::kF32, {kLayers, S + 1, 4, 8});
+    const Dl conv_dl(conv.view), ssm_dl(ssm.view), rawv_dl(rawv.view), rawk_dl(rawk.view),
+        g_dl(g.view), beta_dl(beta.view);
+    kda_state_tensors external{};
+    external.conv_state = conv_dl.dl();
+    external.ssm_state = ssm_dl.dl();
+    external.ring_rawv = rawv_dl.dl();
+    external.ring_rawk = rawk_dl.dl();
+    external.ring_g = g_dl.dl();
+    external.ring_beta = beta_dl.dl();
+    CAllocatorCounts counts;
+    const kda_allocator allocator{&counts, count_alloc, count_free, count_release};
+    kda_backend_options options{};
+    options.extra_slots = 1;
+    options.allocator = &allocator;
+    options.external_pool = &external;
+    const kda_model_config cm = c_model(m);
+    const std::vector<std::string> flags = flag_strings(true, deferred);
+    const std::vector<const char*> argv = c_strs(flags);
+    kda_backend* c = nullptr;
+    REQUIRE(kda_backend_create(&cm, argv.data(), static_cast<int>(argv.size()), "host", &options,
+                               &c) == KDA_OK);
+    CHECK(counts.last_device_type == kDLCPU);
+    for (int layer = 0; layer < kLayers; ++layer) {
+      const LayerWeights& w = h.weights[static_cast<size_t>(layer)].views;
+      const Dl A_log(w.A_log), dt_bias(w.dt_bias), cw(w.conv_weight), cb(w.conv_bias);
+      REQUIRE(kda_set_layer_weights(c, layer, A_log.dl(), dt_bias.dl(), cw.dl(), cb.dl()) ==
+              KDA_OK);
+    }
+    // The engine wrote its state itself and claims its slots by number, last first.
+    from_host_vector(to_host_vector<bf16_t>(h.pool().conv_state_all()), conv.view.narrow(1, 0, S));
+    from_host_vector(to_host_vector<float>(h.pool().ssm_state_all()), ssm.view.narrow(1, 0, S));
+    for (int32_t slot = static_cast<int32_t>(S) - 1; slot >= 0; --slot) {
+      REQUIRE(kda_claim_slot(c, slot, KDA_SLOT_KEEP_STATE, nullptr) == KDA_OK);
+    }
+    CHECK(kda_claim_slot(c, 2, KDA_SLOT_ZERO, nullptr) == KDA_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(kda_last_error()) ==
+          "claim_slot: slot 2 is already allocated (release it first)");
+    CHECK(kda_claim_slot(c, 2, 5, nullptr) == KDA_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(kda_last_error()).find("claim_slot: init = 5 unknown") == 0);
+    // The rings are scratch the rounds overwrite; both start from the C++ backend's.
+    for (const char* name : {"ring_rawv", "ring_rawk", "ring_g", "ring_beta"}) {
+      const TensorView src = cpp_pool_view(h.pool(), name), dst = pool_view(c, name);
+      if (src.dtype() == DType::kBF16) {
+        from_host_vector(to_host_vector<bf16_t>(src), dst);
+      } else {
+        from_host_vector(to_host_vector<float>(src), dst);
+      }
+    }
+    REQUIRE(same_pool_elements(c, h.pool()));
+
+    kda_memory_report r{};
+    REQUIRE(kda_memory_report_get(c, &r) == KDA_OK);
+    int64_t live = 0;
+    for (const auto& [p, b] : counts.live) {
+      live += b;
+    }
+    CHECK(r.from_allocator == 1);
+    CHECK(r.allocated_bytes == live);  // every byte the backend owns came from the allocator
+    CHECK(r.external_bytes ==
+          r.conv_state_bytes + r.ssm_state_bytes +
+              kLayers * S * (4 * 8 * 64 * 2 + 2 * 8 * 64 * 2 + 4 * 8 * 64 * 4 + 4 * 8 * 4));
+    CHECK(r.pool_bytes == r.conv_state_bytes + r.ssm_state_bytes + r.ring_bytes +
+                              r.conv_window_bytes + r.snapshot_bytes + r.qkv_act_bytes);
+    CHECK(r.total_bytes == r.pool_bytes + r.workspace_bytes);
+    CHECK(r.allocated_bytes + r.external_bytes == r.total_bytes);
+    CHECK(r.pool_bytes == h.backend->memory_report().total_bytes);
+    CHECK(kda_memory_report_get(c, nullptr) == KDA_ERROR_INVALID_ARGUMENT);
+
+    BatchSpec ragged{kT, {3, -1, 1}, {2, 0, 1}};
+    ragged.lengths = {2, 1, kT};
+    const std::vector<Activations> x1 = verify_shaped_all(h, ragged, 5);
+    CHECK(c_verify_all(c, ragged, x1));
+    commit_both(h, c, {2, 1, 3});
+    CHECK(same_pool_elements(c, h.pool()));
+    const BatchSpec dense{kT, {0, 4, 2}, {}};
+    const std::vector<Activations> x2 = verify_all(h, dense, 6);
+    CHECK(c_verify_all(c, dense, x2));
+    commit_both(h, c, {4, 1, 2});
+    const std::vector<int32_t> all = {0, 1, 2, 3, 4};
+    h.backend->materialize(all, nullptr);
+    REQUIRE(kda_materialize(c, all.data(), 5, nullptr) == KDA_OK);
+    CHECK(same_pool_elements(c, h.pool()));
+    // The spare slot and the padding are the engine's: untouched.
+    const auto spare = packed(ssm.view.select(1, S));
+    CHECK(std::all_of(spare.begin(), spare.end(), [](uint8_t b) { return b == 0x77; }));
+    kda_backend_destroy(c);
+    CHECK(counts.live.empty());
+    CHECK(counts.bad_frees == 0);
+    CHECK(counts.releases == 1);
+    CHECK(counts.frees == counts.allocations);
+  }
+}
+
+TEST_CASE("capi: engine memory errors name the argument and leave nothing behind", "[capi]") {
+  const ModelConfig m = model_for(kGqaCase);
+  const kda_model_config cm = c_model(m);
+  const std::vector<std::string> flags = flag_strings(true, false);
+  const std::vector<const char*> argv = c_strs(flags);
+  CAllocatorCounts counts;
+  kda_allocator allocator{&counts, count_alloc, nullptr, count_release};
+  kda_backend_options options{};
+  options.allocator = &allocator;
+  options.extra_slots = 1;  // S = 5
+  kda_backend* c = nullptr;
+  auto create = [&] {
+    return kda_backend_create(&cm, argv.data(), static_cast<int>(argv.size()), "host", &options,
+                              &c);
+  };
+  CHECK(create() == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(kda_last_error()) ==
+        "create: options.allocator: alloc and free must both be given (alloc set, free NULL)");
+  allocator.free = count_free;
+  // A wrong dtype, a wrong shape: named, nothing allocated, the allocator released.
+  Padded ssm(DType::kF32, {kLayers, 5, 4, 64, 64});
+  Dl ssm_dl(ssm.view);
+  ssm_dl.t.dtype = DLDataType{kDLInt, 64, 1};
+  kda_state_tensors external{};
+  external.ssm_state = ssm_dl.dl();
+  options.external_pool = &external;
+  CHECK(create() == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(kda_last_error()) ==
+        "create: external_pool.ssm_state: dtype int64 unsupported, expected bfloat16 or float32 "
+        "or int32");
+  const Dl short_dl(ssm.view.narrow(1, 0, 4));
+  external.ssm_state = short_dl.dl();
+  CHECK(create() == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(kda_last_error()) ==
+        "external_pool.ssm_state: expected shape [2, >= 5, 4, 64, 64], got [2, 4, 4, 64, 64] (too "
+        "small, or another layout)");
+  CHECK(c == nullptr);
+  CHECK(counts.allocations == 0);
+  CHECK(counts.releases == 3);  // each failed create let its allocator go
+
+  // The ops: a NULL op, a wrong state dtype, named.
+  CHECK(kda_op_verify(nullptr, nullptr, nullptr) == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(kda_last_error()) == "ops.verify: op is NULL");
+  kda_verify_op op{};
+  CHECK(kda_op_verify(&op, nullptr, nullptr) == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(kda_last_error()).find("ops.verify: mixed_qkv: NULL DLTensor") == 0);
+  kda_commit_op cop{};
+  CHECK(kda_op_commit(&cop, nullptr, nullptr) == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(kda_last_error()) == "ops.commit: state.ssm_state: NULL DLTensor");
+  CHECK(kda_op_materialize(nullptr, nullptr, nullptr) == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(kda_last_error()) == "ops.materialize: state is NULL");
+}
+
+TEST_CASE("capi: kda_op_verify / kda_op_commit / kda_op_materialize equal the C++ backend",
+          "[capi]") {
+  for (const bool deferred : {false, true}) {
+    CAPTURE(deferred);
+    Harness h(kGqaCase, /*ring=*/true, Platform{}, /*fused=*/true, deferred);
+    h.fill_scratch(2);
+    const KdaStatePool& p = h.pool();
+    // The engine's copy of the pool (its own buffers), packed.
+    std::vector<Buffer> owned;
+    auto copy = [&](const TensorView& v) {
+      if (!v.defined()) {
+        return TensorView();
+      }
+      owned.emplace_back(Device::host(), v.span_bytes());
+      std::memcpy(owned.back().data(), v.data(), static_cast<size_t>(v.span_bytes()));
+      std::vector<int64_t> shape, strides;
+      for (int d = 0; d < v.ndim(); ++d) {
+        shape.push_back(v.size(d));
+        strides.push_back(v.stride(d));
+      }
+      return TensorView::strided(owned.back().data(), v.dtype(), Device::host(), shape.data(),
+                                 strides.data(), v.ndim());
+    };
+    owned.reserve(16);
+    const TensorView conv = copy(p.conv_state_all()), ssm = copy(p.ssm_state_all());
+    const TensorView window = copy(p.conv_window_all()), act = copy(p.qkv_act());
+    const TensorView rawv = copy(p.ring_rawv_all()), rawk = copy(p.ring_rawk_all());
+    const TensorView g = copy(p.ring_g_all()), beta = copy(p.ring_beta_all());
+    const TensorView cursor = deferred ? copy(p.ring_cursor()) : TensorView();
+    const TensorView pending = deferred ? copy(p.ring_pending_all()) : TensorView();
+    const TensorView u = deferred ? copy(p.ring_u_all()) : TensorView();
+    for (int round = 0; round < 2; ++round) {
+      CAPTURE(round);
+      BatchSpec ragged{kT, {3, -1, 1}, {2, 0, 1}};
+      ragged.lengths = {2, 1, kT};
+      const std::vector<Activations> x = verify_shaped_all(h, ragged, 9 + round);
+      const Commit slots(ragged.slots), rows(ragged.rows), qsl({0, 2, 3, 3 + kT});
+      kda_batch_tensors batch{};
+      batch.T = kT;
+      const Dl slots_dl(slots.view), rows_dl(rows.view), qsl_dl(qsl.view);
+      batch.slots = slots_dl.dl();
+      batch.rows = rows_dl.dl();
+      batch.query_start_loc = qsl_dl.dl();
+      for (int layer = 0; layer < kLayers; ++layer) {
+        const Activations& xa = x[static_cast<size_t>(layer)];
+        const LayerWeights& w = h.weights[static_cast<size_t>(layer)].views;
+        Buffer out(Device::host(), xa.out_view.span_bytes());
+        const TensorView out_view =
+            out.view(DType::kBF16, {xa.out_view.size(0), xa.out_view.size(1), xa.out_view.size(2)});
+        const Dl qkv(xa.in.mixed_qkv), a(xa.in.a), b(xa.in.b), o(out_view);
+        const Dl A_log(w.A_log), dt_bias(w.dt_bias), cw(w.conv_weight), cb(w.conv_bias);
+        const Dl c_dl(conv.select(0, layer)), s_dl(ssm.select(0, layer)),
+            w_dl(window.select(0, layer)), act_dl(act), rv(rawv.select(0, layer)),
+            rk(rawk.select(0, layer)), gg(g.select(0, layer)), bt(beta.select(0, layer));
+        kda_verify_op op{};
+        op.mixed_qkv = qkv.dl();
+        op.a = a.dl();
+        op.b = b.dl();
+        op.out = o.dl();
+        op.A_log = A_log.dl();
+        op.dt_bias = dt_bias.dl();
+        op.conv_weight = cw.dl();
+        op.conv_bias = cb.dl();
+        op.state.conv_state = c_dl.dl();
+        op.state.ssm_state = s_dl.dl();
+        op.state.conv_window = w_dl.dl();
+        op.state.qkv_act = act_dl.dl();
+        op.state.ring_rawv = rv.dl();
+        op.state.ring_rawk = rk.dl();
+        op.state.ring_g = gg.dl();
+        op.state.ring_beta = bt.dl();
+        std::vector<Dl> deferred_dls;
+        if (deferred) {
+          deferred_dls.reserve(3);
+          deferred_dls.emplace_back(cursor);
+          deferred_dls.emplace_back(pending.select(0, layer));
+          deferred_dls.emplace_back(u.select(0, layer));
+          op.state.ring_cursor = deferred_dls[0].dl();
+          op.state.ring_pending = deferred_dls[1].dl();
+          op.state.ring_u = deferred_dls[2].dl();
+        }
+        op.batch = batch;
+        op.gate = KDA_GATE_STANDARD;
+        op.fused_verify = 1;
+        op.fused_ring_max_batch = 1;
+        kda_dispatch_info info{};
+        REQUIRE(kda_op_verify(&op, nullptr, &info) == KDA_OK);
+        const DispatchDecision d = *h.backend->stats().last_decision[static_cast<size_t>(layer)];
+        CHECK(info.fused == (d.fused() ? 1 : 0));
+        CHECK(std::string(info.reason) == dispatch_reason_name(d.reason));
+        CHECK(same_bits(out_view, xa.out_view));
+      }
+      const std::vector<int32_t> accepted = {2, 1, 3};
+      commit(h, accepted);
+      const Commit acc(accepted), checked({0, 0, 0});
+      const Dl acc_dl(acc.view), checked_dl(checked.view);
+      const Dl c_dl(conv), s_dl(ssm), w_dl(window), rv(rawv), rk(rawk), gg(g), bt(beta);
+      kda_commit_op cop{};
+      cop.state.conv_state = c_dl.dl();
+      cop.state.ssm_state = s_dl.dl();
+      cop.state.conv_window = w_dl.dl();
+      cop.state.ring_rawv = rv.dl();
+      cop.state.ring_rawk = rk.dl();
+      cop.state.ring_g = gg.dl();
+      cop.state.ring_beta = bt.dl();
+      std::vector<Dl> deferred_dls;
+      if (deferred) {
+        deferred_dls.reserve(3);
+        deferred_dls.emplace_back(cursor);
+        deferred_dls.emplace_back(pending);
+        deferred_dls.emplace_back(u);
+        cop.state.ring_cursor = deferred_dls[0].dl();
+        cop.state.ring_pending = deferred_dls[1].dl();
+        cop.state.ring_u = deferred_dls[2].dl();
+      }
+      cop.batch = batch;
+      cop.accepted_lengths = acc_dl.dl();
+      cop.checked_accepted = checked_dl.dl();
+      kda_commit_info info{};
+      REQUIRE(kda_op_commit(&cop, nullptr, &info) == KDA_OK);
+      CHECK(info.deferred == (deferred ? 1 : 0));
+      CHECK(std::string(info.reason) == (deferred ? "deferred_record" : "ring_fold"));
+      if (round == 1 && deferred) {
+        const std::vector<int32_t> every = {0, 1, 2, 3, 4};
+        h.backend->materialize(every, nullptr);
+        const Commit all(every);
+        const Dl all_dl(all.view);
+        REQUIRE(kda_op_materialize(&cop.state, all_dl.dl(), nullptr) == KDA_OK);
+      }
+      CHECK(same_bits(conv, bytes_of(p.conv_state_all())));
+      CHECK(same_bits(ssm, bytes_of(p.ssm_state_all())));
+      CHECK(same_bits(rawk, bytes_of(p.ring_rawk_all())));
+      CHECK(same_bits(window, bytes_of(p.conv_window_all())));
+      if (deferred) {
+        CHECK(same_bits(pending, bytes_of(p.ring_pending_all())));
+        CHECK(same_bits(cursor, bytes_of(p.ring_cursor())));
+      }
+    }
+  }
 }

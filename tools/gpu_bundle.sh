@@ -13,7 +13,8 @@ build_flags=("$@")
 
 mapfile -t tests < <(./bazelw query --noshow_progress 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null)
 mapfile -t tools < <(./bazelw query --noshow_progress 'attr(tags, "\bgpu_tool\b", kind(cc_binary, //...))' 2>/dev/null)
-./bazelw build --noshow_progress "${build_flags[@]}" "${tests[@]}" "${tools[@]}" >&2
+./bazelw build --noshow_progress "${build_flags[@]}" "${tests[@]}" "${tools[@]}" \
+  //capi:libkda_c.so >&2
 
 rm -rf "$out"
 mkdir -p "$out/tests" "$out/tools" "$out/lib"
@@ -26,10 +27,17 @@ copy_target() {  # //pkg:name -> bazel-bin/pkg/name
 }
 for t in "${tests[@]}"; do copy_target "$t" "$out/tests"; done
 for t in "${tools[@]}"; do copy_target "$t" "$out/tools"; done
+# The Python package, its tests and the C ABI library (python/tests/test_torch_cuda.py):
+#   LD_LIBRARY_PATH=OUT/lib python3 OUT/python/tests/test_torch_cuda.py \
+#     --replay OUT/tools/kda_replay --library OUT/lib/libkda_c.so
+install -m 0755 bazel-bin/capi/libkda_c.so "$out/lib/"
+mkdir -p "$out/python/kda" "$out/python/tests"
+cp python/kda/*.py "$out/python/kda/"
+cp python/tests/*.py "$out/python/tests/"
 
 # Shared libraries outside libc/libstdc++ that the binaries need (spdlog, fmt).
 shopt -s nullglob
-for bin in "$out"/tests/* "$out"/tools/*; do
+for bin in "$out"/tests/* "$out"/tools/* "$out"/lib/libkda_c.so; do
   ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'libspdlog|libfmt' || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
 

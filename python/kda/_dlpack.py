@@ -1,6 +1,11 @@
 """DLPack (v0.6) structs and the capsule protocol over ctypes.
 
-Import: ``as_dltensor`` turns any object with ``__dlpack__`` into a ``DLTensor`` for one C call.
+Import: ``as_dltensor`` turns a tensor into a ``DLTensor`` for one C call. A torch.Tensor (torch
+already imported by the caller) is described straight from its metadata (data_ptr, shape, stride,
+dtype, device): no ``__dlpack__``, no capsule, no event or stream synchronisation; the caller
+orders the tensor on the call's stream (the package's default stream is torch's current one, on
+which torch orders its own work). Any other object with ``__dlpack__`` (and a torch tensor wrapped
+in ``kda.via_dlpack``) goes through its capsule, with the call's stream for CUDA producers.
 The capsule is not consumed (its name stays "dltensor"): whoever holds the returned ``Borrowed``
 keeps the capsule, and through it the producer's memory, alive; when it is dropped the capsule's
 own destructor (the producer's) calls the managed tensor's deleter, as DLPack specifies for an
@@ -12,6 +17,7 @@ deleter, or until the capsule dies unconsumed.
 """
 
 import ctypes
+import sys
 
 kDLCPU = 1
 kDLCUDA = 2
@@ -86,8 +92,9 @@ def dtype_name(dt):
 
 
 class Borrowed:
-    """A DLTensor copied out of a producer's capsule; keeps the capsule (and so the producer's
-    memory) alive while referenced. ``ptr`` is what the C call takes."""
+    """A DLTensor copied out of a producer's capsule (or built from a torch tensor's metadata);
+    keeps the capsule (or the shape / stride arrays) and the producer's memory alive while
+    referenced. ``ptr`` is what the C call takes."""
 
     __slots__ = ("tensor", "capsule", "source")
 
@@ -101,12 +108,75 @@ class Borrowed:
         return ctypes.byref(self.tensor)
 
 
-def as_dltensor(obj, where, stream=None, dtype_override=None):
-    """``obj.__dlpack__()`` as a Borrowed DLTensor. ``where`` names the argument in errors
-    (raised as TypeError/ValueError by the caller's wrapper). ``stream``: the consumer's CUDA
-    stream handle for CUDA producers (DLPack: 1 = the legacy default stream). A
-    ``dtype_override`` (DLDataType) reinterprets a 16-bit integer tensor, e.g. numpy uint16 as
-    bfloat16 (numpy has no bfloat16)."""
+# torch dtypes (by name, so torch is never imported here) as DLPack dtypes.
+_TORCH_DTYPES = {
+    "torch.bfloat16": (kDLBfloat, 16), "torch.float16": (kDLFloat, 16),
+    "torch.float32": (kDLFloat, 32), "torch.float64": (kDLFloat, 64),
+    "torch.int32": (kDLInt, 32), "torch.int64": (kDLInt, 64), "torch.int16": (kDLInt, 16),
+    "torch.int8": (kDLInt, 8), "torch.uint8": (kDLUInt, 8), "torch.uint16": (kDLUInt, 16),
+}
+
+
+def is_torch_tensor(obj):
+    """Whether obj is a torch.Tensor (False when torch was never imported)."""
+    torch = sys.modules.get("torch")
+    tensor_type = getattr(torch, "Tensor", None) if torch is not None else None
+    return isinstance(tensor_type, type) and isinstance(obj, tensor_type)
+
+
+def torch_device(obj):
+    """A torch tensor's (DLPack device type, index)."""
+    dev = obj.device
+    if dev.type == "cuda":
+        return kDLCUDA, 0 if dev.index is None else int(dev.index)
+    if dev.type == "cpu":
+        return kDLCPU, 0
+    raise ValueError(f"a tensor on torch device {dev}, expected cpu or cuda")
+
+
+def from_torch(obj, where, dtype_override=None):
+    """A torch tensor's DLTensor from its metadata (no __dlpack__, no synchronisation)."""
+    layout = str(getattr(obj, "layout", "torch.strided"))
+    if layout != "torch.strided":
+        raise ValueError(f"{where}: a {layout} tensor, expected a strided (dense) one")
+    code_bits = _TORCH_DTYPES.get(str(obj.dtype))
+    if code_bits is None:
+        raise ValueError(f"{where}: torch dtype {obj.dtype} has no DLPack equivalent here")
+    device_type, device_id = torch_device(obj)
+    shape = tuple(int(x) for x in obj.shape)
+    strides = tuple(int(x) for x in obj.stride())
+    ndim = len(shape)
+    shape_arr = (ctypes.c_int64 * max(ndim, 1))(*shape)
+    strides_arr = (ctypes.c_int64 * max(ndim, 1))(*strides)
+    tensor = DLTensor()
+    tensor.data = int(obj.data_ptr()) or None
+    tensor.device = DLDevice(device_type, device_id)
+    tensor.ndim = ndim
+    tensor.dtype = DLDataType(code_bits[0], code_bits[1], 1)
+    tensor.shape = ctypes.cast(shape_arr, ctypes.POINTER(ctypes.c_int64))
+    tensor.strides = ctypes.cast(strides_arr, ctypes.POINTER(ctypes.c_int64))
+    tensor.byte_offset = 0
+    if dtype_override is not None:
+        _override(tensor, dtype_override, where)
+    return Borrowed(tensor, (shape_arr, strides_arr), obj)
+
+
+def _override(tensor, dtype_override, where):
+    got = tensor.dtype
+    if got.bits != 16 or got.lanes != 1 or got.code not in (kDLInt, kDLUInt):
+        raise ValueError(f"{where}: bf16() reinterprets 16-bit integer tensors, got "
+                         f"{dtype_name(got)}")
+    tensor.dtype = dtype_override
+
+
+def as_dltensor(obj, where, stream=None, dtype_override=None, force_dlpack=False):
+    """``obj.__dlpack__()`` as a Borrowed DLTensor (a torch tensor: from_torch, unless
+    ``force_dlpack``). ``where`` names the argument in errors (raised as TypeError/ValueError by
+    the caller's wrapper). ``stream``: the consumer's CUDA stream handle for CUDA producers
+    (DLPack: 1 = the legacy default stream, -1 = no synchronisation). A ``dtype_override`` (DLDataType) reinterprets a
+    16-bit integer tensor, e.g. numpy uint16 as bfloat16 (numpy has no bfloat16)."""
+    if not force_dlpack and is_torch_tensor(obj):
+        return from_torch(obj, where, dtype_override)
     if not hasattr(obj, "__dlpack__"):
         raise TypeError(f"{where}: expected a tensor with __dlpack__ (numpy array, torch "
                         f"tensor), got {type(obj).__name__}")
@@ -122,11 +192,7 @@ def as_dltensor(obj, where, stream=None, dtype_override=None):
     managed = ctypes.cast(_GetPointer(capsule, _CAPSULE_NAME), ctypes.POINTER(DLManagedTensor))
     tensor = DLTensor.from_buffer_copy(managed.contents.dl_tensor)
     if dtype_override is not None:
-        got = tensor.dtype
-        if got.bits != 16 or got.lanes != 1 or got.code not in (kDLInt, kDLUInt):
-            raise ValueError(f"{where}: bf16() reinterprets 16-bit integer tensors, got "
-                             f"{dtype_name(got)}")
-        tensor.dtype = dtype_override
+        _override(tensor, dtype_override, where)
     return Borrowed(tensor, capsule, obj)
 
 

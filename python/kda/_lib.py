@@ -7,11 +7,11 @@ import sys
 
 from ._dlpack import DLTensor
 
-ABI_VERSION = 2  # KDA_C_ABI_VERSION of the header this package was written against
+ABI_VERSION = 3  # KDA_C_ABI_VERSION of the header this package was written against
 
 # Library file names, most specific first: the C ABI library of the Bazel tree, then the
-# installed libkda.so (which exports the same kda_* symbols).
-_NAMES = ("libkda_c.so", "libkda.so")
+# installed libkda.so (its soname libkda.so.0; it exports the same kda_* symbols).
+_NAMES = ("libkda_c.so", "libkda.so", "libkda.so.0")
 
 
 class ModelConfig(ctypes.Structure):
@@ -28,8 +28,67 @@ class ModelConfig(ctypes.Structure):
     ]
 
 
+AllocFn = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
+                           ctypes.c_int32, ctypes.c_void_p)
+FreeFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
+                          ctypes.c_int32, ctypes.c_void_p)
+ReleaseFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class Allocator(ctypes.Structure):
+    _fields_ = [("ctx", ctypes.c_void_p), ("alloc", AllocFn), ("free", FreeFn),
+                ("release", ReleaseFn)]
+
+
+_dl = ctypes.POINTER(DLTensor)
+
+STATE_TENSORS = ("conv_state", "ssm_state", "conv_window", "snapshots", "ring_rawv", "ring_rawk",
+                 "ring_g", "ring_beta", "ring_cursor", "ring_pending", "ring_u", "qkv_act")
+
+
+class StateTensors(ctypes.Structure):
+    _fields_ = [(name, _dl) for name in STATE_TENSORS]
+
+
 class BackendOptions(ctypes.Structure):
-    _fields_ = [("memory_budget_bytes", ctypes.c_int64), ("extra_slots", ctypes.c_int32)]
+    _fields_ = [("memory_budget_bytes", ctypes.c_int64), ("extra_slots", ctypes.c_int32),
+                ("allocator", ctypes.POINTER(Allocator)), ("allocation_stream", ctypes.c_void_p),
+                ("external_pool", ctypes.POINTER(StateTensors))]
+
+
+MEMORY_REPORT_FIELDS = (
+    "total_bytes", "pool_bytes", "conv_state_bytes", "ssm_state_bytes", "ring_bytes",
+    "conv_window_bytes", "snapshot_bytes", "qkv_act_bytes", "workspace_bytes", "allocated_bytes",
+    "external_bytes", "bytes_per_slot", "bytes_per_row", "snapshot_mode_total_bytes",
+    "ring_mode_total_bytes")
+
+
+class MemoryReport(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in MEMORY_REPORT_FIELDS] + [
+        ("from_allocator", ctypes.c_int32)]
+
+
+class BatchTensors(ctypes.Structure):
+    _fields_ = [("T", ctypes.c_int32), ("slots", _dl), ("rows", _dl), ("query_start_loc", _dl),
+                ("parents", _dl)]
+
+
+class VerifyOp(ctypes.Structure):
+    _fields_ = [(name, _dl) for name in ("mixed_qkv", "a", "b", "out", "A_log", "dt_bias",
+                                         "conv_weight", "conv_bias")] + [
+        ("state", StateTensors), ("batch", BatchTensors), ("gate", ctypes.c_int32),
+        ("lower_bound", ctypes.c_float), ("fused_verify", ctypes.c_int32),
+        ("fused_ring_max_batch", ctypes.c_int32), ("block_v", ctypes.c_int32)]
+
+
+class CommitOp(ctypes.Structure):
+    _fields_ = [("state", StateTensors), ("batch", BatchTensors)] + [
+        (name, _dl) for name in ("accepted_lengths", "accepted_paths", "track_slots",
+                                 "track_steps", "checked_accepted", "error_flag")]
+
+
+class CommitInfo(ctypes.Structure):
+    _fields_ = [("deferred", ctypes.c_int32), ("reason", ctypes.c_char_p)]
 
 
 class DispatchInfo(ctypes.Structure):
@@ -47,7 +106,6 @@ class BackendInfo(ctypes.Structure):
 _p = ctypes.c_void_p
 _i32 = ctypes.c_int32
 _i32p = ctypes.POINTER(ctypes.c_int32)
-_dl = ctypes.POINTER(DLTensor)
 
 _SIGNATURES = {
     "kda_abi_version": (ctypes.c_int, []),
@@ -80,6 +138,11 @@ _SIGNATURES = {
     "kda_backend_info_get": (ctypes.c_int, [_p, ctypes.POINTER(BackendInfo)]),
     "kda_round_state": (ctypes.c_int, [_p, ctypes.POINTER(ctypes.c_char_p)]),
     "kda_pool_view": (ctypes.c_int, [_p, ctypes.c_char_p, ctypes.c_int, _dl]),
+    "kda_claim_slot": (ctypes.c_int, [_p, _i32, _i32, _p]),
+    "kda_memory_report_get": (ctypes.c_int, [_p, ctypes.POINTER(MemoryReport)]),
+    "kda_op_verify": (ctypes.c_int, [ctypes.POINTER(VerifyOp), _p, ctypes.POINTER(DispatchInfo)]),
+    "kda_op_commit": (ctypes.c_int, [ctypes.POINTER(CommitOp), _p, ctypes.POINTER(CommitInfo)]),
+    "kda_op_materialize": (ctypes.c_int, [ctypes.POINTER(StateTensors), _dl, _p]),
 }
 
 

@@ -1,26 +1,35 @@
 // kda_consumer.cc: an engine's use of the installed package (tests/consumer/CMakeLists.txt,
-// run by .ci/run). Two backends on the host kernel set (make_kernel_set(Device::host())) share
-// weights, initial state and activations: one records per-step snapshots, the other the
-// ReplaySSM ring with the deferred commit (EngineFlags::replayssm_spec, deferred_commit). Three
-// rounds of verify -> commit (the later ones verify from the committed state) must give bitwise
-// equal outputs, and after materialize() the ring backend's committed conv and SSM state must
-// equal the snapshot backend's bitwise. Also checks that a kda::Error thrown inside libkda.so is
-// caught here by its type and code. Exit status 0 and "kda_consumer: OK" on success.
+// run by .ci/run). Three backends on the host kernel set (make_kernel_set(Device::host())) share
+// weights, initial state and activations: one records per-step snapshots, the other two the
+// ReplaySSM ring with the deferred commit (EngineFlags::replayssm_spec, deferred_commit), the
+// third on engine-owned memory: its conv and SSM state in the engine's own tensors
+// (BackendOptions::external_pool, slots claimed by number), the rest from the engine's allocator
+// (a kda::Allocator subclass defined here). Three rounds of verify -> commit (the later ones
+// verify from the committed state) must give bitwise equal outputs; the ring backends'
+// committed state, materialized (the engine one through kda::ops::materialize on its own
+// tensors), must equal the snapshot backend's bitwise, and every allocator block must be
+// returned. Also checks that a kda::Error thrown inside libkda.so is caught here by its type and
+// code. Headers come as <kda/...> (the include dir is PREFIX/include). Exit status 0 and
+// "kda_consumer: OK" on success.
 //
 // Usage: kda_consumer [host|cuda]. CI runs the host kernel set (the default); `cuda` puts every
 // buffer and both kernel sets on cuda:0 (make_kernel_set), for a GPU host.
+#include <kda/backend/kda_backend.h>
+#include <kda/backend/kernel_set_factory.h>
+#include <kda/backend/ops.h>
+#include <kda/core/allocator.h>
+#include <kda/core/buffer.h>
+#include <kda/core/error.h>
+#include <kda/kernels/kernel_set.h>
+
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include "backend/kda_backend.h"
-#include "backend/kernel_set_factory.h"
-#include "core/buffer.h"
-#include "core/error.h"
-#include "kernels/kernel_set.h"
 
 namespace {
 
@@ -115,21 +124,77 @@ Weights make_weights(const kda::ModelConfig& m, uint64_t seed) {
   return w;
 }
 
-// A backend on the host kernel set with every slot allocated and the given initial state.
+// The engine's allocator: host or CUDA memory, counted.
+class EngineAllocator final : public kda::Allocator {
+ public:
+  void* allocate(int64_t bytes, const kda::Device& device, cudaStream_t /*stream*/) override {
+    void* p = nullptr;
+    if (device.is_cuda()) {
+      if (cudaMalloc(&p, static_cast<size_t>(bytes)) != cudaSuccess) {
+        return nullptr;
+      }
+    } else {
+      p = std::aligned_alloc(256, static_cast<size_t>((bytes + 255) / 256 * 256));
+    }
+    live[p] = bytes;
+    return p;
+  }
+  void deallocate(void* p, int64_t bytes, const kda::Device& device,
+                  cudaStream_t /*stream*/) noexcept override {
+    bad_frees += live.erase(p) == 1 && bytes > 0 ? 0 : 1;
+    if (device.is_cuda()) {
+      cudaFree(p);
+    } else {
+      std::free(p);
+    }
+  }
+  std::map<void*, int64_t> live;
+  int bad_frees = 0;
+};
+
+// The engine's own state tensors: [layers, kSlots + 1, ...] (a spare slot), packed.
+struct EngineState {
+  Buffer conv, ssm;
+  kda::ExternalPoolTensors tensors;
+};
+
+EngineState make_engine_state(const kda::ModelConfig& m) {
+  const int64_t S1 = kSlots + 1, D = m.qkv_dim();
+  EngineState e{Buffer(g_device, kLayers * S1 * 3 * D * 2),
+                Buffer(g_device, kLayers * S1 * m.HV * m.V * m.K * 4),
+                {}};
+  e.tensors.conv_state = e.conv.view(DType::kBF16, {kLayers, S1, 3, D});
+  e.tensors.ssm_state = e.ssm.view(DType::kF32, {kLayers, S1, m.HV, m.V, m.K});
+  return e;
+}
+
+// A backend on the host kernel set with every slot allocated and the given initial state;
+// `options`: engine-owned memory (then the slots are claimed by number, last first).
 std::unique_ptr<kda::KdaAttentionBackend> make_backend(const kda::ModelConfig& m, bool ring,
-                                                       const std::vector<Weights>& weights) {
-  auto backend = std::make_unique<kda::KdaAttentionBackend>(m, engine_flags(ring),
-                                                            kda::make_kernel_set(g_device));
+                                                       const std::vector<Weights>& weights,
+                                                       const kda::BackendOptions& options = {}) {
+  auto backend = std::make_unique<kda::KdaAttentionBackend>(
+      m, engine_flags(ring), kda::make_kernel_set(g_device), options);
   for (int layer = 0; layer < kLayers; ++layer) {
     backend->set_layer_weights(layer, weights[static_cast<size_t>(layer)].views);
-  }
-  for (int s = 0; s < kSlots; ++s) {
-    backend->allocate_slot();
   }
   Lcg rng(7);
   const kda::KdaStatePool& pool = backend->pool();
   kda::from_host_vector(rng.bf16s(pool.conv_state_all().numel(), 0.5f), pool.conv_state_all());
   kda::from_host_vector(rng.floats(pool.ssm_state_all().numel(), 0.2f), pool.ssm_state_all());
+  for (int s = kSlots - 1; s >= 0; --s) {
+    if (options.external_pool.any()) {
+      backend->claim_slot(s, kda::SlotInit::kKeepState, nullptr);  // the engine's numbers
+    } else {
+      backend->allocate_slot();
+    }
+  }
+  if (!options.external_pool.any()) {
+    // allocate_slot zeroed them: the same initial state again.
+    Lcg again(7);
+    kda::from_host_vector(again.bf16s(pool.conv_state_all().numel(), 0.5f), pool.conv_state_all());
+    kda::from_host_vector(again.floats(pool.ssm_state_all().numel(), 0.2f), pool.ssm_state_all());
+  }
   return backend;
 }
 
@@ -147,15 +212,18 @@ struct Round {
 // Verifies every layer of `round` on both backends with the same activations, compares the
 // outputs bitwise, then commits `round.accepted` on both.
 void run_round(const kda::ModelConfig& m, const Round& round, int index,
-               kda::KdaAttentionBackend& snap, kda::KdaAttentionBackend& ring) {
+               kda::KdaAttentionBackend& snap, kda::KdaAttentionBackend& ring,
+               kda::KdaAttentionBackend& engine) {
   const int64_t B = static_cast<int64_t>(round.batch.slots.size());
   const int64_t N = B * round.batch.T, D = m.qkv_dim(), HVK = static_cast<int64_t>(m.HV) * m.K;
   snap.prepare(round.batch, nullptr);
   ring.prepare(round.batch, nullptr);
+  engine.prepare(round.batch, nullptr);
   for (int layer = 0; layer < kLayers; ++layer) {
     Lcg rng(1000 * static_cast<uint64_t>(index) + static_cast<uint64_t>(layer));
     Buffer qkv(g_device, N * D * 2), a(g_device, N * HVK * 2), b(g_device, N * m.HV * 2);
     Buffer out_snap(g_device, N * m.HV * m.V * 2), out_ring(g_device, N * m.HV * m.V * 2);
+    Buffer out_engine(g_device, N * m.HV * m.V * 2);
     kda::VerifyInputs in;
     in.mixed_qkv = qkv.view(DType::kBF16, {N, D});
     in.a = a.view(DType::kBF16, {N, HVK});
@@ -165,11 +233,14 @@ void run_round(const kda::ModelConfig& m, const Round& round, int index,
     kda::from_host_vector(rng.bf16s(N * m.HV, 1.0f), in.b);
     const TensorView os = out_snap.view(DType::kBF16, {N, m.HV, m.V});
     const TensorView orr = out_ring.view(DType::kBF16, {N, m.HV, m.V});
+    const TensorView oe = out_engine.view(DType::kBF16, {N, m.HV, m.V});
     snap.verify(layer, in, os, nullptr);
     ring.verify(layer, in, orr, nullptr);
+    engine.verify(layer, in, oe, nullptr);
     const std::string where =
         "round " + std::to_string(index) + " layer " + std::to_string(layer) + ": ";
     expect(same_bits<kda::bf16_t>(os, orr), where + "ring output != snapshot output");
+    expect(same_bits<kda::bf16_t>(os, oe), where + "engine-memory output != snapshot output");
     bool nonzero = false;
     for (kda::bf16_t x : kda::to_host_vector<kda::bf16_t>(os)) {
       nonzero = nonzero || (x.bits & 0x7fff) != 0;
@@ -181,8 +252,10 @@ void run_round(const kda::ModelConfig& m, const Round& round, int index,
   const TensorView lengths = accepted.view(DType::kI32, {B});
   snap.commit(lengths, nullptr);
   ring.commit(lengths, nullptr);
+  engine.commit(lengths, nullptr);
   snap.check_device_errors(nullptr);
   ring.check_device_errors(nullptr);
+  engine.check_device_errors(nullptr);
 }
 
 }  // namespace
@@ -204,6 +277,15 @@ int main(int argc, char** argv) {
     }
     auto snap = make_backend(m, /*ring=*/false, weights);
     auto ring = make_backend(m, /*ring=*/true, weights);
+    auto allocator = std::make_shared<EngineAllocator>();
+    EngineState state = make_engine_state(m);
+    kda::BackendOptions options;
+    options.allocator = allocator;
+    options.external_pool = state.tensors;
+    auto engine = make_backend(m, /*ring=*/true, weights, options);
+    expect(engine->memory_report().external_bytes > 0 && engine->memory_report().from_allocator &&
+               !allocator->live.empty(),
+           "the engine backend's memory is not the engine's");
     expect(snap->kernels().name() == device, "kernel set is not the " + device + " one");
     expect(ring->deferred_commit() && !snap->deferred_commit(), "record modes not as configured");
     const std::vector<float> initial_ssm = kda::to_host_vector<float>(ring->pool().ssm_state_all());
@@ -226,10 +308,39 @@ int main(int argc, char** argv) {
         {{kMaxT, {1, 3, 0}, {}}, {1, 4, 2}},
     };
     for (size_t i = 0; i < rounds.size(); ++i) {
-      run_round(m, rounds[i], static_cast<int>(i), *snap, *ring);
+      run_round(m, rounds[i], static_cast<int>(i), *snap, *ring, *engine);
     }
 
     ring->materialize({0, 1, 2, 3}, nullptr);
+    // The engine backend's pending steps, folded by kda::ops on its tensors.
+    {
+      const kda::KdaStatePool& p = engine->pool();
+      kda::ops::StateTensors st;
+      st.conv_state = p.conv_state_all();
+      st.ssm_state = p.ssm_state_all();
+      st.conv_window = p.conv_window_all();
+      st.ring_rawv = p.ring_rawv_all();
+      st.ring_rawk = p.ring_rawk_all();
+      st.ring_g = p.ring_g_all();
+      st.ring_beta = p.ring_beta_all();
+      st.ring_cursor = p.ring_cursor();
+      st.ring_pending = p.ring_pending_all();
+      st.ring_u = p.ring_u_all();
+      const std::vector<int32_t> every = {0, 1, 2, 3};
+      Buffer slots(g_device, 16);
+      slots.upload(every.data(), 16);
+      auto kernels = kda::make_kernel_set(g_device);
+      kda::ops::materialize(*kernels, {st, slots.view(DType::kI32, {4})}, nullptr);
+      expect(same_bits<float>(state.tensors.ssm_state.narrow(1, 0, kSlots),
+                              snap->pool().ssm_state_all()),
+             "committed SSM state: engine tensors (kda::ops::materialize) != snapshot");
+      expect(same_bits<kda::bf16_t>(state.tensors.conv_state.narrow(1, 0, kSlots),
+                                    snap->pool().conv_state_all()),
+             "committed conv state: engine tensors != snapshot");
+    }
+    engine.reset();
+    expect(allocator->live.empty() && allocator->bad_frees == 0,
+           "the engine allocator's blocks were not all returned");
     expect(same_bits<float>(ring->pool().ssm_state_all(), snap->pool().ssm_state_all()),
            "committed SSM state: ring (materialized) != snapshot");
     expect(same_bits<kda::bf16_t>(ring->pool().conv_state_all(), snap->pool().conv_state_all()),
@@ -244,7 +355,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kda_consumer: %d check(s) failed\n", g_failures);
     return 1;
   }
-  std::printf("kda_consumer: OK (%s kernel set, snapshot vs ring + deferred commit, bitwise)\n",
-              device.c_str());
+  std::printf(
+      "kda_consumer: OK (%s kernel set, snapshot vs ring + deferred commit vs engine-owned "
+      "memory, bitwise)\n",
+      device.c_str());
   return 0;
 }
