@@ -18,9 +18,8 @@ struct ItemDivisors {
 };
 
 /// Kernel argument: the layer's params (an extend's verify_view) plus what extend adds. The
-/// fields' order is the kernels' parameter layout: the small-B tiles read `extend` and `div`
-/// before their PDL wait, where the layout's constant-bank loads are on the critical path
-/// (measured: a reordering slowed the one-CTA-per-SM BV = 32 tile).
+/// fields keep the parameter layout the kernels were tuned with: the small-B tiles read `extend`
+/// and `div` before their PDL wait, on their critical path.
 struct TileArgs {
   VerifyParams p;
   float* ssm_out;    ///< extend only: ExtendOutputs::ssm_state_out, [S, HV, V, K] final state
