@@ -519,83 +519,46 @@ void KdaAttentionBackend::validate_activations(const char* call, int layer, cons
 
 VerifyParams KdaAttentionBackend::make_verify_params(int layer, const VerifyInputs& in,
                                                      const TensorView& out) const {
-  const LayerWeights& w = weights_[static_cast<size_t>(layer)];
-  VerifyParams p;
-  p.B = batch_B_;
-  p.T = batch_T_;
-  p.H = model_.H;
-  p.HV = model_.HV;
-  p.K = model_.K;
-  p.V = model_.V;
-  p.T_max = pool_.T_max();
-  p.L = pool_.ring_len();
-  p.num_slots = pool_.num_slots();
-  p.num_rows = pool_.num_rows();
-  p.gate = model_.gate;
-  p.lower_bound = model_.lower_bound;
-  p.mode = flags_.record_mode();
-
-  p.mixed_qkv = static_cast<const bf16_t*>(in.mixed_qkv.data());
-  p.mixed_qkv_stride = row_pitch(in.mixed_qkv);
-  p.a = static_cast<const bf16_t*>(in.a.data());
-  p.a_stride = row_pitch(in.a);
-  p.b = static_cast<const bf16_t*>(in.b.data());
-  p.b_stride = row_pitch(in.b);
-
-  p.A_log = static_cast<const float*>(w.A_log.data());
-  p.dt_bias = static_cast<const float*>(w.dt_bias.data());
-  p.conv_weight = w.conv_weight.data();
-  p.conv_bias = w.conv_bias.defined() ? w.conv_bias.data() : nullptr;
-  p.conv_weight_type = model_.conv_weight_type;
-
-  const TensorView conv_state = pool_.conv_state(layer);
-  const TensorView ssm_state = pool_.ssm_state(layer);
-  p.conv_state = static_cast<const bf16_t*>(conv_state.data());
-  p.conv_state_slot_stride = conv_state.stride(0);
-  p.ssm_state = static_cast<const float*>(ssm_state.data());
-  p.ssm_slot_stride = ssm_state.stride(0);
-
-  p.slots = indices_.slots_data();
-  p.rows = indices_.rows_data();
-  if (batch_shape_ == DraftShape::kRagged) {
-    p.token_offsets = indices_.offsets_data();
-  } else if (batch_shape_ == DraftShape::kTree) {
-    p.parents = indices_.parents_data();
-  }
-
-  p.out = static_cast<bf16_t*>(out.data());
-  const TensorView window = pool_.conv_window(layer);
-  p.conv_window = static_cast<bf16_t*>(window.data());
-  p.conv_window_row_stride = window.stride(0);
+  ops::StateTensors state;
+  state.conv_state = pool_.conv_state(layer);
+  state.ssm_state = pool_.ssm_state(layer);
+  state.conv_window = pool_.conv_window(layer);
   if (pool_.ring_mode()) {
-    const TensorView rawv = pool_.ring_rawv(layer), rawk = pool_.ring_rawk(layer);
-    const TensorView g = pool_.ring_g(layer), beta = pool_.ring_beta(layer);
-    p.ring_rawv = static_cast<bf16_t*>(rawv.data());
-    p.ring_rawv_slot_stride = rawv.stride(0);
-    p.ring_rawk = static_cast<bf16_t*>(rawk.data());
-    p.ring_rawk_slot_stride = rawk.stride(0);
-    p.ring_g = static_cast<float*>(g.data());
-    p.ring_g_slot_stride = g.stride(0);
-    p.ring_beta = static_cast<float*>(beta.data());
-    p.ring_beta_slot_stride = beta.stride(0);
+    state.ring_rawv = pool_.ring_rawv(layer);
+    state.ring_rawk = pool_.ring_rawk(layer);
+    state.ring_g = pool_.ring_g(layer);
+    state.ring_beta = pool_.ring_beta(layer);
   } else {
-    const TensorView snapshots = pool_.snapshots(layer);
-    p.snapshots = static_cast<float*>(snapshots.data());
-    p.snapshot_row_stride = snapshots.stride(0);
+    state.snapshots = pool_.snapshots(layer);
   }
-  p.qkv_act = static_cast<bf16_t*>(pool_.qkv_act().data());
+  state.qkv_act = pool_.qkv_act();
   if (deferred_) {
-    p.ring_cursor = static_cast<const int32_t*>(pool_.ring_cursor().data());
-    p.ring_pending = static_cast<const int32_t*>(pool_.ring_pending(layer).data());
-    p.ssm_fold_out = static_cast<float*>(ssm_state.data());
-    const TensorView u = pool_.ring_u(layer);
-    p.ring_u = static_cast<float*>(u.data());
-    p.ring_u_slot_stride = u.stride(0);
-    // After the round's first verify the commit has ended (VerifyParams::fold_before_wait),
-    // and the previous verify wrote another layer.
-    p.fold_before_wait = round_.layers_done() > 0 ? 1 : 0;
+    state.ring_cursor = pool_.ring_cursor();
+    state.ring_pending = pool_.ring_pending(layer);
+    state.ring_u = pool_.ring_u(layer);
   }
-  return p;
+  ops::detail::VerifyCall call;
+  call.B = batch_B_;
+  call.T = batch_T_;
+  call.gate = model_.gate;
+  call.lower_bound = model_.lower_bound;
+  call.conv_weight_type = model_.conv_weight_type;
+  call.mixed_qkv = in.mixed_qkv;
+  call.a = in.a;
+  call.b = in.b;
+  call.out = out;
+  call.weights = &weights_[static_cast<size_t>(layer)];
+  call.slots = indices_.slots_data();
+  call.rows = indices_.rows_data();
+  if (batch_shape_ == DraftShape::kRagged) {
+    call.token_offsets = indices_.offsets_data();
+  } else if (batch_shape_ == DraftShape::kTree) {
+    call.parents = indices_.parents_data();
+  }
+  // After the round's first verify the commit has ended (VerifyParams::fold_before_wait), and the
+  // previous verify wrote another layer.
+  call.fold_before_wait = round_.layers_done() > 0 ? 1 : 0;
+  return ops::detail::verify_params(dims_of(pool_, deferred_), state, call);
 }
 
 DispatchProblem KdaAttentionBackend::make_dispatch_problem(int layer,

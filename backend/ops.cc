@@ -104,6 +104,72 @@ CommitParams commit_params(const Dims& dims, const StateTensors& state, const Co
   return c;
 }
 
+VerifyParams verify_params(const Dims& dims, const StateTensors& state, const VerifyCall& call) {
+  const auto pitch = [](const TensorView& t) { return t.size(0) > 1 ? t.stride(0) : t.size(1); };
+  VerifyParams p;
+  p.B = call.B;
+  p.T = call.T;
+  p.H = dims.H;
+  p.HV = dims.HV;
+  p.K = dims.K;
+  p.V = dims.V;
+  p.T_max = dims.T_max;
+  p.L = dims.L;
+  p.num_slots = dims.S;
+  p.num_rows = dims.R;
+  p.gate = call.gate;
+  p.lower_bound = call.lower_bound;
+  p.mode = dims.mode;
+  p.mixed_qkv = static_cast<const bf16_t*>(call.mixed_qkv.data());
+  p.mixed_qkv_stride = pitch(call.mixed_qkv);
+  p.a = static_cast<const bf16_t*>(call.a.data());
+  p.a_stride = pitch(call.a);
+  p.b = static_cast<const bf16_t*>(call.b.data());
+  p.b_stride = pitch(call.b);
+  const LayerWeights& w = *call.weights;
+  p.A_log = static_cast<const float*>(w.A_log.data());
+  p.dt_bias = static_cast<const float*>(w.dt_bias.data());
+  p.conv_weight = w.conv_weight.data();
+  p.conv_bias = w.conv_bias.defined() ? w.conv_bias.data() : nullptr;
+  p.conv_weight_type = call.conv_weight_type;
+  p.conv_state = static_cast<const bf16_t*>(state.conv_state.data());
+  p.conv_state_slot_stride = state.conv_state.stride(0);
+  p.ssm_state = static_cast<const float*>(state.ssm_state.data());
+  p.ssm_slot_stride = state.ssm_state.stride(0);
+  p.slots = call.slots;
+  p.rows = call.rows;
+  p.token_offsets = call.token_offsets;
+  p.parents = call.parents;
+  p.out = static_cast<bf16_t*>(call.out.data());
+  p.conv_window = static_cast<bf16_t*>(state.conv_window.data());
+  p.conv_window_row_stride = state.conv_window.stride(0);
+  if (dims.mode == RecordMode::kRing) {
+    p.ring_rawv = static_cast<bf16_t*>(state.ring_rawv.data());
+    p.ring_rawv_slot_stride = state.ring_rawv.stride(0);
+    p.ring_rawk = static_cast<bf16_t*>(state.ring_rawk.data());
+    p.ring_rawk_slot_stride = state.ring_rawk.stride(0);
+    p.ring_g = static_cast<float*>(state.ring_g.data());
+    p.ring_g_slot_stride = state.ring_g.stride(0);
+    p.ring_beta = static_cast<float*>(state.ring_beta.data());
+    p.ring_beta_slot_stride = state.ring_beta.stride(0);
+  } else {
+    p.snapshots = static_cast<float*>(state.snapshots.data());
+    p.snapshot_row_stride = state.snapshots.stride(0);
+  }
+  if (state.qkv_act.defined()) {
+    p.qkv_act = static_cast<bf16_t*>(state.qkv_act.data());
+  }
+  if (dims.deferred) {
+    p.ring_cursor = static_cast<const int32_t*>(state.ring_cursor.data());
+    p.ring_pending = static_cast<const int32_t*>(state.ring_pending.data());
+    p.ssm_fold_out = static_cast<float*>(state.ssm_state.data());
+    p.ring_u = static_cast<float*>(state.ring_u.data());
+    p.ring_u_slot_stride = state.ring_u.stride(0);
+    p.fold_before_wait = call.fold_before_wait;
+  }
+  return p;
+}
+
 DispatchProblem dispatch_problem(const Dims& dims, int B, int T, bool plain_chain, int64_t tokens,
                                  const TensorView& mixed_qkv, const TensorView& a,
                                  const TensorView& b, const LayerWeights& weights,
@@ -367,8 +433,6 @@ void expect_activation(const TensorView& t, const std::string& name, const Devic
             t.stride(0), cols);
 }
 
-int64_t row_pitch(const TensorView& t) { return t.size(0) > 1 ? t.stride(0) : t.size(1); }
-
 }  // namespace
 
 DispatchDecision verify(KernelSet& kernels, const VerifyArgs& args, cudaStream_t stream) {
@@ -429,63 +493,25 @@ DispatchDecision verify(KernelSet& kernels, const VerifyArgs& args, cudaStream_t
             "{}: fused_ring_max_batch = {}, expected >= 0 (0: ring mode never fused)",
             arg(op, "options"), flags.fused_ring_max_batch);
 
-  VerifyParams p;
-  p.B = B;
-  p.T = batch.T;
-  p.H = d.H;
-  p.HV = d.HV;
-  p.K = d.K;
-  p.V = d.V;
-  p.T_max = d.T_max;
-  p.L = d.L;
-  p.num_slots = d.S;
-  p.num_rows = d.R;
-  p.gate = model.gate;
-  p.lower_bound = model.lower_bound;
-  p.mode = d.mode;
-  p.mixed_qkv = static_cast<const bf16_t*>(args.mixed_qkv.data());
-  p.mixed_qkv_stride = row_pitch(args.mixed_qkv);
-  p.a = static_cast<const bf16_t*>(args.a.data());
-  p.a_stride = row_pitch(args.a);
-  p.b = static_cast<const bf16_t*>(args.b.data());
-  p.b_stride = row_pitch(args.b);
-  p.A_log = static_cast<const float*>(args.weights.A_log.data());
-  p.dt_bias = static_cast<const float*>(args.weights.dt_bias.data());
-  p.conv_weight = args.weights.conv_weight.data();
-  p.conv_bias = args.weights.conv_bias.defined() ? args.weights.conv_bias.data() : nullptr;
-  p.conv_weight_type = model.conv_weight_type;
-  p.conv_state = static_cast<const bf16_t*>(st.conv_state.data());
-  p.conv_state_slot_stride = st.conv_state.stride(0);
-  p.ssm_state = static_cast<const float*>(st.ssm_state.data());
-  p.ssm_slot_stride = st.ssm_state.stride(0);
-  p.slots = i32(batch.slots);
-  p.rows = i32(batch.rows);
-  p.token_offsets = ragged ? i32(batch.query_start_loc) : nullptr;
-  p.parents = batch.parents.defined() ? i32(batch.parents) : nullptr;
-  p.out = static_cast<bf16_t*>(args.out.data());
-  p.conv_window = static_cast<bf16_t*>(st.conv_window.data());
-  p.conv_window_row_stride = st.conv_window.stride(0);
-  if (d.mode == RecordMode::kRing) {
-    p.ring_rawv = static_cast<bf16_t*>(st.ring_rawv.data());
-    p.ring_rawv_slot_stride = st.ring_rawv.stride(0);
-    p.ring_rawk = static_cast<bf16_t*>(st.ring_rawk.data());
-    p.ring_rawk_slot_stride = st.ring_rawk.stride(0);
-    p.ring_g = static_cast<float*>(st.ring_g.data());
-    p.ring_g_slot_stride = st.ring_g.stride(0);
-    p.ring_beta = static_cast<float*>(st.ring_beta.data());
-    p.ring_beta_slot_stride = st.ring_beta.stride(0);
-  } else {
-    p.snapshots = static_cast<float*>(st.snapshots.data());
-    p.snapshot_row_stride = st.snapshots.stride(0);
-  }
-  if (d.deferred) {
-    p.ring_cursor = i32(st.ring_cursor);
-    p.ring_pending = i32(st.ring_pending);
-    p.ssm_fold_out = static_cast<float*>(st.ssm_state.data());
-    p.ring_u = static_cast<float*>(st.ring_u.data());
-    p.ring_u_slot_stride = st.ring_u.stride(0);
-    p.fold_before_wait = 0;  // no knowledge of the kernels before this one (kda_params.h)
-  }
+  detail::VerifyCall call;
+  call.B = B;
+  call.T = batch.T;
+  call.gate = model.gate;
+  call.lower_bound = model.lower_bound;
+  call.conv_weight_type = model.conv_weight_type;
+  call.mixed_qkv = args.mixed_qkv;
+  call.a = args.a;
+  call.b = args.b;
+  call.out = args.out;
+  call.weights = &args.weights;
+  call.slots = i32(batch.slots);
+  call.rows = i32(batch.rows);
+  call.token_offsets = ragged ? i32(batch.query_start_loc) : nullptr;
+  call.parents = batch.parents.defined() ? i32(batch.parents) : nullptr;
+  call.fold_before_wait = 0;  // no knowledge of the kernels before this one (kda_params.h)
+  StateTensors layer_state = st;
+  layer_state.qkv_act = TensorView();  // set below, when the unfused path runs
+  VerifyParams p = detail::verify_params(d, layer_state, call);
 
   const DispatchProblem problem = detail::dispatch_problem(
       d, B, batch.T, !batch.parents.defined(), N, args.mixed_qkv, args.a, args.b, args.weights,

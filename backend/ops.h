@@ -153,6 +153,28 @@ struct CommitCall {
 /// commit, materialize and abort_round.
 CommitParams commit_params(const Dims& dims, const StateTensors& state, const CommitCall& call);
 
+/// What a verify launch needs beyond one layer's state: its sizes, the call's tensors and the
+/// batch's device index pointers.
+struct VerifyCall {
+  int B = 0, T = 0;
+  GateKind gate = GateKind::kStandard;
+  float lower_bound = 0.0f;
+  ConvWeightType conv_weight_type = ConvWeightType::kF32;
+  TensorView mixed_qkv, a, b;  ///< [tokens, ...] row pitches from the views
+  TensorView out;              ///< [tokens, HV, V] packed
+  const LayerWeights* weights = nullptr;
+  const int32_t* slots = nullptr;
+  const int32_t* rows = nullptr;
+  const int32_t* token_offsets = nullptr;  ///< ragged chains
+  const int32_t* parents = nullptr;        ///< trees
+  int32_t fold_before_wait = 0;            ///< VerifyParams::fold_before_wait (deferred)
+};
+
+/// The verify params of one layer (`state`: that layer's views, no [layers] dim; strides from the
+/// views; qkv_act only when the state gives one). The one place verify params are built from
+/// views: ops::verify and KdaAttentionBackend's verify and extend.
+VerifyParams verify_params(const Dims& dims, const StateTensors& state, const VerifyCall& call);
+
 /// The dispatcher's view of a verify (rules: dispatch/verify_dispatch.h).
 DispatchProblem dispatch_problem(const Dims& dims, int B, int T, bool plain_chain, int64_t tokens,
                                  const TensorView& mixed_qkv, const TensorView& a,
