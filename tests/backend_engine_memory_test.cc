@@ -264,28 +264,6 @@ void check_same_pool(const Harness& ref, const Harness& other, const char* who) 
   }
 }
 
-Buffer device_i32(const std::vector<int32_t>& v) {
-  Buffer b(kTestDevice, static_cast<int64_t>(std::max<size_t>(v.size(), 1)) * 4);
-  if (!v.empty()) {
-    b.upload(v.data(), static_cast<int64_t>(v.size()) * 4);
-  }
-  return b;
-}
-
-std::vector<int32_t> random_tree(std::mt19937& rng, int T, int topk) {
-  std::vector<int32_t> parents(static_cast<size_t>(T), -1);
-  std::vector<int> children(static_cast<size_t>(T), 0);
-  for (int j = 1; j < T; ++j) {
-    int p = 0;
-    do {
-      p = static_cast<int>(rng() % static_cast<unsigned>(j));
-    } while (children[static_cast<size_t>(p)] >= topk);
-    ++children[static_cast<size_t>(p)];
-    parents[static_cast<size_t>(j)] = p;
-  }
-  return parents;
-}
-
 struct Round {
   BatchSpec batch;
   std::vector<int32_t> accepted;

@@ -2,6 +2,7 @@
 // the bitwise and error helpers of backend_fixture.h.
 #include "tests/backend_fixture.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <random>
 
@@ -283,9 +284,30 @@ std::vector<Activations> verify_all(Harness& h, const BatchSpec& batch, uint64_t
   return acts;
 }
 
+Buffer device_i32(const std::vector<int32_t>& v) {
+  Buffer b(kTestDevice, static_cast<int64_t>(std::max<size_t>(v.size(), 1)) * 4);
+  if (!v.empty()) {
+    b.upload(v.data(), static_cast<int64_t>(v.size()) * 4);
+  }
+  return b;
+}
+
+std::vector<int32_t> random_tree(std::mt19937& rng, int T, int topk) {
+  std::vector<int32_t> parents(static_cast<size_t>(T), -1);
+  std::vector<int> children(static_cast<size_t>(T), 0);
+  for (int j = 1; j < T; ++j) {
+    int p = 0;
+    do {
+      p = static_cast<int>(rng() % static_cast<unsigned>(j));
+    } while (children[static_cast<size_t>(p)] >= topk);
+    ++children[static_cast<size_t>(p)];
+    parents[static_cast<size_t>(j)] = p;
+  }
+  return parents;
+}
+
 void commit(Harness& h, const std::vector<int32_t>& accepted) {
-  Buffer buf(kTestDevice, static_cast<int64_t>(accepted.size()) * 4);
-  buf.upload(accepted.data(), buf.bytes());
+  const Buffer buf = device_i32(accepted);
   h.backend->commit(buf.view(DType::kI32, {static_cast<int64_t>(accepted.size())}), nullptr);
 }
 

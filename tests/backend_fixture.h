@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,13 @@ struct Harness {
 
 // Runs verify on every layer; returns the layers' activations (inputs kept for oracles).
 std::vector<Activations> verify_all(Harness& h, const BatchSpec& batch, uint64_t seed);
+
+// `v` uploaded to a buffer on the test device (at least 4 bytes, so an empty list still has an
+// address; its bytes past v.size() are unspecified).
+Buffer device_i32(const std::vector<int32_t>& v);
+
+// A random tree of T nodes (parents[0] = -1, parents[j] < j), at most `topk` children per node.
+std::vector<int32_t> random_tree(std::mt19937& rng, int T, int topk);
 
 // Commits the prepared round with these accepted lengths (uploaded to the test device).
 void commit(Harness& h, const std::vector<int32_t>& accepted);

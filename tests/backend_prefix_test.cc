@@ -88,12 +88,6 @@ void fill_garbage(Harness& h, int slot, uint64_t seed) {
   }
 }
 
-Buffer device_i32(const std::vector<int32_t>& v) {
-  Buffer b(kTestDevice, static_cast<int64_t>(v.size()) * 4);
-  b.upload(v.data(), b.bytes());
-  return b;
-}
-
 // Commits the prepared round with tracks (track_slots / track_steps: B entries each).
 void commit_tracked(Harness& h, const std::vector<int32_t>& accepted,
                     const std::vector<int32_t>& track_slots,

@@ -134,15 +134,9 @@ std::vector<HostRows> layer_inputs(const ModelConfig& m, int64_t N, uint64_t see
   return v;
 }
 
-Buffer device_ints(const std::vector<int32_t>& v) {
-  Buffer b(kTestDevice, static_cast<int64_t>(std::max<size_t>(v.size(), 1)) * 4);
-  b.upload(v.data(), static_cast<int64_t>(v.size()) * 4);
-  return b;
-}
-
 void commit_tree(Harness& h, const std::vector<int32_t>& accepted,
                  const std::vector<int32_t>& paths) {
-  Buffer acc = device_ints(accepted), path = device_ints(paths);
+  Buffer acc = device_i32(accepted), path = device_i32(paths);
   const int64_t B = static_cast<int64_t>(accepted.size());
   h.backend->commit_tree(acc.view(DType::kI32, {B}),
                          path.view(DType::kI32, {B, static_cast<int64_t>(paths.size()) / B}),
@@ -176,21 +170,6 @@ std::vector<int32_t> root_path(const std::vector<int32_t>& parents, int base, in
   }
   std::reverse(path.begin(), path.end());
   return path;
-}
-
-// A random tree of T nodes, at most `topk` children per node, node 0 the root.
-std::vector<int32_t> random_tree(std::mt19937& rng, int T, int topk) {
-  std::vector<int32_t> parents(static_cast<size_t>(T), -1);
-  std::vector<int> children(static_cast<size_t>(T), 0);
-  for (int j = 1; j < T; ++j) {
-    int p = 0;
-    do {
-      p = static_cast<int>(rng() % static_cast<unsigned>(j));
-    } while (children[static_cast<size_t>(p)] >= topk);
-    ++children[static_cast<size_t>(p)];
-    parents[static_cast<size_t>(j)] = p;
-  }
-  return parents;
 }
 
 }  // namespace
@@ -719,7 +698,7 @@ TEST_CASE("draft shapes: bad input is a kda::Error naming it, nothing changes",
             },
             ErrorCode::kLifecycle)
             .find("a tree round commits with its accepted paths") != std::string::npos);
-  Buffer acc = device_ints({1, 1}), path = device_ints({0, 0, 0, 0});
+  Buffer acc = device_i32({1, 1}), path = device_i32({0, 0, 0, 0});
   CHECK(error_of(
             [&] {
               h.backend->commit_tree(acc.view(DType::kI32, {2}), path.view(DType::kI32, {2, 2}),

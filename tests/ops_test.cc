@@ -28,14 +28,6 @@ using namespace kda::testing;
 
 namespace {
 
-Buffer device_i32(const std::vector<int32_t>& v) {
-  Buffer b(kTestDevice, static_cast<int64_t>(std::max<size_t>(v.size(), 1)) * 4);
-  if (!v.empty()) {
-    b.upload(v.data(), static_cast<int64_t>(v.size()) * 4);
-  }
-  return b;
-}
-
 TensorView i32_view(const Buffer& b, std::initializer_list<int64_t> shape) {
   return b.view(DType::kI32, shape);
 }
@@ -178,20 +170,6 @@ std::vector<std::vector<uint8_t>> engine_bytes(const EnginePool& e) {
     all.push_back(std::move(v));
   }
   return all;
-}
-
-std::vector<int32_t> random_tree(std::mt19937& rng, int T, int topk) {
-  std::vector<int32_t> parents(static_cast<size_t>(T), -1);
-  std::vector<int> children(static_cast<size_t>(T), 0);
-  for (int j = 1; j < T; ++j) {
-    int p = 0;
-    do {
-      p = static_cast<int>(rng() % static_cast<unsigned>(j));
-    } while (children[static_cast<size_t>(p)] >= topk);
-    ++children[static_cast<size_t>(p)];
-    parents[static_cast<size_t>(j)] = p;
-  }
-  return parents;
 }
 
 struct Case {
