@@ -38,6 +38,16 @@ enum class RecordMode : uint8_t {
   kRing,      ///< ReplaySSM ring records (rawk, rawv, g, beta) keyed by slot
 };
 
+/// How a verify computes its outputs (contract §10). The records, windows and every committed
+/// state are §3's exact arithmetic in both.
+enum class VerifyNumerics : uint8_t {
+  kExact,  ///< §3 step 6 per token: the outputs bitwise those of every exact path
+  /// The chunked (WY) form: the state contractions on tensor cores (3xTF32), the T x T system in
+  /// fp32, decays as ordered products of per-step factors <= 1. Ring-mode chains on the fused
+  /// path without pending steps; elsewhere a call runs kExact (the plan says which ran).
+  kFast,
+};
+
 // ---- a verify call's parameters by concern (VerifyParams composes them; extend takes its part)
 // ----
 
@@ -53,6 +63,7 @@ struct VerifySizes {
   GateKind gate = GateKind::kStandard;
   float lower_bound = 0.0f;  ///< safe gate only
   RecordMode mode = RecordMode::kRing;
+  VerifyNumerics numerics = VerifyNumerics::kExact;  ///< contract §10
 };
 
 /// The per-call token inputs (rows per the draft shape, BatchParams).

@@ -186,6 +186,29 @@ constexpr int default_snapshot_block_v(int B, int HV, int V, int sms) {
   return 128;
 }
 
+/// The V tiles of the fast-output kernel (contract §10, VerifySchedule::kFastChunk): whole
+/// 8-column mma tiles on up to 8 warps. Its outputs are bitwise the same at each of them.
+inline constexpr int kFastBlockVs[] = {32, 64, 128};
+/// Most tokens of one fast-output chunk (two 8-token mma row tiles).
+inline constexpr int kFastMaxTokens = 16;
+constexpr bool is_fast_block_v(int block_v) noexcept {
+  return block_v == 32 || block_v == 64 || block_v == 128;
+}
+
+/// The default tile of a fast-output verify (two CTAs per SM): the widest of the head tile, 64
+/// and 32 whose grid gives every SM a CTA (`sms`; 0: unknown, taken as 132), else BV = 32.
+/// Every tile repeats the item's prologue and its T x T system, so a wide tile pays once the SMs
+/// are busy; below one CTA per SM the narrower tiles' extra CTAs pay instead.
+constexpr int default_fast_block_v(int B, int HV, int V, int sms) {
+  const long long want = sms > 0 ? sms : 132;
+  int bv = head_block_v(V);
+  bv = bv < 32 ? 32 : bv;
+  while (bv > 32 && fused_grid_ctas(B, HV, V, bv) < want) {
+    bv /= 2;
+  }
+  return bv;
+}
+
 /// The auto tile of a call of B requests of T tokens in `mode` (--kda-verify-block-v=auto):
 /// default_block_v in ring mode (default_deferred_block_v when the call folds pending steps,
 /// `deferred`), default_snapshot_block_v in snapshot mode; `sms` = the device's SMs (0: unknown).

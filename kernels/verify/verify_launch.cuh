@@ -46,6 +46,8 @@ constexpr bool verify_kernel_exists(VerifyPath path, int bv, VerifySchedule s, V
       return bv == 128 && (fused || !ragged);
     case VerifySchedule::kPersistentSnapshot:
       return bv == 128 && f == kNoFeatures;
+    case VerifySchedule::kFastChunk:
+      return false;
   }
   return false;
 }

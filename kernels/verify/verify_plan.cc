@@ -23,6 +23,8 @@ const char* verify_schedule_name(VerifySchedule s) noexcept {
       return "persistent-ring";
     case VerifySchedule::kPersistentSnapshot:
       return "persistent-snapshot";
+    case VerifySchedule::kFastChunk:
+      return "fast-chunk";
   }
   return "?";
 }
@@ -33,6 +35,12 @@ VerifyFeatures verify_features(const VerifyParams& p, bool tracked_extend) {
   }
   return (p.ring_pending != nullptr ? kDeferredFold : kNoFeatures) |
          (p.token_offsets != nullptr || p.parents != nullptr ? kRaggedRows : kNoFeatures);
+}
+
+bool fast_outputs_plannable(const VerifyParams& p, VerifyPath path, int block_v) {
+  return p.numerics == VerifyNumerics::kFast && path == VerifyPath::kFused &&
+         p.mode == RecordMode::kRing && p.parents == nullptr && p.ring_pending == nullptr &&
+         p.T >= 1 && p.T <= kFastMaxTokens && is_fast_block_v(block_v);
 }
 
 bool persistent_layout_ok(const VerifyParams& p, VerifyPath path) {
@@ -62,6 +70,11 @@ VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v, cons
   const int bv = plan.block_v;
   plan.items = ceil_div(p.V, bv) * p.HV * p.B;
   plan.grid = plan.items;
+  if (!extend && fast_outputs_plannable(p, path, block_v)) {
+    plan.schedule = VerifySchedule::kFastChunk;
+    plan.numerics = VerifyNumerics::kFast;
+    return plan;
+  }
   const bool shaped = (plan.features & kRaggedRows) != 0;
   const bool deferred = (plan.features & kDeferredFold) != 0;
   const bool ring = p.mode == RecordMode::kRing;
@@ -138,6 +151,7 @@ std::string VerifyPlan::kernel() const {
 bool VerifyPlan::operator==(const VerifyPlan& o) const {
   return path == o.path && extend == o.extend && weight == o.weight && K == o.K &&
          block_v == o.block_v && schedule == o.schedule && features == o.features &&
+         numerics == o.numerics &&
          entry_trigger == o.entry_trigger && pdl == o.pdl && items == o.items && grid == o.grid &&
          host_reference == o.host_reference;
 }

@@ -32,6 +32,8 @@ struct VerifyPlan {
   int block_v = 0;
   VerifySchedule schedule = VerifySchedule::kPerItem;
   VerifyFeatures features = kNoFeatures;
+  /// The numerics that run (contract §10): kFast only with schedule kFastChunk.
+  VerifyNumerics numerics = VerifyNumerics::kExact;
   /// A deferred one-CTA-per-SM verify that lets its dependents launch at its entry
   /// (deferred_triggers_at_entry).
   bool entry_trigger = false;
@@ -55,6 +57,11 @@ const char* verify_schedule_name(VerifySchedule s) noexcept;
 /// parents; a tracked extend (ExtendParams::track_steps) runs its own instantiations, which fold
 /// nothing and take dense rows: kExtendTracks alone.
 VerifyFeatures verify_features(const VerifyParams& p, bool tracked_extend = false);
+
+/// Whether a verify call on `path` with tile `block_v` can take the fast outputs (contract §10:
+/// VerifySchedule::kFastChunk): p.numerics == kFast, the fused path, ring mode, a dense or ragged
+/// chain (no parents), no pending fold, T <= 16 and a fast tile (tile_policy.h kFastBlockVs).
+bool fast_outputs_plannable(const VerifyParams& p, VerifyPath path, int block_v);
 
 /// Whether a verify call's layout lets its BV = 128 tile run persistent: T within one token chunk,
 /// the state tile one 16-byte-aligned bulk copy per item, and every input piece 16 bytes aligned

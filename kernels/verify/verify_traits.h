@@ -31,6 +31,10 @@ enum class VerifySchedule : uint8_t {
   kPersistentRing,
   /// The same in snapshot mode.
   kPersistentSnapshot,
+  /// verify_fast_kernel (verify/fast_item.cuh), contract §10: one CTA per item, two per SM; the
+  /// exact prologue (records, windows), then the outputs from the chunked form with the state
+  /// contractions on tensor cores. Ring-mode chains (dense or ragged), fused, no pending fold.
+  kFastChunk,
 };
 
 /// What an instantiation carries besides the dense verify: a set of independent features.
