@@ -151,9 +151,8 @@ std::string VerifyPlan::kernel() const {
 bool VerifyPlan::operator==(const VerifyPlan& o) const {
   return path == o.path && extend == o.extend && weight == o.weight && K == o.K &&
          block_v == o.block_v && schedule == o.schedule && features == o.features &&
-         numerics == o.numerics &&
-         entry_trigger == o.entry_trigger && pdl == o.pdl && items == o.items && grid == o.grid &&
-         host_reference == o.host_reference;
+         numerics == o.numerics && entry_trigger == o.entry_trigger && pdl == o.pdl &&
+         items == o.items && grid == o.grid && host_reference == o.host_reference;
 }
 
 }  // namespace kda::kernels
