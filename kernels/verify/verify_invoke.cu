@@ -11,6 +11,7 @@
 #include "kernels/conv_update/conv_update.cuh"
 #include "kernels/kda_kernels.h"
 #include "kernels/params/params_check.h"
+#include "kernels/verify/verify_fast_launch.cuh"
 #include "kernels/verify/verify_launch.cuh"
 
 namespace kda::kernels {
@@ -26,6 +27,25 @@ void dispatch_block_v(int block_v, F&& f, std::integer_sequence<int, BVs...>) {
 template <typename F>
 void dispatch_block_v(int block_v, F&& f) {
   dispatch_block_v(block_v, std::forward<F>(f), FusedBlockVSeq{});
+}
+
+/// Runs f(std::integral_constant<int, BV>) for the fast tile block_v (kFastBlockVs); false if
+/// block_v is none of them.
+template <typename F>
+bool dispatch_fast_block_v(int block_v, F&& f) {
+  switch (block_v) {
+    case 32:
+      f(std::integral_constant<int, 32>{});
+      return true;
+    case 64:
+      f(std::integral_constant<int, 64>{});
+      return true;
+    case 128:
+      f(std::integral_constant<int, 128>{});
+      return true;
+    default:
+      return false;
+  }
 }
 
 /// Runs f(WeightT{}, K constant, BV constant, PATH constant) for the plan's configuration.
@@ -134,6 +154,19 @@ void enqueue_conv_update(const VerifyParams& p, cudaStream_t stream, bool pdl) {
 
 /// The plan's kernel with `args` (launch_verify of its configuration).
 void enqueue_plan(const TileArgs& args, const VerifyPlan& plan, cudaStream_t stream) {
+  if (plan.schedule == VerifySchedule::kFastChunk) {
+    bool launched = false;
+    dispatch_weight(plan.weight, [&](auto w) {
+      using W = decltype(w);
+      KDA_DISPATCH_K(plan.K, K, {
+        launched = dispatch_fast_block_v(plan.block_v, [&](auto bv) {
+          launch_verify_fast<W, K, decltype(bv)::value>(args, plan, stream);
+        });
+      })
+    });
+    KDA_CHECK(launched, "enqueue_plan: no fast-output kernel for the plan {}", plan.kernel());
+    return;
+  }
   dispatch_config(plan, [&](auto w, auto k, auto bv, auto path) {
     launch_verify<decltype(w), decltype(k)::value, decltype(bv)::value, decltype(path)::value>(
         args, plan, stream);

@@ -1,0 +1,53 @@
+// mma_tf32.cuh: fp32-grade products on tensor cores (contract §10): 3xTF32 split operands and
+// the warp-level mma.sync m16n8k8 TF32 instruction with fp32 accumulation (sm_80+).
+// Fragment layout of m16n8k8 .row.col (groupID g = lane / 4, tig = lane % 4):
+//   A (16 x 8): a0 (g, tig), a1 (g + 8, tig), a2 (g, tig + 4), a3 (g + 8, tig + 4)
+//   B (8 x 8):  b0 (k = tig, n = g), b1 (k = tig + 4, n = g)
+//   C (16 x 8): c0 (g, 2 tig), c1 (g, 2 tig + 1), c2 (g + 8, 2 tig), c3 (g + 8, 2 tig + 1)
+// A k-step's eight k slots may stand for any eight k values, provided A and B agree on the map.
+#pragma once
+
+#include <cstdint>
+
+namespace kda::kernels {
+
+/// x rounded to TF32 (10 explicit mantissa bits, round to nearest, ties away), as the bits of an
+/// f32 whose low 13 mantissa bits are zero.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+/// x = big + small to 2 x 11 significant bits: big = tf32(x), small = tf32(x - big).
+struct Tf32Split {
+  uint32_t big, small;
+};
+__device__ __forceinline__ Tf32Split split_tf32(float x) {
+  const uint32_t big = to_tf32(x);
+  return {big, to_tf32(__fsub_rn(x, __uint_as_float(big)))};
+}
+
+/// c += A(16 x 8) * B(8 x 8), TF32 inputs, f32 accumulation.
+__device__ __forceinline__ void mma_tf32_16x8x8(float (&c)[4], const uint32_t (&a)[4],
+                                                const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/// c += A * B at fp32-grade precision (3xTF32): a_small * b_big, a_big * b_small, then
+/// a_big * b_big (the small terms first, so they are not lost against the large one). The
+/// dropped a_small * b_small term is below 2^-22 of the product.
+__device__ __forceinline__ void mma_3xtf32_16x8x8(float (&c)[4], const uint32_t (&a_big)[4],
+                                                  const uint32_t (&a_small)[4],
+                                                  const uint32_t (&b_big)[2],
+                                                  const uint32_t (&b_small)[2]) {
+  mma_tf32_16x8x8(c, a_small, b_big);
+  mma_tf32_16x8x8(c, a_big, b_small);
+  mma_tf32_16x8x8(c, a_big, b_big);
+}
+
+}  // namespace kda::kernels

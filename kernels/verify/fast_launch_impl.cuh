@@ -1,0 +1,39 @@
+// fast_launch_impl.cuh: the definition of launch_verify_fast (verify_fast_launch.cuh), included
+// by the instantiation files alone.
+#pragma once
+
+#include "kernels/common/fast_divisor.h"
+#include "kernels/verify/fast_item.cuh"
+#include "kernels/verify/verify_fast_launch.cuh"
+
+namespace kda::kernels {
+
+template <typename W, int K, int BV>
+void launch_verify_fast(const TileArgs& call, const VerifyPlan& plan, cudaStream_t stream) {
+  const VerifyParams& p = call.p;
+  TileArgs args = call;
+  args.div = {FastDivisor(static_cast<uint32_t>(ceil_div(p.V, BV))),
+              FastDivisor(static_cast<uint32_t>(p.HV)),
+              FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
+  args.trigger_at_entry = 0;
+  using Smem = FastSmem<K, BV>;
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.V, BV)), static_cast<unsigned>(p.HV),
+                  static_cast<unsigned>(p.B));
+  auto launch = [&](auto* kernel) {
+    // Raises the kernel's dynamic shared-memory limit to its largest call (cached per device).
+    persistent_ctas_per_sm(reinterpret_cast<const void*>(kernel), 256, Smem::bytes(kFastMaxTokens));
+    launch_pdl(kernel, grid, dim3(256), Smem::bytes(p.T), stream, plan.pdl, args);
+  };
+  if ((plan.features & kRaggedRows) != 0) {
+    launch(&verify_fast_kernel<
+           VerifyTraits<W, K, BV, VerifyPath::kFused, VerifySchedule::kFastChunk, kRaggedRows>>);
+  } else {
+    launch(&verify_fast_kernel<
+           VerifyTraits<W, K, BV, VerifyPath::kFused, VerifySchedule::kFastChunk, kNoFeatures>>);
+  }
+}
+
+#define KDA_VERIFY_FAST_DEFINE(W, K, BV) \
+  template void launch_verify_fast<W, K, BV>(const TileArgs&, const VerifyPlan&, cudaStream_t);
+
+}  // namespace kda::kernels

@@ -1,0 +1,357 @@
+// fast_gpu_test.cc: the fast-output verify (contract §10; VerifySchedule::kFastChunk) on the CUDA
+// kernels, on garbage-filled problems (records and outputs random, never zero; NaN in padding):
+//   (b) against the exact fused verify of the same inputs: >= 99.9% of bf16 outputs bitwise
+//       equal over each table, none more than 1 ulp apart: both gates, GQA, K = 64 and 128, bf16
+//       and f32 conv weights, T = 1..16, input scales x0.1..x4, dense and ragged chains;
+//   (c) against the host fp64 oracle: rel L2 at most 1.25x the exact path's;
+//   records: ring records, conv windows bitwise the exact verify's; ssm_state and conv_state
+//       untouched; the committed state after verify + commit bitwise the exact mode's;
+//   (a) batch invariance: a request's outputs bitwise the same at every fast tile, in a sub-batch,
+//       in another batch order, from another slot, in a CUDA graph, dense vs ragged (equal T_n).
+// Statistics of (b) and (c) are printed per table (WARN), for the closing note.
+#include <cuda_runtime_api.h>
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/kda_kernels.h"
+#include "kernels/ref/kda_host.h"
+#include "tests/test_problem.h"
+
+using namespace kda;
+using namespace kda::testing;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+/// |a - b| in bf16 ulps (ordered integer distance; +0 and -0 are 0 apart).
+int bf16_ulps(bf16_t a, bf16_t b) {
+  auto ord = [](bf16_t x) {
+    const int bits = x.bits;
+    return (bits & 0x8000) != 0 ? -(bits & 0x7fff) : bits;
+  };
+  return std::abs(ord(a) - ord(b));
+}
+
+struct Agreement {
+  int64_t elems = 0, equal = 0;
+  int max_ulps = 0;
+  void add(const std::vector<bf16_t>& fast, const std::vector<bf16_t>& exact) {
+    REQUIRE(fast.size() == exact.size());
+    for (size_t i = 0; i < fast.size(); ++i) {
+      const int d = bf16_ulps(fast[i], exact[i]);
+      equal += d == 0 ? 1 : 0;
+      max_ulps = std::max(max_ulps, d);
+    }
+    elems += static_cast<int64_t>(fast.size());
+  }
+  double equal_pct() const { return elems > 0 ? 100.0 * equal / elems : 100.0; }
+};
+
+void run_verify(const VerifyParams& p, int block_v, cudaStream_t stream = nullptr) {
+  kernels::invoke_verify_fused(p, block_v, stream);
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+}
+
+VerifyParams fast(VerifyParams p) {
+  p.numerics = VerifyNumerics::kFast;
+  return p;
+}
+
+/// Multiplies the token inputs and the committed SSM state by `scale` (bf16 inputs rounded).
+void scale_inputs(VerifyProblem& x, float scale) {
+  std::vector<bf16_t> q = x.get<bf16_t>(Tensor::kQkv);
+  for (bf16_t& e : q) {
+    e = float_to_bf16(bf16_to_float(e) * scale);
+  }
+  x.set(Tensor::kQkv, q);
+  std::vector<float> s = x.get<float>(Tensor::kSsmState);
+  for (float& e : s) {
+    e *= scale;
+  }
+  x.set(Tensor::kSsmState, s);
+}
+
+std::vector<int32_t> ragged_offsets(int B, int T, uint64_t seed) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::vector<int32_t> off(static_cast<size_t>(B) + 1, 0);
+  for (int n = 0; n < B; ++n) {
+    off[n + 1] = off[n] + 1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(T));
+  }
+  return off;
+}
+
+struct FastCase {
+  VerifyCase c;
+  float scale;
+  bool ragged;
+};
+
+/// The §10 (b) / (c) / records comparison of one case at the default fast tile.
+void compare_case(const FastCase& fc, Agreement& agree, double& worst_ratio) {
+  const VerifyCase& c = fc.c;
+  VerifyProblem exact(c, kGpu);
+  scale_inputs(exact, fc.scale);
+  VerifyProblem fastp = exact.clone_to(kGpu);
+  Buffer offsets;
+  VerifyParams pe = exact.params(), pf = fast(fastp.params());
+  if (fc.ragged) {
+    offsets = make_buffer(ragged_offsets(c.B, c.T, c.seed), kGpu);
+    pe.token_offsets = pf.token_offsets = static_cast<const int32_t*>(offsets.data());
+  }
+  const int bv = kernels::default_fast_block_v(c.B, c.HV, c.V, 132);
+  const kernels::VerifyPlan plan = kernels::plan_verify_on_device(pf, VerifyPath::kFused, bv);
+  REQUIRE(plan.schedule == kernels::VerifySchedule::kFastChunk);
+  REQUIRE(plan.numerics == VerifyNumerics::kFast);
+  const std::vector<uint8_t> state0 = fastp.raw(Tensor::kSsmState);
+  const std::vector<uint8_t> conv0 = fastp.raw(Tensor::kConvState);
+  run_verify(pe, bv);
+  run_verify(pf, bv);
+  // Records and windows: the exact verify's, bitwise; the committed state untouched.
+  for (const Tensor t : {Tensor::kRingRawk, Tensor::kRingRawv, Tensor::kRingG, Tensor::kRingBeta,
+                         Tensor::kConvWindow}) {
+    CAPTURE(tensor_name(t));
+    REQUIRE(bitwise_equal(fastp.raw(t), exact.raw(t)));
+  }
+  REQUIRE(bitwise_equal(fastp.raw(Tensor::kSsmState), state0));
+  REQUIRE(bitwise_equal(fastp.raw(Tensor::kConvState), conv0));
+  // (b): per case no element beyond 1 ulp (the share of equal ones is checked over the table).
+  const std::vector<bf16_t> of = fastp.out(), oe = exact.out();
+  Agreement one;
+  one.add(of, oe);
+  CHECK(one.max_ulps <= 1);
+  agree.add(of, oe);
+  // (c): against the fp64 oracle (dense cases: the oracle takes the dense layout).
+  if (!fc.ragged) {
+    const VerifyProblem host = exact.clone_to(Device::host());
+    const host::Fp64Verify ref = host::verify_fp64(host.params());
+    std::vector<double> ref_rows(ref.out.begin(), ref.out.end());
+    const int pad = host.pad_request();
+    const int64_t row = static_cast<int64_t>(c.T) * c.HV * c.V;
+    auto real_rows = [&](std::vector<double> v) {  // padding rows dropped (their outputs are 0)
+      if (pad >= 0) {
+        v.erase(v.begin() + pad * row, v.begin() + (pad + 1) * row);
+      }
+      return v;
+    };
+    auto as_double = [](const std::vector<bf16_t>& v) {
+      std::vector<double> d(v.size());
+      for (size_t i = 0; i < v.size(); ++i) {
+        d[i] = bf16_to_float(v[i]);
+      }
+      return d;
+    };
+    const std::vector<double> r = real_rows(ref_rows);
+    const double e_exact = rel_l2(real_rows(as_double(oe)), r);
+    const double e_fast = rel_l2(real_rows(as_double(of)), r);
+    CAPTURE(e_exact, e_fast);
+    CHECK(e_fast <= 1.25 * std::max(e_exact, 1e-7));
+    worst_ratio = std::max(worst_ratio, e_fast / std::max(e_exact, 1e-7));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fast outputs: within 1 ulp of exact, >= 99.9% bitwise, fp64 error <= 1.25x exact",
+          "[gpu][fast]") {
+  std::vector<FastCase> cases;
+  uint64_t seed = 100;
+  for (const int K : {64, 128}) {
+    for (const bool safe : {false, true}) {
+      for (const int T : {1, 2, 3, 4, 7, 8, 9, 16}) {
+        for (const float scale : {0.1f, 1.0f, 4.0f}) {
+          VerifyCase c =
+              make_case(T <= 4 ? 5 : 3, T, 2, 4, K, K == 128 ? 128 : 96, RecordMode::kRing, ++seed);
+          c.safe_gate = safe;
+          c.wtype = (seed % 2) != 0 ? ConvWeightType::kF32 : ConvWeightType::kBF16;
+          c.bias = (seed % 3) != 0;
+          c.neg_slot = T == 4 || T == 9;
+          c.reversed = (seed % 2) == 0;
+          c.L = 32;
+          c.qkv_pad = (seed % 4) == 0 ? 8 : 0;
+          cases.push_back({c, scale, false});
+          if (scale == 1.0f && T >= 2) {
+            cases.push_back({c, scale, true});
+          }
+        }
+      }
+    }
+  }
+  Agreement agree;
+  double worst_ratio = 0.0;
+  for (const FastCase& fc : cases) {
+    CAPTURE(fc.c, fc.scale, fc.ragged);
+    compare_case(fc, agree, worst_ratio);
+  }
+  WARN("fast vs exact over " << cases.size() << " cases, " << agree.elems << " outputs: "
+                             << agree.equal_pct() << "% bitwise equal, max " << agree.max_ulps
+                             << " ulp; fp64 rel L2 fast / exact at most " << worst_ratio);
+  CHECK(agree.max_ulps <= 1);
+  CHECK(agree.equal_pct() >= 99.9);
+}
+
+TEST_CASE("fast outputs: bitwise batch-invariant (tile, sub-batch, order, slot, graph, ragged)",
+          "[gpu][fast]") {
+  VerifyCase c = make_case(6, GENERATE(4, 8, 13), 2, 4, 128, 128, RecordMode::kRing, 7);
+  c.reversed = true;
+  c.L = 32;
+  c.extra_slots = 3;
+  CAPTURE(c);
+  VerifyProblem base(c, kGpu);
+  const VerifyParams p = fast(base.params());
+  run_verify(p, 128);
+  const std::vector<bf16_t> ref = base.out();
+  const int64_t per_req = static_cast<int64_t>(c.T) * c.HV * c.V;
+  auto request_rows = [&](const std::vector<bf16_t>& v, int n) {
+    return std::vector<bf16_t>(v.begin() + n * per_req, v.begin() + (n + 1) * per_req);
+  };
+
+  SECTION("every fast tile") {
+    for (const int bv : kernels::kFastBlockVs) {
+      CAPTURE(bv);
+      run_verify(p, bv);
+      REQUIRE(bitwise_equal(base.out(), ref));
+    }
+  }
+  SECTION("a sub-batch: the first requests alone") {
+    VerifyParams q = p;
+    q.B = 2;
+    base.set(Tensor::kOut, std::vector<bf16_t>(ref.size(), float_to_bf16(7.0f)));
+    run_verify(q, 64);
+    const std::vector<bf16_t> got = base.out();
+    for (int n = 0; n < 2; ++n) {
+      REQUIRE(bitwise_equal(request_rows(got, n), request_rows(ref, n)));
+    }
+  }
+  SECTION("another batch order, request 0 from a spare slot") {
+    VerifyProblem perm = base.clone_to(kGpu);
+    const std::vector<int32_t> slots = base.slots(), rows = base.rows();
+    std::vector<int> order(static_cast<size_t>(c.B));  // new position i holds old request order[i]
+    for (int i = 0; i < c.B; ++i) {
+      order[i] = (i * 5 + 2) % c.B;
+    }
+    // Request 0's state and conv state copied to a slot outside the batch.
+    const int spare = base.num_slots() - 1;
+    REQUIRE(std::find(slots.begin(), slots.end(), spare) == slots.end());
+    std::vector<float> st = perm.get<float>(Tensor::kSsmState);
+    const int64_t se = base.state_elems();
+    std::copy(st.begin() + slots[0] * se, st.begin() + (slots[0] + 1) * se,
+              st.begin() + spare * se);
+    perm.set(Tensor::kSsmState, st);
+    std::vector<bf16_t> cs = perm.get<bf16_t>(Tensor::kConvState);
+    const int64_t ce = static_cast<int64_t>(kConvHistory) * base.D();
+    std::copy(cs.begin() + slots[0] * ce, cs.begin() + (slots[0] + 1) * ce,
+              cs.begin() + spare * ce);
+    perm.set(Tensor::kConvState, cs);
+    std::vector<int32_t> ps(slots.size()), pr(rows.size());
+    for (int i = 0; i < c.B; ++i) {
+      ps[i] = order[i] == 0 ? spare : slots[order[i]];
+      pr[i] = rows[order[i]];
+    }
+    perm.set(Tensor::kSlots, ps);
+    perm.set(Tensor::kRows, pr);
+    for (const Tensor t : {Tensor::kQkv, Tensor::kA, Tensor::kB}) {
+      const std::vector<bf16_t> v = base.get<bf16_t>(t);
+      const int64_t per = static_cast<int64_t>(v.size()) / c.B;
+      std::vector<bf16_t> w(v.size());
+      for (int i = 0; i < c.B; ++i) {
+        std::copy(v.begin() + order[i] * per, v.begin() + (order[i] + 1) * per,
+                  w.begin() + i * per);
+      }
+      perm.set(t, w);
+    }
+    run_verify(fast(perm.params()), 32);
+    const std::vector<bf16_t> got = perm.out();
+    for (int i = 0; i < c.B; ++i) {
+      CAPTURE(i, order[i]);
+      REQUIRE(bitwise_equal(request_rows(got, i), request_rows(ref, order[i])));
+    }
+  }
+  SECTION("CUDA graph replay") {
+    cudaStream_t s;
+    REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    base.set(Tensor::kOut, std::vector<bf16_t>(ref.size(), float_to_bf16(-3.0f)));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    kernels::invoke_verify_fused(p, 64, s);
+    REQUIRE(cudaStreamEndCapture(s, &g) == cudaSuccess);
+    REQUIRE(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(ge, s) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(ge, s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+    REQUIRE(bitwise_equal(base.out(), ref));
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+  }
+  SECTION("ragged rows with equal lengths") {
+    std::vector<int32_t> off(static_cast<size_t>(c.B) + 1);
+    for (int n = 0; n <= c.B; ++n) {
+      off[n] = n * c.T;
+    }
+    const Buffer ob = make_buffer(off, kGpu);
+    VerifyParams q = p;
+    q.token_offsets = static_cast<const int32_t*>(ob.data());
+    REQUIRE((kernels::plan_verify_on_device(q, VerifyPath::kFused, 128).features &
+             kernels::kRaggedRows) != 0);
+    base.set(Tensor::kOut, std::vector<bf16_t>(ref.size(), float_to_bf16(5.0f)));
+    run_verify(q, 128);
+    REQUIRE(bitwise_equal(base.out(), ref));
+  }
+}
+
+TEST_CASE("fast outputs: the committed state after rounds is the exact mode's, bitwise",
+          "[gpu][fast]") {
+  VerifyCase c = make_case(4, 6, 2, 4, 128, 128, RecordMode::kRing, 31);
+  c.neg_slot = true;
+  c.reversed = true;
+  c.L = 16;
+  VerifyProblem exact(c, kGpu);
+  VerifyProblem fastp = exact.clone_to(kGpu);
+  std::mt19937 rng(5);
+  for (int round = 0; round < 3; ++round) {
+    CAPTURE(round);
+    run_verify(exact.params(), 64);
+    run_verify(fast(fastp.params()), 64);
+    std::vector<int32_t> accepted(static_cast<size_t>(c.B));
+    for (int32_t& n : accepted) {
+      n = 1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(c.T));
+    }
+    const Buffer acc = make_buffer(accepted, kGpu);
+    kernels::invoke_commit(exact.commit_params(acc), nullptr);
+    kernels::invoke_commit(fastp.commit_params(acc), nullptr);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    REQUIRE(bitwise_equal(fastp.raw(Tensor::kSsmState), exact.raw(Tensor::kSsmState)));
+    REQUIRE(bitwise_equal(fastp.raw(Tensor::kConvState), exact.raw(Tensor::kConvState)));
+    // New draft inputs for the next round, the same on both.
+    std::vector<bf16_t> q = exact.get<bf16_t>(Tensor::kQkv);
+    std::normal_distribution<float> nd(0.0f, 0.5f);
+    for (bf16_t& e : q) {
+      e = float_to_bf16(nd(rng));
+    }
+    exact.set(Tensor::kQkv, q);
+    fastp.set(Tensor::kQkv, q);
+  }
+}
+
+TEST_CASE("fast outputs: the plan keeps exact where §10 does not apply", "[gpu][fast]") {
+  VerifyCase c = make_case(2, 4, 1, 2, 128, 128, RecordMode::kRing, 3);
+  VerifyProblem x(c, kGpu);
+  VerifyParams p = fast(x.params());
+  CHECK(kernels::plan_verify_on_device(p, VerifyPath::kFused, 64).schedule ==
+        kernels::VerifySchedule::kFastChunk);
+  CHECK(kernels::plan_verify_on_device(p, VerifyPath::kFused, 16).numerics ==
+        VerifyNumerics::kExact);  // not a fast tile
+  CHECK(kernels::plan_verify_on_device(p, VerifyPath::kUnfused, 0).numerics ==
+        VerifyNumerics::kExact);
+  VerifyParams s = fast(x.params(RecordMode::kSnapshot));
+  CHECK(kernels::plan_verify_on_device(s, VerifyPath::kFused, 64).numerics ==
+        VerifyNumerics::kExact);
+}
