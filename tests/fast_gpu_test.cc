@@ -8,6 +8,8 @@
 //       untouched; the committed state after verify + commit bitwise the exact mode's;
 //   (a) batch invariance: a request's outputs bitwise the same at every fast tile, in a sub-batch,
 //       in another batch order, from another slot, in a CUDA graph, dense vs ragged (equal T_n).
+// Planted faults (fast_faults_gpu.h: 1xTF32, a decay ratio a step late, token 1 without its
+// intra-chunk terms, the output mask off by one) each make the (b) or (c) check fail.
 // Statistics of (b) and (c) are printed per table (WARN), for the closing note.
 #include <cuda_runtime_api.h>
 #include <catch2/catch.hpp>
@@ -21,6 +23,7 @@
 
 #include "kernels/kda_kernels.h"
 #include "kernels/ref/kda_host.h"
+#include "tests/fast_faults_gpu.h"
 #include "tests/test_problem.h"
 
 using namespace kda;
@@ -354,4 +357,42 @@ TEST_CASE("fast outputs: the plan keeps exact where §10 does not apply", "[gpu]
   VerifyParams s = fast(x.params(RecordMode::kSnapshot));
   CHECK(kernels::plan_verify_on_device(s, VerifyPath::kFused, 64).numerics ==
         VerifyNumerics::kExact);
+}
+
+TEST_CASE("fast outputs: each planted fault fails the checks", "[gpu][fast]") {
+  const PlantedFastFault fault =
+      GENERATE(PlantedFastFault::kOneTf32Product, PlantedFastFault::kDecayOffByOne,
+               PlantedFastFault::kDropIntraTerm, PlantedFastFault::kMaskOffByOne);
+  CAPTURE(planted_fast_fault_name(fault));
+  VerifyCase c = make_case(8, 8, 2, 4, 128, 128, RecordMode::kRing, 77);
+  c.L = 16;
+  VerifyProblem exact(c, kGpu);
+  VerifyProblem planted = exact.clone_to(kGpu);
+  VerifyProblem good = exact.clone_to(kGpu);
+  run_verify(exact.params(), 64);
+  run_verify(fast(good.params()), 64);
+  verify_fast_with_fault(fast(planted.params()), fault);
+  Agreement ok, bad;
+  ok.add(good.out(), exact.out());
+  bad.add(planted.out(), exact.out());
+  const VerifyProblem host = exact.clone_to(Device::host());
+  const host::Fp64Verify ref = host::verify_fp64(host.params());
+  auto err = [&](const std::vector<bf16_t>& o) {
+    std::vector<double> d(o.size());
+    for (size_t i = 0; i < o.size(); ++i) {
+      d[i] = bf16_to_float(o[i]);
+    }
+    return rel_l2(d, ref.out);
+  };
+  const double e_exact = err(exact.out()), e_good = err(good.out()), e_bad = err(planted.out());
+  WARN(planted_fast_fault_name(fault)
+       << ": " << bad.equal_pct() << "% equal, max " << bad.max_ulps << " ulp, fp64 rel L2 "
+       << e_bad << " (fast " << e_good << ", exact " << e_exact << ")");
+  // The correct kernel passes what the planted one must fail.
+  REQUIRE(ok.max_ulps <= 1);
+  REQUIRE(ok.equal_pct() >= 99.9);
+  REQUIRE(e_good <= 1.25 * std::max(e_exact, 1e-7));
+  const bool fails =
+      bad.max_ulps > 1 || bad.equal_pct() < 99.9 || e_bad > 1.25 * std::max(e_exact, 1e-7);
+  CHECK(fails);
 }

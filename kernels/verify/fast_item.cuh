@@ -65,8 +65,18 @@ __device__ __forceinline__ int swz(int r, int k) {
   return r * K + (k ^ ((r & 1) << 4));
 }
 
+/// Faults a test plants in the fast form to see its checks fail (tests/fast_faults_gpu.cu); the
+/// library instantiates kNone alone.
+enum class FastFault : uint8_t {
+  kNone,
+  kOneTf32Product,  ///< the state contractions at 1xTF32 (the split operands dropped)
+  kDecayOffByOne,   ///< the T x T terms' decay ratios one step late (d_{t-1} for d_t)
+  kDropIntraTerm,   ///< token 1 without its intra-chunk terms (i < t)
+  kMaskOffByOne,    ///< the outputs without their diagonal term (i < t, not i <= t)
+};
+
 /// One fast-output work item (the prologue's coordinates and phases, ItemPrologue).
-template <typename Traits>
+template <typename Traits, FastFault kFault = FastFault::kNone>
 struct FastItem : ItemPrologue<Traits> {
   using Prologue = ItemPrologue<Traits>;
   KDA_VERIFY_TRAITS_MEMBERS(Traits);
@@ -199,6 +209,11 @@ struct FastItem : ItemPrologue<Traits> {
         load_vec<E>(d, &sm.decay[t & 7][lane * E]);
         load_vec<E>(kt[0], &sm.qk[t & 7][1][lane * E]);
         load_vec<E>(qt[0], &sm.qk[t & 7][0][lane * E]);
+        if constexpr (kFault == FastFault::kDecayOffByOne) {
+          if (t > i + 1) {
+            load_vec<E>(d, &chunk(t - 1).decay[(t - 1) & 7][lane * E]);
+          }
+        }
 #pragma unroll
         for (int e = 0; e < E; ++e) {
           if (t > i) {
@@ -268,8 +283,13 @@ struct FastItem : ItemPrologue<Traits> {
                 const uint32_t small0[4] = {ls.x, hs.x, ls.y, hs.y};
                 const uint32_t big1[4] = {lb.z, hb.z, lb.w, hb.w};
                 const uint32_t small1[4] = {ls.z, hs.z, ls.w, hs.w};
-                mma_3xtf32_16x8x8(acc[m][n], big0, small0, b_big[0], b_small[0]);
-                mma_3xtf32_16x8x8(acc[m][n], big1, small1, b_big[1], b_small[1]);
+                if constexpr (kFault == FastFault::kOneTf32Product) {
+                  mma_tf32_16x8x8(acc[m][n], big0, b_big[0]);
+                  mma_tf32_16x8x8(acc[m][n], big1, b_big[1]);
+                } else {
+                  mma_3xtf32_16x8x8(acc[m][n], big0, small0, b_big[0], b_small[0]);
+                  mma_3xtf32_16x8x8(acc[m][n], big1, small1, b_big[1], b_small[1]);
+                }
               }
             }
           }
@@ -313,13 +333,19 @@ struct FastItem : ItemPrologue<Traits> {
           float ks = Wt[t * BV + c];
 #pragma unroll
           for (int i = 0; i < t; ++i) {
-            ks = __fmaf_rn(termA[t * kFastMaxTokens + i], u[i], ks);
+            if (kFault != FastFault::kDropIntraTerm || t != 1) {
+              ks = __fmaf_rn(termA[t * kFastMaxTokens + i], u[i], ks);
+            }
           }
           u[t] = __fmul_rn(__fsub_rn(sm.v[t & 7][c], ks), sm.beta[t & 7]);
           float o = QSt[t * BV + c];
 #pragma unroll
           for (int i = 0; i <= t; ++i) {
-            o = __fmaf_rn(termM[t * kFastMaxTokens + i], u[i], o);
+            const bool dropped = (kFault == FastFault::kDropIntraTerm && t == 1 && i < t) ||
+                                 (kFault == FastFault::kMaskOffByOne && i == t);
+            if (!dropped) {
+              o = __fmaf_rn(termM[t * kFastMaxTokens + i], u[i], o);
+            }
           }
           p.out[((row0 + t) * p.HV + hv) * p.V + v0 + c] = to_bf16(o);
         }
@@ -331,11 +357,11 @@ struct FastItem : ItemPrologue<Traits> {
 /// The fast-output kernel: one CTA per item on the grid (ceil(V / BV), HV, B), two per SM.
 /// Before the PDL wait it reads the weights, the gate constants and the slot / row indices (as
 /// verify_tile_kernel does: kda_kernels.h states what that asks of callers).
-template <typename Traits>
+template <typename Traits, FastFault kFault = FastFault::kNone>
 __global__ void __launch_bounds__(256, 2)
     verify_fast_kernel(const __grid_constant__ TileArgs args) {
   static_assert(Traits::kSchedule == VerifySchedule::kFastChunk, "the fast-chunk schedule");
-  using Item = FastItem<Traits>;
+  using Item = FastItem<Traits, kFault>;
   extern __shared__ __align__(128) unsigned char fast_smem[];
   const int hv = static_cast<int>(blockIdx.y);
   Item item(args, {static_cast<int>(blockIdx.z), hv, static_cast<int>(args.div.group.div(hv)),

@@ -1,0 +1,65 @@
+// fast_faults_gpu.cu: the fast-output kernel instantiated with each planted FastFault
+// (fast_faults_gpu.h); test code only, the library instantiates none of them.
+#include "tests/fast_faults_gpu.h"
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "kernels/common/launch_pdl.cuh"
+#include "kernels/verify/fast_item.cuh"
+
+namespace kda::testing {
+
+namespace {
+
+using Traits = kernels::VerifyTraits<float, 128, 64, VerifyPath::kFused,
+                                     kernels::VerifySchedule::kFastChunk, kernels::kNoFeatures>;
+
+template <kernels::FastFault F>
+void launch(const VerifyParams& p) {
+  kernels::TileArgs args{p, nullptr, 0, {}};
+  args.div = {kernels::FastDivisor(static_cast<uint32_t>(kernels::ceil_div(p.V, 64))),
+              kernels::FastDivisor(static_cast<uint32_t>(p.HV)),
+              kernels::FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
+  auto* kernel = &kernels::verify_fast_kernel<Traits, F>;
+  const size_t smem = kernels::FastSmem<128, 64>::bytes(p.T);
+  KDA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(kernels::ceil_div(p.V, 64)), static_cast<unsigned>(p.HV),
+                  static_cast<unsigned>(p.B));
+  kernels::launch_pdl(kernel, grid, dim3(256), smem, nullptr, false, args);
+  KDA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+}  // namespace
+
+const char* planted_fast_fault_name(PlantedFastFault f) {
+  switch (f) {
+    case PlantedFastFault::kOneTf32Product:
+      return "1xTF32 (split operands dropped)";
+    case PlantedFastFault::kDecayOffByOne:
+      return "decay ratio one step late";
+    case PlantedFastFault::kDropIntraTerm:
+      return "token 1 without its intra-chunk terms";
+    case PlantedFastFault::kMaskOffByOne:
+      return "output mask off by one (no diagonal)";
+  }
+  return "?";
+}
+
+void verify_fast_with_fault(const VerifyParams& p, PlantedFastFault fault) {
+  KDA_CHECK(p.K == 128 && p.conv_weight_type == ConvWeightType::kF32 &&
+                p.mode == RecordMode::kRing && p.token_offsets == nullptr && p.T <= 16,
+            "verify_fast_with_fault: a dense ring-mode chain, f32 conv weights, K = 128");
+  switch (fault) {
+    case PlantedFastFault::kOneTf32Product:
+      return launch<kernels::FastFault::kOneTf32Product>(p);
+    case PlantedFastFault::kDecayOffByOne:
+      return launch<kernels::FastFault::kDecayOffByOne>(p);
+    case PlantedFastFault::kDropIntraTerm:
+      return launch<kernels::FastFault::kDropIntraTerm>(p);
+    case PlantedFastFault::kMaskOffByOne:
+      return launch<kernels::FastFault::kMaskOffByOne>(p);
+  }
+}
+
+}  // namespace kda::testing
