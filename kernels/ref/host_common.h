@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <type_traits>
 #include <vector>
 
@@ -183,17 +184,30 @@ void load_gate_beta(const VerifyParams& p, int64_t r, int hv, HeadStep<R>& w) {
   w.beta = math::sigmoid(static_cast<R>(bf16_to_float(p.b[r * p.b_stride + hv])));
 }
 
+/// Steps 2, 3 and 5 for token row r with w.q/k/v loaded: fills w.g, w.beta, w.qs, w.kn. The
+/// prologue every verify form shares (the exact recurrence and the chunked fast outputs).
+template <typename R>
+void token_prologue(const VerifyParams& p, int64_t r, int hv, HeadStep<R>& w) {
+  load_gate_beta(p, r, hv, w);
+  math::normalize_q(w.q.data(), p.K, w.qs.data());
+  math::l2_normalize(w.k.data(), p.K, w.kn.data());
+}
+
+/// Step 6 after token_prologue: decays and updates w.S, fills w.u and w.o.
+template <typename R>
+void token_recurrence(const VerifyParams& p, HeadStep<R>& w) {
+  math::decay_state(w.S.data(), w.g.data(), p.K, p.V, w.decay.data());
+  math::delta_update(w.S.data(), w.kn.data(), w.beta, w.v.data(), p.K, p.V, w.u.data());
+  math::head_output(w.S.data(), w.qs.data(), p.K, p.V, w.o.data());
+}
+
 /// Steps 2, 3, 5, 6 for token row r with w.q/k/v loaded: updates w.S, fills w.g, w.beta, w.o.
 /// Step 4 (ring write) is left to the caller: it stores w.k, w.v, w.g, w.beta, which this
 /// function reads but never modifies, so writing them afterwards stores the same bits.
 template <typename R>
 void run_token(const VerifyParams& p, int64_t r, int hv, HeadStep<R>& w) {
-  load_gate_beta(p, r, hv, w);
-  math::normalize_q(w.q.data(), p.K, w.qs.data());
-  math::l2_normalize(w.k.data(), p.K, w.kn.data());
-  math::decay_state(w.S.data(), w.g.data(), p.K, p.V, w.decay.data());
-  math::delta_update(w.S.data(), w.kn.data(), w.beta, w.v.data(), p.K, p.V, w.u.data());
-  math::head_output(w.S.data(), w.qs.data(), p.K, p.V, w.o.data());
+  token_prologue(p, r, hv, w);
+  token_recurrence(p, w);
 }
 
 /// Runs every v-head and token of real request n over its bf16 conv outputs
@@ -233,6 +247,8 @@ void recur_request(const VerifyParams& p, int n, int32_t slot, const bf16_t* act
 
 // ---- f32 writers (verify_ref.cc) ----
 
+/// out[r][hv][:] = bf16(o[:]) (round to nearest even), o: V values.
+void write_out(const VerifyParams& p, int64_t r, int hv, const float* o);
 /// out[r][hv][:] = bf16(w.o).
 void write_out(const VerifyParams& p, int64_t r, int hv, const HeadStep<float>& w);
 /// snapshots[row][t][hv] = w.S.
@@ -243,5 +259,27 @@ void write_ring(const VerifyParams& p, int32_t slot, int t, int hv, const HeadSt
 /// The mode's per-token record: snapshot or (t < L) ring.
 void write_record(const VerifyParams& p, int32_t slot, int32_t row, int t, int hv,
                   const HeadStep<float>& w);
+
+// ---- the fused path's walk (verify_ref.cc) ----
+
+/// One token of the fused walk: real request n, its slot and scratch row, v-head hv, step t < T_n
+/// and its token row r.
+struct FusedToken {
+  int n;
+  int32_t slot, row;
+  int hv, t;
+  int64_t r;
+};
+using FusedTokenFn = std::function<void(const FusedToken&, HeadStep<float>&)>;
+/// After a head's last token: request n, v-head hv, the head's workspace.
+using FusedHeadFn = std::function<void(int n, int hv, HeadStep<float>&)>;
+
+/// The loop of every fused verify form, as the fused kernels run it: zeroes the output rows of
+/// padding requests; for each real request and v-head, w.S = the committed state of (slot, hv)
+/// with its pending steps folded (fold_pending), then per token t < T_n the conv (w.q, w.k, w.v;
+/// the windows after t into the request's scratch row, each element by one writer) and
+/// token_prologue, then on_token; after the head's last token on_head (if set). The callbacks
+/// write the outputs and the records.
+void fused_walk(const VerifyParams& p, const FusedTokenFn& on_token, const FusedHeadFn& on_head);
 
 }  // namespace kda::host::detail

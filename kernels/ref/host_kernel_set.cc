@@ -30,7 +30,11 @@ class HostKernelSet final : public KernelSet {
 
   void verify(const VerifyParams& p, const kernels::VerifyPlan& plan,
               cudaStream_t /*stream*/) override {
-    if (plan.path == VerifyPath::kFused) {
+    // plan_verify plans the fast outputs exactly where kernels::fast_outputs_plannable holds
+    // (p.numerics == kFast on a fast-capable call); every other call runs exact.
+    if (plan.numerics == VerifyNumerics::kFast) {
+      host::verify_fused_fast(p);
+    } else if (plan.path == VerifyPath::kFused) {
       host::verify_fused(p);
     } else {
       host::verify_unfused(p);

@@ -16,7 +16,9 @@
 // with <cmath> exp/log/sqrt and IEEE division where the GPU uses approximate instructions.
 // Hence the host paths agree *bitwise* with each other (fused == unfused, N tokens ==
 // N single-token extends, fold == snapshot copy), and with the GPU within the contract's
-// tolerances (relative L2: bf16 outputs <= 1e-2, f32 states <= 1e-5).
+// tolerances (relative L2: bf16 outputs <= 1e-2, f32 states <= 1e-5). The one exception is
+// verify_fused_fast's outputs (contract §10), which agree with the exact paths within §10's
+// bounds; its records and windows are bitwise theirs.
 //
 // Padding requests (slots[n] < 0): the T output rows are zeroed; nothing else of the request
 // (inputs, rows[n], state, scratch, rings) is read or written.
@@ -46,6 +48,20 @@ void verify_unfused(const VerifyParams& p);
 /// The fused path: the conv runs inside the token loop of each (request, v-head), as the
 /// fused kernel does; same outputs as verify_unfused, bitwise. p.qkv_act is not used.
 void verify_fused(const VerifyParams& p);
+
+/// The fused path with fast outputs (contract §10; VerifyNumerics::kFast, whatever p.numerics
+/// says): conv windows and ring records bitwise those of verify_fused (the same code writes
+/// them); each (request, v-head)'s outputs from the chunked form of its T_n <= 16 tokens, in the
+/// order the fast kernel uses: per-k prefix decays as products of the factors EXP(g_t); the
+/// T x T system (key-key A, key-query M) as tree dots of ratio-decayed keys (products of the
+/// factors d_{i+1..t} <= 1); the state contractions W_t = Σ_k xk_t[k] S0[k][:] and
+/// QS_t = Σ_k xq_t[k] S0[k][:] summed in double and rounded once to f32 (the tensor cores' order
+/// is not reproducible); then per column u_t = (v_t - W_t - Σ_{i<t} A[t][i] u_i) beta_t and
+/// o_t = QS_t + Σ_{i<=t} M[t][i] u_i as f32 fma chains, out = bf16(o_t). Outputs agree with
+/// verify_fused within the contract's §10 (b) bounds, not bitwise.
+/// Domain: ring mode, a dense or ragged chain (no parents), no pending fold (ring_pending null),
+/// T <= 16; otherwise kda::Error naming the field. Never writes the committed state.
+void verify_fused_fast(const VerifyParams& p);
 
 // ---- extend (prefill through the recurrence) ----
 
@@ -93,5 +109,13 @@ struct Fp64Verify {
 /// recurrence alone. Reads the verify inputs and ssm_state; ignores mode, rows, every output,
 /// scratch and ring pointer, and writes nothing.
 Fp64Verify verify_fp64(const VerifyParams& p);
+
+/// The chunked form of verify_fused_fast in double precision, with verify_fp64's conventions
+/// (the f32 conv and its bf16 rounding, then double everywhere: d_t = exp(g_t), the T x T system,
+/// the state contractions, the per-column solve). In exact arithmetic it equals the sequential
+/// recurrence, so its outputs agree with verify_fp64's to double rounding: the check of the
+/// chunked algebra. Chains only (parents set: kda::Error); `states` is left empty (the chunked
+/// form computes outputs only). Reads what verify_fp64 reads and writes nothing.
+Fp64Verify verify_fp64_chunked(const VerifyParams& p);
 
 }  // namespace kda::host

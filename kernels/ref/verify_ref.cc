@@ -2,6 +2,8 @@
 // conv inside each (request, v-head)'s token loop, as the fused kernel runs it). The two are
 // separately written loops over the same per-step functions, so their bitwise agreement
 // tests the structure (indexing, window ownership, record placement), not just the math.
+// The fused loop (fused_walk) also carries the fast outputs' prologue (verify_fast_ref.cc), so
+// both fused forms write their records and windows from one piece of code.
 #include <algorithm>
 #include <vector>
 
@@ -11,11 +13,15 @@
 namespace kda::host {
 namespace detail {
 
-void write_out(const VerifyParams& p, int64_t r, int hv, const HeadStep<float>& w) {
+void write_out(const VerifyParams& p, int64_t r, int hv, const float* o) {
   bf16_t* out = p.out + (r * p.HV + hv) * p.V;
   for (int v = 0; v < p.V; ++v) {
-    out[v] = float_to_bf16(w.o[v]);
+    out[v] = float_to_bf16(o[v]);
   }
+}
+
+void write_out(const VerifyParams& p, int64_t r, int hv, const HeadStep<float>& w) {
+  write_out(p, r, hv, w.o.data());
 }
 
 void write_snapshot(const VerifyParams& p, int32_t row, int t, int hv, const HeadStep<float>& w) {
@@ -154,6 +160,34 @@ class HeadConv {
 };
 
 }  // namespace
+
+void fused_walk(const VerifyParams& p, const FusedTokenFn& on_token, const FusedHeadFn& on_head) {
+  for (int n = 0; n < p.B; ++n) {
+    const int32_t slot = p.slots[n];
+    if (slot < 0) {
+      zero_out_rows(p, n);
+      continue;
+    }
+    const int32_t row = p.rows[n];
+    bf16_t* windows = p.conv_window + row * p.conv_window_row_stride;
+    for (int hv = 0; hv < p.HV; ++hv) {
+      HeadConv conv(p, slot, hv);
+      HeadStep<float> w(p.K, p.V);
+      load_state(p.ssm_state, p.ssm_slot_stride, slot, hv, p.V, p.K, w.S);
+      fold_pending(p, slot, hv, w.S);
+      for (int t = 0; t < tokens_of(p, n); ++t) {
+        conv.step(n, t, windows, w);
+        const int64_t r = qkv_row(p, n, t);
+        token_prologue(p, r, hv, w);
+        on_token(FusedToken{n, slot, row, hv, t, r}, w);
+      }
+      if (on_head) {
+        on_head(n, hv, w);
+      }
+    }
+  }
+}
+
 }  // namespace detail
 
 void verify_recurrent(const VerifyParams& p) {
@@ -193,27 +227,14 @@ void verify_fused(const VerifyParams& p) {
       p, "kda::host::verify_fused",
       params::kConv | params::kWindows | params::kRecurrence | params::kOut | params::kRecords);
   params::check_fused_shape(p, "kda::host::verify_fused");
-  for (int n = 0; n < p.B; ++n) {
-    const int32_t slot = p.slots[n];
-    if (slot < 0) {
-      detail::zero_out_rows(p, n);
-      continue;
-    }
-    const int32_t row = p.rows[n];
-    bf16_t* windows = p.conv_window + row * p.conv_window_row_stride;
-    for (int hv = 0; hv < p.HV; ++hv) {
-      detail::HeadConv conv(p, slot, hv);
-      detail::HeadStep<float> w(p.K, p.V);
-      detail::load_state(p.ssm_state, p.ssm_slot_stride, slot, hv, p.V, p.K, w.S);
-      detail::fold_pending(p, slot, hv, w.S);
-      for (int t = 0; t < detail::tokens_of(p, n); ++t) {
-        conv.step(n, t, windows, w);
-        detail::run_token(p, detail::qkv_row(p, n, t), hv, w);
-        detail::write_out(p, detail::qkv_row(p, n, t), hv, w);
-        detail::write_record(p, slot, row, t, hv, w);
-      }
-    }
-  }
+  detail::fused_walk(
+      p,
+      [&](const detail::FusedToken& at, detail::HeadStep<float>& w) {
+        detail::token_recurrence(p, w);
+        detail::write_out(p, at.r, at.hv, w);
+        detail::write_record(p, at.slot, at.row, at.t, at.hv, w);
+      },
+      nullptr);
 }
 
 }  // namespace kda::host

@@ -1,0 +1,28 @@
+// fast_ref_testing.h: test-only access to verify_fused_fast with a planted error in its chunked
+// form, so that the tests of the fast outputs can prove they fail on a wrong chunk (contract §3:
+// a tolerance test must fail when one step is skipped or misordered). Not part of the reference's
+// API: nothing outside tests includes it.
+#pragma once
+
+#include "kernels/params/kda_params.h"
+
+namespace kda::host::testing {
+
+/// One planted error in the chunked form (kda_host.h verify_fused_fast).
+enum class ChunkFault {
+  kNone,
+  /// The ratio decay of A[t][i] and M[t][i] takes d_{t-1} where it takes d_t (t > i): every decay
+  /// ratio one step off.
+  kDecayOffByOneStep,
+  /// Token t = 1 drops its intra-chunk terms i < t (A[1][0] in u_1, M[1][0] in o_1).
+  kDropIntraTerm,
+  /// The outputs' mask is the strictly lower one: o_t sums M[t][i] u_i over i < t, missing the
+  /// diagonal term i = t.
+  kMaskOffByOne,
+};
+
+/// verify_fused_fast with `fault` planted in its chunk solve (kNone: verify_fused_fast itself);
+/// records and windows are unaffected.
+void verify_fused_fast_with_fault(const VerifyParams& p, ChunkFault fault);
+
+}  // namespace kda::host::testing
