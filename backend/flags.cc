@@ -18,8 +18,12 @@ enum class FlagKind {
   kBool,        // on|off, true|false, 1|0 (value required)
   kSwitch,      // bare = true; `=value` like kBool
   kBlockV,      // auto|0 or one of kernels::kFusedBlockVs
-  kAutoOnOff,   // auto|on|off -> 0|1|2 (DeferredCommit)
+  kChoice,      // one of FlagSpec::choices, stored as its index (an enum's value)
 };
+
+// The names of the kChoice flags' values, indexed by the enum value each stands for.
+constexpr const char* kDeferredCommitNames[] = {"auto", "on", "off"};      // DeferredCommit
+constexpr const char* kVerifyNumericsNames[] = {"auto", "exact", "fast"};  // NumericsRequest
 
 struct FlagSpec {
   const char* name;
@@ -29,31 +33,40 @@ struct FlagSpec {
   bool EngineFlags::*bool_field;  // kBool, kSwitch
   const char* arg;                // for the help text
   const char* help;
+  const char* const* choices;  // kChoice: the value names, index lo..hi
 };
 
 constexpr FlagSpec kFlags[] = {
     {"--speculative-num-draft-tokens", FlagKind::kInt, 1, 16, &EngineFlags::num_draft_tokens,
-     nullptr, "N", "draft tokens per verify (T)"},
+     nullptr, "N", "draft tokens per verify (T)", nullptr},
     {"--enable-linear-replayssm-spec", FlagKind::kSwitch, 0, 0, nullptr,
      &EngineFlags::replayssm_spec, "",
-     "ReplaySSM ring mode (rollback by replay); off: fp32 snapshot mode"},
+     "ReplaySSM ring mode (rollback by replay); off: fp32 snapshot mode", nullptr},
     {"--linear-replayssm-cache-len", FlagKind::kPowerOfTwo, 2, 256,
      &EngineFlags::replayssm_cache_len, nullptr, "N",
-     "ring length L; ring mode needs L >= 2 * draft tokens"},
+     "ring length L; ring mode needs L >= 2 * draft tokens", nullptr},
     {"--max-running-requests", FlagKind::kInt, 1, 4096, &EngineFlags::max_running_requests, nullptr,
-     "N", "concurrent requests: state slots and verify scratch rows"},
+     "N", "concurrent requests: state slots and verify scratch rows", nullptr},
     {"--kda-fused-verify", FlagKind::kBool, 0, 0, nullptr, &EngineFlags::fused_verify, "on|off",
-     "allow the fused verify kernel"},
+     "allow the fused verify kernel", nullptr},
     {"--kda-fused-ring-max-batch", FlagKind::kInt, 0, 4096, &EngineFlags::fused_ring_max_batch,
-     nullptr, "N", "largest batch that takes the fused kernel in ring mode (SM90/SM100)"},
+     nullptr, "N", "largest batch that takes the fused kernel in ring mode (SM90/SM100)", nullptr},
     {"--kda-verify-block-v", FlagKind::kBlockV, 0, 0, &EngineFlags::verify_block_v, nullptr,
-     "auto|N", "fused verify V tile"},
-    {"--kda-deferred-commit", FlagKind::kAutoOnOff, 0, 2, &EngineFlags::deferred_commit, nullptr,
+     "auto|N", "fused verify V tile", nullptr},
+    {"--kda-deferred-commit", FlagKind::kChoice, 0, 2, &EngineFlags::deferred_commit, nullptr,
      "auto|on|off",
      "ring mode: fold the accepted steps inside the next verify (auto: where the step "
-     "benchmark measured it faster on the nearest measured card, dispatch/commit_policy.h)"},
+     "benchmark measured it faster on the nearest measured card, dispatch/commit_policy.h)",
+     kDeferredCommitNames},
+    {"--kda-verify-numerics", FlagKind::kChoice, 0, 2, &EngineFlags::verify_numerics, nullptr,
+     "exact|fast|auto",
+     "verify outputs: exact, or fast (tensor cores; ring-mode chains on the fused path without a "
+     "deferred fold, else exact; auto: where the step benchmark measured fast faster on the "
+     "nearest measured card, dispatch/numerics_policy.h)",
+     kVerifyNumericsNames},
     {"--speculative-eagle-topk", FlagKind::kInt, 1, 16, &EngineFlags::eagle_topk, nullptr, "N",
-     "children per draft-tree node (1: chains; > 1: tree drafts, at most 8 nodes per request)"},
+     "children per draft-tree node (1: chains; > 1: tree drafts, at most 8 nodes per request)",
+     nullptr},
 };
 
 std::string block_v_list() {
@@ -77,8 +90,14 @@ std::string allowed(const FlagSpec& f) {
       return "no value, or =on|off, =true|false, =1|0";
     case FlagKind::kBlockV:
       return fmt::format("auto (or 0) or one of {}", block_v_list());
-    case FlagKind::kAutoOnOff:
-      return "auto, on or off";
+    case FlagKind::kChoice: {
+      std::string s;
+      for (int i = f.lo; i <= f.hi; ++i) {
+        s += i == f.lo ? "" : i == f.hi ? " or " : ", ";
+        s += f.choices[i];
+      }
+      return s;
+    }
   }
   return "?";
 }
@@ -88,9 +107,8 @@ std::string default_text(const FlagSpec& f) {
   if (f.bool_field != nullptr) {
     return (defaults.*f.bool_field) ? "on" : "off";
   }
-  if (f.kind == FlagKind::kAutoOnOff) {
-    static constexpr const char* kNames[] = {"auto", "on", "off"};
-    return kNames[defaults.*f.int_field];
+  if (f.kind == FlagKind::kChoice) {
+    return f.choices[defaults.*f.int_field];
   }
   if (f.kind == FlagKind::kBlockV && defaults.*f.int_field == 0) {
     return std::string("auto: per call, by grid and T (kernels/tile_policy.h)");
@@ -128,7 +146,7 @@ bool int_in_range(const FlagSpec& f, int v) {
       return v >= f.lo && v <= f.hi && (v & (v - 1)) == 0;
     case FlagKind::kBlockV:
       return v == 0 || kernels::is_fused_block_v(v);
-    case FlagKind::kAutoOnOff:
+    case FlagKind::kChoice:
       return v >= f.lo && v <= f.hi;
     case FlagKind::kBool:
     case FlagKind::kSwitch:
@@ -147,14 +165,12 @@ void apply(const FlagSpec& f, std::string_view value, EngineFlags& flags) {
     return;
   }
   int v = 0;
-  if (f.kind == FlagKind::kAutoOnOff) {
-    if (value == "auto") {
-      v = static_cast<int>(DeferredCommit::kAuto);
-    } else if (value == "on") {
-      v = static_cast<int>(DeferredCommit::kOn);
-    } else if (value == "off") {
-      v = static_cast<int>(DeferredCommit::kOff);
-    } else {
+  if (f.kind == FlagKind::kChoice) {
+    v = f.lo;
+    while (v <= f.hi && value != f.choices[v]) {
+      ++v;
+    }
+    if (v > f.hi) {
       reject(f, value);
     }
   } else if (f.kind == FlagKind::kBlockV && value == "auto") {

@@ -16,6 +16,15 @@
 //                                      the next verify folds it (contract §7); auto (default):
 //                                      dispatch/commit_policy.h's measured rule (the step
 //                                      table of the measured card nearest to the device)
+//   --kda-verify-numerics exact|fast|auto  the verify's outputs (contract §10): exact (§3), or
+//                                      fast (the chunked form on tensor cores) where a call can
+//                                      take it: ring mode, a dense or ragged chain, T <= 16, the
+//                                      fused path, no deferred fold, a fast tile (32|64|128);
+//                                      elsewhere exact, the decision's reason says why. auto
+//                                      (default): fast where dispatch/numerics_policy.h's step
+//                                      table of the nearest measured card says it pays for the
+//                                      call's shape; exact where it has no row. Records, windows
+//                                      and the committed state are exact in every mode.
 #pragma once
 
 #include <string>
@@ -39,6 +48,7 @@ struct EngineFlags {
   int fused_ring_max_batch = 1;   ///< --kda-fused-ring-max-batch
   int verify_block_v = 0;         ///< --kda-verify-block-v; 0 = auto
   int deferred_commit = 0;        ///< --kda-deferred-commit: a DeferredCommit value
+  int verify_numerics = 0;        ///< --kda-verify-numerics: a NumericsRequest value
   int eagle_topk = 1;             ///< --speculative-eagle-topk: 1 = chains, > 1 = tree drafts
 
   /// Tree drafts (contract §8): prepare() takes BatchSpec::parents.
@@ -52,8 +62,14 @@ struct EngineFlags {
   /// V and the device's SMs; default_deferred_block_v when the verify folds pending steps) or
   /// kernels::default_snapshot_block_v (snapshot mode: B, HV, V, SMs).
   int resolved_block_v() const { return resolve_block_v(verify_block_v); }
+  NumericsRequest numerics_request() const { return static_cast<NumericsRequest>(verify_numerics); }
   DispatchFlags dispatch_flags() const {
-    return DispatchFlags{fused_verify, fused_ring_max_batch, verify_block_v};
+    DispatchFlags d;
+    d.fused_verify = fused_verify;
+    d.fused_ring_max_batch = fused_ring_max_batch;
+    d.block_v = verify_block_v;
+    d.numerics = numerics_request();
+    return d;
   }
 
   /// Checks every field against its flag's range and the cross-flag rules (ring mode:

@@ -171,12 +171,13 @@ KdaAttentionBackend::KdaAttentionBackend(const ModelConfig& model, const EngineF
   batch_slots_.reserve(static_cast<size_t>(flags.max_running_requests));
   upload_rows_.reserve(static_cast<size_t>(flags.max_running_requests));
   logger().info(
-      "KDA backend: {} layers, H={} HV={} K={} V={}, {} mode (L={}, {} commit), T_max={}, kernels "
-      "{} on {}, dispatch platform {}",
+      "KDA backend: {} layers, H={} HV={} K={} V={}, {} mode (L={}, {} commit), T_max={}, "
+      "numerics {}, kernels {} on {}, dispatch platform {}",
       model_.num_layers, model_.H, model_.HV, model_.K, model_.V,
       flags_.replayssm_spec ? "ring" : "snapshot", flags_.replayssm_cache_len,
-      deferred_ ? "deferred" : "eager", flags_.num_draft_tokens, kernels_->name(),
-      device_name(device_), platform_.describe());
+      deferred_ ? "deferred" : "eager", flags_.num_draft_tokens,
+      numerics_request_name(flags_.numerics_request()), kernels_->name(), device_name(device_),
+      platform_.describe());
 }
 
 KdaAttentionBackend::~KdaAttentionBackend() = default;
@@ -608,6 +609,9 @@ void KdaAttentionBackend::extend(int layer, const VerifyInputs& in, const Tensor
   // no scratch or records (T may exceed T_max: T_max = T keeps the params' T <= T_max).
   ExtendParams e = extend_params_of(make_verify_params(layer, in, out));
   e.T_max = batch_T_;
+  // Extend's outputs come with the committed state it writes: exact (§3) whatever
+  // --kda-verify-numerics says (contract §10).
+  e.numerics = VerifyNumerics::kExact;
   e.ssm_state_out = static_cast<float*>(pool_.ssm_state(layer).data());
   e.conv_state_out = static_cast<bf16_t*>(pool_.conv_state(layer).data());
   if (!batch_tracks_.empty()) {

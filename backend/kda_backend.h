@@ -230,8 +230,9 @@ class KdaAttentionBackend {
 
   /// Verifies layer `layer` of the prepared batch: writes out [N, HV, V] bf16 (packed; padding
   /// rows zeroed), the conv windows and the snapshots or rings; never writes the committed
-  /// conv/SSM state. Each layer exactly once per round. Returns the dispatch decision.
-  /// Enqueues on `stream`; graph-capturable.
+  /// conv/SSM state. Each layer exactly once per round. Returns the dispatch decision: the path,
+  /// the outputs' numerics (--kda-verify-numerics; the call's VerifyParams::numerics), their
+  /// reasons and the plan that ran. Enqueues on `stream`; graph-capturable.
   DispatchDecision verify(int layer, const VerifyInputs& in, const TensorView& out,
                           cudaStream_t stream);
 
@@ -266,8 +267,9 @@ class KdaAttentionBackend {
                    const CommitTrack& track, cudaStream_t stream);
 
   /// Runs the prepared extend round on layer `layer`: out [N, HV, V] bf16 for N = B*T prompt
-  /// tokens, and the state after the last token is committed in place. Each layer once;
-  /// the round ends with the last layer. Enqueues on `stream`.
+  /// tokens, and the state after the last token is committed in place, with exact outputs
+  /// whatever --kda-verify-numerics says. Each layer once; the round ends with the last layer.
+  /// Enqueues on `stream`.
   void extend(int layer, const VerifyInputs& in, const TensorView& out, cudaStream_t stream);
 
   /// Records that a CUDA-graph replay verified every layer of the freshly prepared batch

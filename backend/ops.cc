@@ -205,9 +205,18 @@ DispatchDecision run_verify(KernelSet& kernels, const VerifyParams& params,
                             const DispatchProblem& problem, const Platform& platform,
                             const DispatchFlags& flags, cudaStream_t stream) {
   DispatchDecision decision = choose_verify_path(problem, platform, flags);
+  // The decision's numerics are the call's: the plan takes VerifySchedule::kFastChunk from them.
+  VerifyParams p = params;
+  p.numerics = decision.numerics;
   // Plan once (the kernel, its schedule and grid), launch what the plan says.
-  decision.plan = kernels.plan_verify(params, decision.path, decision.block_v);
-  kernels.verify(params, decision.plan, stream);
+  decision.plan = kernels.plan_verify(p, decision.path, decision.block_v);
+  // The dispatcher's gates are the plan's (kernels::fast_outputs_plannable): a fast decision
+  // that plans exact outputs, or the reverse, is a bug, never a silent fallback.
+  KDA_CHECK_CODE(decision.plan.numerics == decision.numerics, ErrorCode::kInternal,
+                 "verify: the dispatcher chose {} outputs ({}), the plan runs {} ({})",
+                 verify_numerics_name(decision.numerics), decision.describe_numerics(),
+                 verify_numerics_name(decision.plan.numerics), decision.plan.kernel());
+  kernels.verify(p, decision.plan, stream);
   return decision;
 }
 
@@ -523,7 +532,7 @@ DispatchDecision verify(KernelSet& kernels, const VerifyArgs& args, cudaStream_t
     const std::string name = arg(op, "state.qkv_act");
     KDA_CHECK(st.qkv_act.defined(),
               "{}: none given, but the unfused path runs ({}): expected a bf16 tensor [>= {}, {}]",
-              name, chosen.describe_reason(), N, D);
+              name, chosen.describe_path(), N, D);
     KDA_CHECK(st.qkv_act.ndim() == 2 && st.qkv_act.size(0) >= N && st.qkv_act.size(1) == D,
               "{}: expected shape [>= {}, {}], got {}", name, N, D, st.qkv_act.shape_str());
     expect_dtype(st.qkv_act, name, DType::kBF16);

@@ -60,7 +60,7 @@ struct BatchTensors {
 struct VerifyOptions {
   GateKind gate = GateKind::kStandard;
   float lower_bound = 0.0f;  ///< safe gate only: finite, < 0
-  DispatchFlags dispatch;    ///< fused allowed, fused ring batch limit, V tile (0 = auto)
+  DispatchFlags dispatch;    ///< fused allowed, fused ring batch limit, V tile (0 = auto), numerics
   /// The dispatcher's platform; default: detect_platform of the state's CUDA device (cached per
   /// device), "no device" on the host.
   std::optional<Platform> platform;

@@ -499,6 +499,15 @@ DLDataType to_dl(DType t) {
   return DLDataType{kDLFloat, 32, 1};
 }
 
+// What kda_verify and kda_op_verify report (reason names are static strings).
+void fill_dispatch_info(const DispatchDecision& d, kda_dispatch_info& info) {
+  info.fused = d.fused() ? 1 : 0;
+  info.block_v = d.block_v;
+  info.reason = dispatch_reason_name(d.reason);
+  info.fast_outputs = d.fast_outputs() ? 1 : 0;
+  info.numerics_reason = numerics_reason_name(d.numerics_reason);
+}
+
 }  // namespace
 }  // namespace kda::capi
 
@@ -704,9 +713,7 @@ int kda_verify(kda_backend* backend, int layer, const DLTensor* mixed_qkv, const
     const TensorView o = capi::to_view(out, call, "out", {DType::kBF16});
     const DispatchDecision d = be.verify(layer, in, o, static_cast<cudaStream_t>(stream));
     if (info != nullptr) {
-      info->fused = d.fused() ? 1 : 0;
-      info->block_v = d.block_v;
-      info->reason = dispatch_reason_name(d.reason);
+      capi::fill_dispatch_info(d, *info);
     }
   });
 }
@@ -901,16 +908,20 @@ int kda_op_verify(const kda_verify_op* op, void* stream, kda_dispatch_info* info
     a.options.lower_bound = op->lower_bound;
     KDA_CHECK(op->fused_verify == 0 || op->fused_verify == 1,
               "ops.verify: fused_verify = {}, expected 0 or 1", op->fused_verify);
-    a.options.dispatch =
-        DispatchFlags{op->fused_verify != 0, op->fused_ring_max_batch, op->block_v};
+    KDA_CHECK(op->numerics >= KDA_NUMERICS_AUTO && op->numerics <= KDA_NUMERICS_FAST,
+              "ops.verify: numerics = {} unsupported, expected KDA_NUMERICS_AUTO (0), "
+              "KDA_NUMERICS_EXACT (1) or KDA_NUMERICS_FAST (2)",
+              op->numerics);
+    a.options.dispatch.fused_verify = op->fused_verify != 0;
+    a.options.dispatch.fused_ring_max_batch = op->fused_ring_max_batch;
+    a.options.dispatch.block_v = op->block_v;
+    a.options.dispatch.numerics = static_cast<NumericsRequest>(op->numerics);
     KDA_CHECK(a.state.ssm_state.defined(), "ops.verify: state.ssm_state: NULL DLTensor");
     capi::OpsKernels& k = capi::ops_kernels(a.state.ssm_state.device());
     const std::lock_guard<std::mutex> lock(k.mu);
     const DispatchDecision d = ops::verify(*k.kernels, a, static_cast<cudaStream_t>(stream));
     if (info != nullptr) {
-      info->fused = d.fused() ? 1 : 0;
-      info->block_v = d.block_v;
-      info->reason = dispatch_reason_name(d.reason);
+      capi::fill_dispatch_info(d, *info);
     }
   });
 }

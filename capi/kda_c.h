@@ -55,8 +55,9 @@ extern "C" {
 #endif
 
 /** Bumped when a struct or a signature of this header changes (3: engine-owned memory in
- * kda_backend_options, kda_claim_slot, kda_memory_report_get, the kda_op_* functions). */
-#define KDA_C_ABI_VERSION 3
+ * kda_backend_options, kda_claim_slot, kda_memory_report_get, the kda_op_* functions; 4: the
+ * outputs' numerics in kda_verify_op and kda_dispatch_info). */
+#define KDA_C_ABI_VERSION 4
 
 /* Status codes (kda::ErrorCode + 1; 0 = success). */
 #define KDA_OK 0
@@ -84,6 +85,11 @@ extern "C" {
 #define KDA_DRAFT_DENSE 0  /**< T tokens per request, a chain */
 #define KDA_DRAFT_RAGGED 1 /**< lengths[n] tokens per request, a chain */
 #define KDA_DRAFT_TREE 2   /**< T nodes per request, each with a parent */
+
+/* kda_verify_op.numerics (kda::NumericsRequest, --kda-verify-numerics; contract §10) */
+#define KDA_NUMERICS_AUTO 0  /**< the measured table decides (no row for the shape: exact) */
+#define KDA_NUMERICS_EXACT 1 /**< §3's exact outputs */
+#define KDA_NUMERICS_FAST 2  /**< the fast outputs wherever the call can take them */
 
 /** The backend: an opaque handle (a registry token, never dereferenced); made by
  * kda_backend_create, freed by kda_backend_destroy. */
@@ -205,6 +211,7 @@ typedef struct {
   int32_t fused_verify;         /**< 1: the fused kernel allowed, 0: unfused only */
   int32_t fused_ring_max_batch; /**< ring mode: largest B fused (--kda-fused-ring-max-batch) */
   int32_t block_v;              /**< fused V tile, 0 = auto (--kda-verify-block-v) */
+  int32_t numerics;             /**< KDA_NUMERICS_* (--kda-verify-numerics); 0 = auto */
 } kda_verify_op;
 
 /** kda_op_commit's arguments (kda::ops::CommitArgs). */
@@ -227,9 +234,11 @@ typedef struct {
 
 /** What a verify chose (kda::DispatchDecision). */
 typedef struct {
-  int32_t fused;      /**< 1: fused kernel, 0: unfused */
-  int32_t block_v;    /**< fused V tile, 0 when unfused */
-  const char* reason; /**< dispatch reason name (static string) */
+  int32_t fused;               /**< 1: fused kernel, 0: unfused */
+  int32_t block_v;             /**< fused V tile, 0 when unfused */
+  const char* reason;          /**< dispatch reason name (static string) */
+  int32_t fast_outputs;        /**< 1: fast outputs (contract §10), 0: exact */
+  const char* numerics_reason; /**< numerics reason name, e.g. "auto_unmeasured" (static) */
 } kda_dispatch_info;
 
 /** Configuration and round queries (kda_backend_info). */

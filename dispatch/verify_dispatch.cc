@@ -127,12 +127,65 @@ const char* dispatch_reason_name(DispatchReason reason) noexcept {
   return "?";
 }
 
+const char* numerics_request_name(NumericsRequest request) noexcept {
+  switch (request) {
+    case NumericsRequest::kAuto:
+      return "auto";
+    case NumericsRequest::kExact:
+      return "exact";
+    case NumericsRequest::kFast:
+      return "fast";
+  }
+  return "?";
+}
+
+const char* verify_numerics_name(VerifyNumerics numerics) noexcept {
+  switch (numerics) {
+    case VerifyNumerics::kExact:
+      return "exact";
+    case VerifyNumerics::kFast:
+      return "fast";
+  }
+  return "?";
+}
+
+const char* numerics_reason_name(NumericsReason reason) noexcept {
+  switch (reason) {
+    case NumericsReason::kFastRequested:
+      return "fast_requested";
+    case NumericsReason::kAutoFast:
+      return "auto_fast";
+    case NumericsReason::kExactRequested:
+      return "exact_requested";
+    case NumericsReason::kAutoExact:
+      return "auto_exact";
+    case NumericsReason::kAutoUnmeasured:
+      return "auto_unmeasured";
+    case NumericsReason::kExactSnapshotMode:
+      return "exact_snapshot_mode";
+    case NumericsReason::kExactTree:
+      return "exact_tree";
+    case NumericsReason::kExactTokens:
+      return "exact_tokens";
+    case NumericsReason::kExactUnfused:
+      return "exact_unfused";
+    case NumericsReason::kExactDeferredFold:
+      return "exact_deferred_fold";
+    case NumericsReason::kExactBlockV:
+      return "exact_block_v";
+  }
+  return "?";
+}
+
 int resolve_block_v(int block_v) noexcept {
   return block_v == 0 ? kernels::kDefaultFusedBlockV : block_v;
 }
 
-DispatchDecision choose_verify_path(const DispatchProblem& p, const Platform& platform,
-                                    const DispatchFlags& flags) noexcept {
+namespace {
+
+// Rules 1-5: the path and its tile.
+DispatchDecision choose_path(const DispatchProblem& p, const Platform& platform,
+                             const DispatchFlags& flags) noexcept {
   DispatchDecision d;
   d.B = p.B;
   d.arch = platform.family();
@@ -259,12 +312,122 @@ DispatchDecision choose_verify_path(const DispatchProblem& p, const Platform& pl
   return d;
 }
 
+// The numerics gates (file comment of verify_dispatch.h) in order: the first that fails, else
+// none. Mirrors kernels::fast_outputs_plannable on the call's params.
+bool fast_outputs_gated(const DispatchDecision& d, const DispatchProblem& p,
+                        const DispatchFlags& flags, NumericsReason& why) noexcept {
+  using N = NumericsReason;
+  if (p.mode != RecordMode::kRing) {
+    why = N::kExactSnapshotMode;
+  } else if (!p.plain_chain) {
+    why = N::kExactTree;
+  } else if (p.T < 1 || p.T > kernels::kFastMaxTokens) {
+    why = N::kExactTokens;
+  } else if (!d.fused()) {
+    why = N::kExactUnfused;
+  } else if (p.deferred) {
+    why = N::kExactDeferredFold;
+  } else if (flags.block_v != 0 && !kernels::is_fast_block_v(flags.block_v)) {
+    why = N::kExactBlockV;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The outputs' numerics of the path `d` chose; a fast call's auto tile.
+void choose_numerics(DispatchDecision& d, const DispatchProblem& p, const Platform& platform,
+                     const DispatchFlags& flags) noexcept {
+  using N = NumericsReason;
+  d.numerics = VerifyNumerics::kExact;
+  d.T = p.T;
+  if (flags.numerics == NumericsRequest::kExact) {
+    d.numerics_reason = N::kExactRequested;
+    return;
+  }
+  if (fast_outputs_gated(d, p, flags, d.numerics_reason)) {
+    return;
+  }
+  if (flags.numerics == NumericsRequest::kFast) {
+    d.numerics_reason = N::kFastRequested;
+  } else {
+    const NumericsPolicyCard& card = flags.numerics_table != nullptr
+                                         ? *flags.numerics_table
+                                         : nearest_numerics_policy_card(platform.memory_gbps);
+    const NumericsPolicyRow* row = numerics_policy_row(card, {p.H, p.HV, p.K, p.V, p.T, p.B});
+    if (row == nullptr) {
+      d.numerics_reason = N::kAutoUnmeasured;
+      return;
+    }
+    d.numerics_card = card.name;
+    d.numerics_row_B = row->B;
+    if (row->pick != VerifyNumerics::kFast) {
+      d.numerics_reason = N::kAutoExact;
+      return;
+    }
+    d.numerics_reason = N::kAutoFast;
+  }
+  d.numerics = VerifyNumerics::kFast;
+  // auto (0): the fast kernel's own rule (two CTAs per SM, every SM busy).
+  if (flags.block_v == 0) {
+    d.block_v = kernels::default_fast_block_v(p.B, p.HV, p.V, platform.sm_count);
+  }
+}
+
+}  // namespace
+
+DispatchDecision choose_verify_path(const DispatchProblem& p, const Platform& platform,
+                                    const DispatchFlags& flags) noexcept {
+  DispatchDecision d = choose_path(p, platform, flags);
+  choose_numerics(d, p, platform, flags);
+  return d;
+}
+
 std::string DispatchDecision::describe() const {
   const std::string reason_text = describe_reason();
   return plan.K == 0 ? reason_text : fmt::format("{}; runs {}", reason_text, plan.kernel());
 }
 
 std::string DispatchDecision::describe_reason() const {
+  return fmt::format("{}; {}", describe_path(), describe_numerics());
+}
+
+std::string DispatchDecision::describe_numerics() const {
+  using N = NumericsReason;
+  switch (numerics_reason) {
+    case N::kFastRequested:
+      return "outputs fast (tensor cores): --kda-verify-numerics fast";
+    case N::kAutoFast:
+      return fmt::format(
+          "outputs fast (tensor cores): auto, measured faster on the step ({}, row B = {})",
+          numerics_card, numerics_row_B);
+    case N::kExactRequested:
+      return "outputs exact: --kda-verify-numerics exact";
+    case N::kAutoExact:
+      return fmt::format(
+          "outputs exact: auto, fast measured no faster on the step ({}, row B = {})",
+          numerics_card, numerics_row_B);
+    case N::kAutoUnmeasured:
+      return "outputs exact: auto: no measurement for this shape";
+    case N::kExactSnapshotMode:
+      return "outputs exact: snapshot mode";
+    case N::kExactTree:
+      return "outputs exact: a tree draft";
+    case N::kExactTokens:
+      return fmt::format("outputs exact: T = {} outside one fast chunk (1..{})", T,
+                         kernels::kFastMaxTokens);
+    case N::kExactUnfused:
+      return "outputs exact: the unfused path";
+    case N::kExactDeferredFold:
+      return "outputs exact: the verify folds pending steps (deferred commit)";
+    case N::kExactBlockV:
+      return fmt::format("outputs exact: --kda-verify-block-v = {} is not a fast tile ({})",
+                         block_v, fmt::join(kernels::kFastBlockVs, ", "));
+  }
+  return "?";
+}
+
+std::string DispatchDecision::describe_path() const {
   const char* path_text = verify_path_name(path);
   switch (reason) {
     case DispatchReason::kSnapshotFused:

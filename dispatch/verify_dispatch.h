@@ -13,6 +13,16 @@
 //      SM90 or SM100-family AND the ring views pass check_ring_layout; else unfused.
 // Both paths produce bitwise-identical results (contract §3), so the choice is a speed
 // decision only; the reason records why, for logs and tests.
+//
+// Then the outputs' numerics (contract §10, --kda-verify-numerics), on the path chosen above (the
+// numerics never change the path): exact unless fast is asked for (`fast`, or `auto` where
+// numerics_policy.h's measured table says fast pays for this shape) and every gate of the fast
+// outputs holds, in this order (the first that fails names the reason): ring mode; a chain
+// (dense or ragged; no tree); 1 <= T <= kernels::kFastMaxTokens; the fused path; no deferred fold
+// (the fold reads exact u records); a fast tile (kernels::kFastBlockVs) when
+// --kda-verify-block-v forces one. A fast call's auto tile is kernels::default_fast_block_v's.
+// These gates are kernels::fast_outputs_plannable's, so the plan of a fast decision is
+// VerifySchedule::kFastChunk.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +30,7 @@
 
 #include "core/platform.h"
 #include "core/tensor_view.h"
+#include "dispatch/numerics_policy.h"
 #include "dispatch/ring_layout.h"
 #include "kernels/params/kda_params.h"
 #include "kernels/verify/verify_plan.h"
@@ -54,11 +65,44 @@ enum class DispatchReason : uint8_t {
 /// Short stable name ("snapshot_fused", "ring_batch_above_limit", ...).
 const char* dispatch_reason_name(DispatchReason reason) noexcept;
 
+/// --kda-verify-numerics: the outputs' numerics asked for (contract §10). EngineFlags keeps it as
+/// its int value.
+enum class NumericsRequest : uint8_t {
+  kAuto = 0,   ///< numerics_policy.h's measured table decides (no row: exact)
+  kExact = 1,  ///< §3's exact outputs on every call
+  kFast = 2,   ///< the fast outputs wherever a call can take them
+};
+/// "auto", "exact" or "fast" (the flag's spelling).
+const char* numerics_request_name(NumericsRequest request) noexcept;
+/// "exact" or "fast".
+const char* verify_numerics_name(VerifyNumerics numerics) noexcept;
+
+/// Why the outputs take the numerics they take; one value per outcome of the numerics rules.
+enum class NumericsReason : uint8_t {
+  kFastRequested,      ///< --kda-verify-numerics fast, every gate passed
+  kAutoFast,           ///< auto: the measured row of this shape says fast pays
+  kExactRequested,     ///< --kda-verify-numerics exact
+  kAutoExact,          ///< auto: the measured row of this shape says fast does not pay
+  kAutoUnmeasured,     ///< auto: no measured row for this shape (the fallback: exact)
+  kExactSnapshotMode,  ///< snapshot mode (the fast outputs are ring mode's)
+  kExactTree,          ///< a tree draft
+  kExactTokens,        ///< T outside 1..kernels::kFastMaxTokens (one fast chunk)
+  kExactUnfused,       ///< the unfused path was chosen
+  kExactDeferredFold,  ///< the verify folds pending steps (the fold reads exact u records)
+  kExactBlockV,        ///< --kda-verify-block-v forces a tile outside kernels::kFastBlockVs
+};
+/// Short stable name ("fast_requested", "auto_unmeasured", "exact_deferred_fold", ...).
+const char* numerics_reason_name(NumericsReason reason) noexcept;
+
 /// The dispatcher's knobs (from EngineFlags).
 struct DispatchFlags {
   bool fused_verify = true;      ///< --kda-fused-verify
   int fused_ring_max_batch = 1;  ///< --kda-fused-ring-max-batch (0: ring mode never fused)
   int block_v = 0;  ///< --kda-verify-block-v; 0 = by the grid (kernels::default_block_v)
+  NumericsRequest numerics = NumericsRequest::kAuto;  ///< --kda-verify-numerics
+  /// auto's measured table; null: the measured card nearest to the platform
+  /// (nearest_numerics_policy_card). Tests inject one; it must outlive the call.
+  const NumericsPolicyCard* numerics_table = nullptr;
 };
 
 /// One verify call as the dispatcher sees it: sizes plus the views the kernel would get.
@@ -80,7 +124,7 @@ struct DispatchProblem {
   RingViews rings;         ///< ring mode: this layer's rings
   int64_t num_slots = 0;   ///< S of the state (ring slot-count check)
   /// Ring mode with the deferred commit (contract §7): the verify folds pending steps first,
-  /// so the auto tile is kernels::default_deferred_block_v's.
+  /// so the auto tile is kernels::default_deferred_block_v's and the outputs stay exact.
   bool deferred = false;
 };
 
@@ -101,28 +145,42 @@ struct DispatchDecision {
   int B = 0;                               ///< the batch the decision was made for
   ArchFamily arch = ArchFamily::kOther;    ///< the platform family seen
   RingLayoutCheck ring;                    ///< kRingLayoutRejected: the failed layout rule
+  /// The outputs' numerics (VerifyParams::numerics of the call) and why.
+  VerifyNumerics numerics = VerifyNumerics::kExact;
+  NumericsReason numerics_reason = NumericsReason::kExactUnfused;
+  int T = 0;  ///< the call's T (kExactTokens)
+  /// kAutoFast / kAutoExact: the measured card and the B of the row that decided.
+  const char* numerics_card = "";
+  int numerics_row_B = 0;
   /// The kernel-level plan of the call (kernels/verify/verify_plan.h): filled by the caller that
   /// has the call's params (the backend: its kernel set's plan_verify for this path and tile),
   /// and launched as it is; default (K = 0) until then.
   kernels::VerifyPlan plan;
 
   bool fused() const { return path == VerifyPath::kFused; }
-  /// e.g. "unfused: ring mode with B = 4 > --kda-fused-ring-max-batch = 1", then the plan's
-  /// kernel when the plan is filled ("; runs verify_tile<...>").
+  bool fast_outputs() const { return numerics == VerifyNumerics::kFast; }
+  /// e.g. "unfused: ring mode with B = 4 > --kda-fused-ring-max-batch = 1; outputs exact: the
+  /// unfused path", then the plan's kernel when the plan is filled ("; runs verify_tile<...>").
   std::string describe() const;
-  /// The path and reason alone.
+  /// The path and its reason, then the numerics and theirs (describe_numerics).
   std::string describe_reason() const;
-  /// Same path, reason, tile and plan (what "the decision changed" means for logging).
+  /// The numerics and their reason alone, e.g. "outputs fast (tensor cores): --kda-verify-numerics
+  /// fast" or "outputs exact: snapshot mode".
+  std::string describe_numerics() const;
+  /// The path and its reason alone, e.g. "unfused: fused verify switched off (--kda-fused-verify)".
+  std::string describe_path() const;
+  /// Same path, reason, tile, numerics and plan (what "the decision changed" means for logging).
   bool same_choice(const DispatchDecision& o) const {
-    return path == o.path && reason == o.reason && block_v == o.block_v && plan == o.plan;
+    return path == o.path && reason == o.reason && block_v == o.block_v && numerics == o.numerics &&
+           numerics_reason == o.numerics_reason && plan == o.plan;
   }
 };
 
 /// The fused tile `flags.block_v` resolves to (0 -> kernels::kDefaultFusedBlockV).
 int resolve_block_v(int block_v) noexcept;
 
-/// Applies the rules above. `platform` is the device's (detect_platform) or a test's
-/// fake_platform. Never throws.
+/// Applies the rules above (the path, then the numerics). `platform` is the device's
+/// (detect_platform) or a test's fake_platform. Never throws, never allocates.
 DispatchDecision choose_verify_path(const DispatchProblem& problem, const Platform& platform,
                                     const DispatchFlags& flags) noexcept;
 

@@ -119,15 +119,17 @@ TEST_CASE("backend: dispatch decisions are logged at debug when they change",
   // line names what ran (the plan's kernel; on the host kernel set, the reference).
   CHECK(log.str() ==
         "debug verify layer 0 (B=1, T=4): fused (block_v = 8): ring mode with B = 1 <= "
-        "--kda-fused-ring-max-batch = 1 on SM90, ring layout ok; runs the host reference "
-        "(fused)\n"
+        "--kda-fused-ring-max-batch = 1 on SM90, ring layout ok; outputs exact: auto: no "
+        "measurement for this shape; runs the host reference (fused)\n"
         "debug verify layer 1 (B=1, T=4): fused (block_v = 8): ring mode with B = 1 <= "
-        "--kda-fused-ring-max-batch = 1 on SM90, ring layout ok; runs the host reference "
-        "(fused)\n"
+        "--kda-fused-ring-max-batch = 1 on SM90, ring layout ok; outputs exact: auto: no "
+        "measurement for this shape; runs the host reference (fused)\n"
         "debug verify layer 0 (B=2, T=4): unfused: ring mode with B = 2 > "
-        "--kda-fused-ring-max-batch = 1; runs the host reference (unfused)\n"
+        "--kda-fused-ring-max-batch = 1; outputs exact: the unfused path; runs the host "
+        "reference (unfused)\n"
         "debug verify layer 1 (B=2, T=4): unfused: ring mode with B = 2 > "
-        "--kda-fused-ring-max-batch = 1; runs the host reference (unfused)\n");
+        "--kda-fused-ring-max-batch = 1; outputs exact: the unfused path; runs the host "
+        "reference (unfused)\n");
   const DispatchStats stats = h.backend->stats();
   CHECK(stats.fused_calls == 4);
   CHECK(stats.unfused_calls == 2);

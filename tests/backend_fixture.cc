@@ -47,6 +47,7 @@ class CountingKernelSet final : public KernelSet {
     inner().verify(p, plan, s);
     ++(plan.path == VerifyPath::kFused ? counts_->fused : counts_->unfused);
     counts_->fold_before_wait.push_back(p.fold_before_wait);
+    counts_->verify_numerics.push_back(p.numerics);
     if (plan.path == VerifyPath::kFused) {
       counts_->last_block_v = plan.block_v;
     }
@@ -54,6 +55,7 @@ class CountingKernelSet final : public KernelSet {
   void extend(const ExtendParams& p, cudaStream_t s) override {
     inner().extend(p, s);
     ++counts_->extend;
+    counts_->extend_numerics.push_back(p.numerics);
   }
   void commit(const CommitParams& p, cudaStream_t s) override {
     inner().commit(p, s);

@@ -42,6 +42,8 @@ struct KernelCounts {
   int fused = 0, unfused = 0, extend = 0, commit = 0;
   int last_block_v = 0;
   std::vector<int> fold_before_wait;  ///< VerifyParams::fold_before_wait of each verify call
+  std::vector<VerifyNumerics> verify_numerics;  ///< VerifyParams::numerics of each verify call
+  std::vector<VerifyNumerics> extend_numerics;  ///< ExtendParams::numerics of each extend call
   int total() const { return fused + unfused + extend + commit; }
 };
 

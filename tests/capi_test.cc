@@ -1192,10 +1192,22 @@ TEST_CASE("capi: kda_op_verify / kda_op_commit / kda_op_materialize equal the C+
         op.fused_verify = 1;
         op.fused_ring_max_batch = 1;
         kda_dispatch_info info{};
+        // A numerics value outside KDA_NUMERICS_* is named before anything runs.
+        op.numerics = 3;
+        CHECK(kda_op_verify(&op, nullptr, &info) == KDA_ERROR_INVALID_ARGUMENT);
+        CHECK(std::string(kda_last_error()) ==
+              "ops.verify: numerics = 3 unsupported, expected KDA_NUMERICS_AUTO (0), "
+              "KDA_NUMERICS_EXACT (1) or KDA_NUMERICS_FAST (2)");
+        // The eager rounds ask for exact outputs, the deferred ones leave auto (0): the reason
+        // says which (the host platform runs ring mode unfused).
+        op.numerics = deferred ? KDA_NUMERICS_AUTO : KDA_NUMERICS_EXACT;
         REQUIRE(kda_op_verify(&op, nullptr, &info) == KDA_OK);
         const DispatchDecision d = *h.backend->stats().last_decision[static_cast<size_t>(layer)];
         CHECK(info.fused == (d.fused() ? 1 : 0));
         CHECK(std::string(info.reason) == dispatch_reason_name(d.reason));
+        CHECK(info.fast_outputs == 0);
+        CHECK(std::string(info.numerics_reason) ==
+              (deferred ? "exact_unfused" : "exact_requested"));
         CHECK(same_bits(out_view, xa.out_view));
       }
       const std::vector<int32_t> accepted = {2, 1, 3};
@@ -1245,4 +1257,51 @@ TEST_CASE("capi: kda_op_verify / kda_op_commit / kda_op_materialize equal the C+
       }
     }
   }
+}
+
+TEST_CASE("capi: --kda-verify-numerics reaches kda_verify's dispatch info", "[capi]") {
+  // The flag as an argv string, through kda_backend_create, to each verify's decision: the same
+  // numerics and reason as the C++ backend made with the same flags. The host platform runs ring
+  // mode unfused, so fast and auto stay exact there, with the unfused path's reason.
+  for (const bool ring : {false, true}) {
+    for (const NumericsRequest request :
+         {NumericsRequest::kAuto, NumericsRequest::kExact, NumericsRequest::kFast}) {
+      const std::string name = numerics_request_name(request);
+      CAPTURE(ring, name);
+      EngineFlags f = flags_for(ring, /*deferred=*/false);
+      f.verify_numerics = static_cast<int>(request);
+      Harness h(kGqaCase, f, Platform{});
+      kda_backend* c = mirror(h, ring, /*deferred=*/false, {"--kda-verify-numerics", name});
+      const BatchSpec batch{kT, {3, 1}};
+      const std::vector<Activations> x = verify_all(h, batch, 70);
+      REQUIRE(kda_prepare(c, batch.T, batch.slots.data(), 2, nullptr, nullptr) == KDA_OK);
+      for (int layer = 0; layer < kLayers; ++layer) {
+        const Activations& xa = x[static_cast<size_t>(layer)];
+        Buffer out(Device::host(), xa.out_view.span_bytes());
+        const TensorView out_view =
+            out.view(DType::kBF16, {xa.out_view.size(0), xa.out_view.size(1), xa.out_view.size(2)});
+        const Dl qkv(xa.in.mixed_qkv), a(xa.in.a), b(xa.in.b), o(out_view);
+        kda_dispatch_info info{};
+        REQUIRE(kda_verify(c, layer, qkv.dl(), a.dl(), b.dl(), o.dl(), nullptr, &info) == KDA_OK);
+        const DispatchDecision d = *h.backend->stats().last_decision[static_cast<size_t>(layer)];
+        CHECK(info.fast_outputs == (d.fast_outputs() ? 1 : 0));
+        CHECK(std::string(info.numerics_reason) == numerics_reason_name(d.numerics_reason));
+        CHECK(std::string(info.numerics_reason) == (request == NumericsRequest::kExact
+                                                        ? "exact_requested"
+                                                    : ring ? "exact_unfused"
+                                                           : "exact_snapshot_mode"));
+        CHECK(same_bits(out_view, xa.out_view));
+      }
+      kda_backend_destroy(c);
+    }
+  }
+  // A bad value is the parser's error, verbatim.
+  const kda_model_config m = c_model(model_for(kGqaCase));
+  const std::vector<std::string> flags = {"--kda-verify-numerics", "tf32"};
+  const std::vector<const char*> argv = c_strs(flags);
+  kda_backend* b = nullptr;
+  CHECK(kda_backend_create(&m, argv.data(), 2, "host", nullptr, &b) == KDA_ERROR_INVALID_ARGUMENT);
+  CHECK(b == nullptr);
+  CHECK(std::string(kda_last_error()) ==
+        "--kda-verify-numerics: invalid value 'tf32' (expected auto, exact or fast)");
 }

@@ -8,6 +8,7 @@
 #include "core/buffer.h"
 #include "core/platform.h"
 #include "dispatch/commit_policy.h"
+#include "dispatch/numerics_policy.h"
 #include "dispatch/ring_layout.h"
 #include "dispatch/verify_dispatch.h"
 #include "kernels/common/launch_utils.h"
@@ -276,7 +277,7 @@ TEST_CASE("dispatch: contract §4 table, platform x batch x mode", "[dispatch]")
       } else if (B > 1) {
         CHECK(d.path == VerifyPath::kUnfused);
         CHECK(d.reason == DispatchReason::kRingBatchAboveLimit);
-        CHECK(d.describe() ==
+        CHECK(d.describe_path() ==
               fmt::format("unfused: ring mode with B = {} > --kda-fused-ring-max-batch = 1", B));
       } else if (ring_platform(pc.platform)) {
         CHECK(d.path == VerifyPath::kFused);
@@ -286,7 +287,7 @@ TEST_CASE("dispatch: contract §4 table, platform x batch x mode", "[dispatch]")
       } else {
         CHECK(d.path == VerifyPath::kUnfused);
         CHECK(d.reason == DispatchReason::kRingPlatformUnmeasured);
-        CHECK(d.describe() ==
+        CHECK(d.describe_path() ==
               "unfused: ring mode on other (fused+ring is enabled on SM90 and SM100 only)");
       }
       const int sms = pc.platform.sm_count;
@@ -301,7 +302,7 @@ TEST_CASE("dispatch: contract §4 table, platform x batch x mode", "[dispatch]")
       const DispatchDecision d = choose_verify_path(problem, pc.platform, flags);
       CHECK(d.path == VerifyPath::kUnfused);
       CHECK(d.reason == DispatchReason::kFusedDisabled);
-      CHECK(d.describe() == "unfused: fused verify switched off (--kda-fused-verify)");
+      CHECK(d.describe_path() == "unfused: fused verify switched off (--kda-fused-verify)");
     }
     SECTION("fused ring max batch widened to 64") {
       DispatchFlags flags;
@@ -329,10 +330,12 @@ TEST_CASE("dispatch: the fused ring decision says why", "[dispatch]") {
                                                 fake_platform(10, 0), DispatchFlags{});
   CHECK(d.describe() ==
         "fused (block_v = 8): ring mode with B = 1 <= --kda-fused-ring-max-batch = 1 on SM100, "
-        "ring layout ok");
+        "ring layout ok; outputs exact: auto: no measurement for this shape");
   const DispatchDecision s =
       choose_verify_path(fixture().problem(4, RecordMode::kSnapshot), Platform{}, DispatchFlags{});
-  CHECK(s.describe() == "fused (block_v = 16): snapshot mode (no batch or platform gate)");
+  CHECK(s.describe() ==
+        "fused (block_v = 16): snapshot mode (no batch or platform gate); outputs exact: snapshot "
+        "mode");
 }
 
 TEST_CASE("dispatch: inputs outside the fused kernel fall back with a reason", "[dispatch]") {
@@ -448,7 +451,7 @@ TEST_CASE("dispatch: inputs outside the fused kernel fall back with a reason", "
   } else {
     CHECK(d.path == VerifyPath::kUnfused);
     CHECK(d.reason == want);
-    CHECK(d.describe() == text);
+    CHECK(d.describe_path() == text);
   }
 }
 
@@ -458,7 +461,7 @@ TEST_CASE("dispatch: an empty problem is rejected without throwing", "[dispatch]
   CHECK(d.reason == DispatchReason::kUnsupportedShape);
   CHECK(d.describe() ==
         "unfused: outside the fused kernel (unsupported_shape): B is 0, fused "
-        "needs >= 1");
+        "needs >= 1; outputs exact: snapshot mode");
 }
 
 TEST_CASE("dispatch: each ring-layout failure has its own reason", "[dispatch]") {
@@ -552,8 +555,8 @@ TEST_CASE("dispatch: each ring-layout failure has its own reason", "[dispatch]")
     CHECK(d.reason == DispatchReason::kRingLayoutRejected);
     CHECK(d.ring.issue == c.issue);
     CHECK(d.ring.describe() == c.text);
-    CHECK(d.describe() == fmt::format("unfused: ring layout rejected ({}): {}",
-                                      ring_layout_issue_name(c.issue), c.text));
+    CHECK(d.describe_path() == fmt::format("unfused: ring layout rejected ({}): {}",
+                                           ring_layout_issue_name(c.issue), c.text));
   }
 
   SECTION("inner-stride and slot-pitch rules with S = 32 slots") {
@@ -780,5 +783,290 @@ TEST_CASE("dispatch: the deferred-commit rule on the H100 step, and unmeasured s
     CHECK_FALSE(at({7, 128, 128, 64, 4}));
     CHECK_FALSE(at({32, 128, 128, 0, 4}));
     CHECK(at({32, 128, 128, 64, 4}));
+  }
+}
+
+namespace {
+
+// A measured card for the numerics tests: the fixture's shape at T = kT, fast paying from B = 8
+// to 31 (rows by B: exact, fast, exact); nothing at other T.
+constexpr NumericsPolicyRow kTestNumericsRows[] = {
+    {kH, kHV, kK, kV, kT, 1, 950.0, 949.5, 800.0, VerifyNumerics::kExact},
+    {kH, kHV, kK, kV, kT, 8, 1400.0, 1200.0, 800.0, VerifyNumerics::kFast},
+    {kH, kHV, kK, kV, kT, 32, 2000.0, 1995.0, 800.0, VerifyNumerics::kExact},
+};
+constexpr NumericsPolicyCard kTestNumericsCard = {"test card", 3352.0, kTestNumericsRows,
+                                                  std::size(kTestNumericsRows)};
+
+DispatchFlags fast_flags(NumericsRequest request = NumericsRequest::kFast) {
+  DispatchFlags flags;
+  flags.fused_ring_max_batch = kMaxB;
+  flags.numerics = request;
+  return flags;
+}
+
+}  // namespace
+
+TEST_CASE("dispatch: each numerics reason, in the rules' order", "[dispatch][numerics]") {
+  const Platform sm90 = fake_platform(9, 0, 132);
+  DispatchProblem p = fixture().problem(1, RecordMode::kRing);
+  DispatchFlags flags = fast_flags();
+  NumericsReason want = NumericsReason::kFastRequested;
+  std::string text = "outputs fast (tensor cores): --kda-verify-numerics fast";
+  SECTION("fast asked for, every gate passed") {}
+  SECTION("exact asked for") {
+    flags.numerics = NumericsRequest::kExact;
+    want = NumericsReason::kExactRequested;
+    text = "outputs exact: --kda-verify-numerics exact";
+  }
+  SECTION("snapshot mode") {
+    p = fixture().problem(1, RecordMode::kSnapshot);
+    want = NumericsReason::kExactSnapshotMode;
+    text = "outputs exact: snapshot mode";
+  }
+  SECTION("a tree draft") {
+    p.plain_chain = false;
+    want = NumericsReason::kExactTree;
+    text = "outputs exact: a tree draft";
+  }
+  SECTION("T beyond one fast chunk (before the path: T > 16 is unfused too)") {
+    p = fixture().problem(1, RecordMode::kRing, kernels::kFastMaxTokens + 1);
+    want = NumericsReason::kExactTokens;
+    text = "outputs exact: T = 17 outside one fast chunk (1..16)";
+  }
+  SECTION("the unfused path: above the fused ring batch") {
+    p = fixture().problem(2, RecordMode::kRing);
+    flags.fused_ring_max_batch = 1;
+    want = NumericsReason::kExactUnfused;
+    text = "outputs exact: the unfused path";
+  }
+  SECTION("the unfused path: fused verify off") {
+    flags.fused_verify = false;
+    want = NumericsReason::kExactUnfused;
+    text = "outputs exact: the unfused path";
+  }
+  SECTION("a deferred fold") {
+    p.deferred = true;
+    want = NumericsReason::kExactDeferredFold;
+    text = "outputs exact: the verify folds pending steps (deferred commit)";
+  }
+  SECTION("a forced tile outside the fast tiles") {
+    flags.block_v = 16;
+    want = NumericsReason::kExactBlockV;
+    text = "outputs exact: --kda-verify-block-v = 16 is not a fast tile (32, 64, 128)";
+  }
+  SECTION("auto: the measured row says fast") {
+    flags.numerics = NumericsRequest::kAuto;
+    flags.numerics_table = &kTestNumericsCard;
+    p = fixture().problem(8, RecordMode::kRing);
+    want = NumericsReason::kAutoFast;
+    text = "outputs fast (tensor cores): auto, measured faster on the step (test card, row B = 8)";
+  }
+  SECTION("auto: the measured row says exact") {
+    flags.numerics = NumericsRequest::kAuto;
+    flags.numerics_table = &kTestNumericsCard;
+    p = fixture().problem(40, RecordMode::kRing);
+    want = NumericsReason::kAutoExact;
+    text = "outputs exact: auto, fast measured no faster on the step (test card, row B = 32)";
+  }
+  SECTION("auto: no measured row (the injected table at another T)") {
+    flags.numerics = NumericsRequest::kAuto;
+    flags.numerics_table = &kTestNumericsCard;
+    p = fixture().problem(8, RecordMode::kRing, kT + 1);
+    want = NumericsReason::kAutoUnmeasured;
+    text = "outputs exact: auto: no measurement for this shape";
+  }
+  SECTION("auto: no measured row (the built-in tables have no preset this small)") {
+    flags.numerics = NumericsRequest::kAuto;
+    want = NumericsReason::kAutoUnmeasured;
+    text = "outputs exact: auto: no measurement for this shape";
+  }
+  const DispatchDecision d = choose_verify_path(p, sm90, flags);
+  CAPTURE(d.describe());
+  CHECK(d.numerics_reason == want);
+  const bool fast = want == NumericsReason::kFastRequested || want == NumericsReason::kAutoFast;
+  CHECK(d.fast_outputs() == fast);
+  CHECK(d.numerics == (fast ? VerifyNumerics::kFast : VerifyNumerics::kExact));
+  CHECK(d.describe_numerics() == text);
+  CHECK(d.describe_reason() == d.describe_path() + "; " + text);
+  CHECK(d.describe() == d.describe_reason());  // no plan filled
+  // The numerics never change the path or its reason; a fast call's auto tile is the fast rule's.
+  DispatchFlags exact_flags = flags;
+  exact_flags.numerics = NumericsRequest::kExact;
+  const DispatchDecision exact = choose_verify_path(p, sm90, exact_flags);
+  CHECK(d.path == exact.path);
+  CHECK(d.reason == exact.reason);
+  CHECK(d.block_v ==
+        (fast ? kernels::default_fast_block_v(p.B, kHV, kV, sm90.sm_count) : exact.block_v));
+  // The numerics and their reason are part of the choice (a change is logged).
+  CHECK(d.same_choice(exact) == (want == NumericsReason::kExactRequested));
+}
+
+TEST_CASE("dispatch: the fast outputs' auto tile and a forced fast tile", "[dispatch][numerics]") {
+  // HV = 4, V = 64: the head tile BV = 64 has B * 4 CTAs; the fast rule keeps it from one CTA per
+  // SM (B * 4 >= SMs) and takes BV = 32 below. A forced fast tile stands.
+  for (const int sms : {78, 132}) {
+    const Platform platform = fake_platform(9, 0, sms);
+    for (const int B : {1, 2, 19, 20, 32, 33, 64}) {
+      CAPTURE(sms, B);
+      const DispatchProblem p = fixture().problem(B, RecordMode::kRing);
+      const DispatchDecision d = choose_verify_path(p, platform, fast_flags());
+      REQUIRE(d.fused());
+      REQUIRE(d.fast_outputs());
+      CHECK(d.block_v == kernels::default_fast_block_v(B, kHV, kV, sms));
+      CHECK(d.block_v == (B * kHV >= sms ? 64 : 32));
+      for (const int forced : kernels::kFastBlockVs) {
+        DispatchFlags flags = fast_flags();
+        flags.block_v = forced;
+        const DispatchDecision f = choose_verify_path(p, platform, flags);
+        CHECK(f.fast_outputs());
+        CHECK(f.block_v == forced);
+      }
+    }
+  }
+  // The fast rule on the presets' shapes (V = 128, 132 SMs): Kimi-Linear (HV = 32) keeps BV = 128
+  // from B = 5 (160 CTAs), K3 TP8 (HV = 12) from B = 11 (132 CTAs).
+  CHECK(kernels::default_fast_block_v(4, 32, 128, 132) == 64);
+  CHECK(kernels::default_fast_block_v(5, 32, 128, 132) == 128);
+  CHECK(kernels::default_fast_block_v(10, 12, 128, 132) == 64);
+  CHECK(kernels::default_fast_block_v(11, 12, 128, 132) == 128);
+  CHECK(kernels::default_fast_block_v(1, 12, 128, 132) == 32);
+}
+
+TEST_CASE("dispatch: a fast decision is what the plan can run (kernels::fast_outputs_plannable)",
+          "[dispatch][numerics]") {
+  // The dispatcher's gates are the plan's: over mode x draft shape x deferred x T x B x forced
+  // tile, the decision is fast exactly where the call's params, with the decision's numerics,
+  // plan VerifySchedule::kFastChunk.
+  const Platform sm90 = fake_platform(9, 0, 132);
+  static const int32_t kSomeIndex = 0;
+  int fast = 0, exact = 0;
+  for (const bool ring : {false, true}) {
+    for (const bool tree : {false, true}) {
+      for (const bool deferred : {false, true}) {
+        for (const int T : {1, 4, 8, 17}) {
+          for (const int B : {1, 2, 8}) {
+            for (const int block_v : {0, 8, 16, 32, 64, 128}) {
+              const RecordMode mode = ring ? RecordMode::kRing : RecordMode::kSnapshot;
+              DispatchProblem p = fixture().problem(B, mode, T);
+              p.plain_chain = !tree;
+              p.deferred = deferred;
+              DispatchFlags flags = fast_flags();
+              flags.fused_ring_max_batch = 2;
+              flags.block_v = block_v;
+              const DispatchDecision d = choose_verify_path(p, sm90, flags);
+              CAPTURE(ring, tree, deferred, T, B, block_v, d.describe());
+              VerifyParams params;
+              params.B = B;
+              params.T = T;
+              params.mode = mode;
+              params.numerics = d.numerics;
+              params.parents = tree ? &kSomeIndex : nullptr;
+              params.ring_pending = deferred ? &kSomeIndex : nullptr;
+              CHECK(kernels::fast_outputs_plannable(params, d.path, d.block_v) == d.fast_outputs());
+              // Asked for fast, never planned exact by the gates alone: plannable with kFast.
+              params.numerics = VerifyNumerics::kFast;
+              CHECK(kernels::fast_outputs_plannable(params, d.path, d.block_v) == d.fast_outputs());
+              (d.fast_outputs() ? fast : exact) += 1;
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(fast > 0);
+  CHECK(exact > 0);
+}
+
+TEST_CASE("dispatch: the numerics table's lookup, fallback and rule", "[dispatch][numerics]") {
+  // The row of a call: same H, HV, K, V, T; the largest measured B <= the call's B; none below the
+  // smallest measured B, at another T or another head shape (auto then keeps the exact outputs).
+  const auto row_B = [](NumericsPolicyShape s) {
+    const NumericsPolicyRow* r = numerics_policy_row(kTestNumericsCard, s);
+    return r == nullptr ? 0 : r->B;
+  };
+  for (const int B : {1, 2, 7}) {
+    CHECK(row_B({kH, kHV, kK, kV, kT, B}) == 1);
+  }
+  for (const int B : {8, 9, 31}) {
+    CHECK(row_B({kH, kHV, kK, kV, kT, B}) == 8);
+  }
+  for (const int B : {32, 33, 4096}) {
+    CHECK(row_B({kH, kHV, kK, kV, kT, B}) == 32);
+  }
+  CHECK(row_B({kH, kHV, kK, kV, kT, 0}) == 0);
+  CHECK(row_B({kH, kHV, kK, kV, kT + 1, 8}) == 0);
+  CHECK(row_B({kH + 1, kHV, kK, kV, kT, 8}) == 0);
+  CHECK(row_B({kH, kHV, 128, kV, kT, 8}) == 0);
+  CHECK(row_B({kH, kHV, kK, 128, kT, 8}) == 0);
+  // The dispatcher follows the row's pick.
+  for (const int B : {1, 7, 8, 31, 32, 64}) {
+    CAPTURE(B);
+    DispatchFlags flags = fast_flags(NumericsRequest::kAuto);
+    flags.numerics_table = &kTestNumericsCard;
+    const DispatchDecision d =
+        choose_verify_path(fixture().problem(B, RecordMode::kRing), fake_platform(9, 0), flags);
+    CHECK(d.fast_outputs() == (B >= 8 && B < 32));
+    CHECK(d.numerics_row_B == (B >= 32 ? 32 : B >= 8 ? 8 : 1));
+  }
+  // The rule: fast's KDA share (step - gemm-only step) below exact's by more than
+  // kFastMinGainPct, never the whole step's.
+  CHECK_FALSE(fast_outputs_pay({32, 32, 128, 128, 4, 1, 900.0, 899.0, 800.0,  // 99 vs 100
+                                VerifyNumerics::kExact}));
+  CHECK(fast_outputs_pay({32, 32, 128, 128, 4, 1, 900.0, 898.9, 800.0, VerifyNumerics::kFast}));
+  CHECK_FALSE(fast_outputs_pay({32, 32, 128, 128, 4, 1, 900.0, 905.0, 800.0,  // slower
+                                VerifyNumerics::kExact}));
+  for (const NumericsPolicyRow& r : kTestNumericsRows) {
+    CHECK(fast_outputs_pay(r) == (r.pick == VerifyNumerics::kFast));
+  }
+}
+
+TEST_CASE("dispatch: the built-in numerics tables are the generator's rule on their numbers",
+          "[dispatch][numerics]") {
+  // Every card's table (dispatch/auto_tables/<card>_numerics.def, tools/bench/make_auto_table.py
+  // --table numerics): each row a step row (the KDA layers cost something), its pick the rule on
+  // its numbers, and the row its own lookup's answer. A card may have no rows yet (auto: exact).
+  size_t cards = 0;
+  const NumericsPolicyCard* card = numerics_policy_cards(&cards);
+  REQUIRE(cards >= 1);
+  CHECK(&nearest_numerics_policy_card(0.0) == &card[0]);  // an unknown device: the first card
+  for (size_t c = 0; c < cards; ++c) {
+    CAPTURE(card[c].name);
+    CHECK(&nearest_numerics_policy_card(card[c].memory_gbps) == &card[c]);
+    for (size_t i = 0; i < card[c].count; ++i) {
+      const NumericsPolicyRow& r = card[c].rows[i];
+      CAPTURE(r.H, r.HV, r.K, r.V, r.T, r.B, r.exact_us, r.fast_us, r.gemm_us);
+      CHECK(r.gemm_us > 0.0);
+      CHECK(r.exact_us > r.gemm_us);
+      CHECK(r.fast_us > r.gemm_us);
+      CHECK(r.T >= 1);
+      CHECK(r.T <= kernels::kFastMaxTokens);
+      CHECK(fast_outputs_pay(r) == (r.pick == VerifyNumerics::kFast));
+      CHECK(numerics_policy_row(card[c], {r.H, r.HV, r.K, r.V, r.T, r.B}) == &r);
+    }
+  }
+}
+
+TEST_CASE("dispatch: numerics names are stable", "[dispatch][numerics]") {
+  CHECK(std::string(numerics_request_name(NumericsRequest::kAuto)) == "auto");
+  CHECK(std::string(numerics_request_name(NumericsRequest::kExact)) == "exact");
+  CHECK(std::string(numerics_request_name(NumericsRequest::kFast)) == "fast");
+  CHECK(std::string(verify_numerics_name(VerifyNumerics::kExact)) == "exact");
+  CHECK(std::string(verify_numerics_name(VerifyNumerics::kFast)) == "fast");
+  const std::vector<std::pair<NumericsReason, std::string>> names = {
+      {NumericsReason::kFastRequested, "fast_requested"},
+      {NumericsReason::kAutoFast, "auto_fast"},
+      {NumericsReason::kExactRequested, "exact_requested"},
+      {NumericsReason::kAutoExact, "auto_exact"},
+      {NumericsReason::kAutoUnmeasured, "auto_unmeasured"},
+      {NumericsReason::kExactSnapshotMode, "exact_snapshot_mode"},
+      {NumericsReason::kExactTree, "exact_tree"},
+      {NumericsReason::kExactTokens, "exact_tokens"},
+      {NumericsReason::kExactUnfused, "exact_unfused"},
+      {NumericsReason::kExactDeferredFold, "exact_deferred_fold"},
+      {NumericsReason::kExactBlockV, "exact_block_v"},
+  };
+  for (const auto& [reason, name] : names) {
+    CHECK(numerics_reason_name(reason) == name);
   }
 }

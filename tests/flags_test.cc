@@ -39,6 +39,10 @@ TEST_CASE("flags: defaults", "[flags]") {
   CHECK(f.fused_ring_max_batch == 1);
   CHECK(f.verify_block_v == 0);
   CHECK(f.resolved_block_v() == kernels::kDefaultFusedBlockV);
+  CHECK(f.verify_numerics == static_cast<int>(NumericsRequest::kAuto));
+  CHECK(f.numerics_request() == NumericsRequest::kAuto);
+  CHECK(f.dispatch_flags().numerics == NumericsRequest::kAuto);
+  CHECK(f.dispatch_flags().numerics_table == nullptr);  // auto: the built-in measured tables
   CHECK(args.empty());
 }
 
@@ -56,6 +60,8 @@ TEST_CASE("flags: good values in both spellings; others left in order", "[flags]
                "--kda-fused-ring-max-batch",
                "0",
                "--kda-verify-block-v=128",
+               "--kda-verify-numerics",
+               "fast",
                "--port=30000",
                "positional"};
   const EngineFlags f = parse_engine_flags(args);
@@ -72,6 +78,8 @@ TEST_CASE("flags: good values in both spellings; others left in order", "[flags]
   CHECK_FALSE(d.fused_verify);
   CHECK(d.fused_ring_max_batch == 0);
   CHECK(d.block_v == 128);
+  CHECK(f.numerics_request() == NumericsRequest::kFast);
+  CHECK(d.numerics == NumericsRequest::kFast);
   CHECK(args == Args{"--model", "kimi", "-v", "--port=30000", "positional"});
 }
 
@@ -101,6 +109,21 @@ TEST_CASE("flags: every accepted spelling of each value", "[flags]") {
       {{"--kda-verify-block-v", "0"}, [](auto& f) { return f.verify_block_v == 0; }},
       {{"--kda-verify-block-v=8"}, [](auto& f) { return f.verify_block_v == 8; }},
       {{"--kda-verify-block-v", "64"}, [](auto& f) { return f.verify_block_v == 64; }},
+      {{"--kda-verify-numerics", "exact"},
+       [](auto& f) { return f.numerics_request() == NumericsRequest::kExact; }},
+      {{"--kda-verify-numerics=fast"},
+       [](auto& f) { return f.numerics_request() == NumericsRequest::kFast; }},
+      {{"--kda-verify-numerics", "auto"},
+       [](auto& f) { return f.numerics_request() == NumericsRequest::kAuto; }},
+      {{"--kda-verify-numerics", "fast", "--kda-verify-numerics=exact"},
+       [](auto& f) { return f.numerics_request() == NumericsRequest::kExact; }},  // the last wins
+      // Not a cross-flag error: snapshot mode, trees and the deferred commit keep exact outputs
+      // per call, and the decision says why.
+      {{"--kda-verify-numerics", "fast", "--kda-deferred-commit", "on",
+        "--enable-linear-replayssm-spec"},
+       [](auto& f) { return f.numerics_request() == NumericsRequest::kFast; }},
+      {{"--kda-verify-numerics", "fast", "--speculative-eagle-topk", "4"},
+       [](auto& f) { return f.numerics_request() == NumericsRequest::kFast; }},
   };
   for (const Good& c : cases) {
     Args args = c.args;
@@ -154,6 +177,18 @@ TEST_CASE("flags: bad values name the flag, the value and the range", "[flags]")
       {{"--kda-verify-block-v=4"},
        "--kda-verify-block-v: invalid value '4' (expected auto (or 0) or one of 8, 16, 32, 64, "
        "128)"},
+      {{"--kda-verify-numerics", "tf32"},
+       "--kda-verify-numerics: invalid value 'tf32' (expected auto, exact or fast)"},
+      {{"--kda-verify-numerics=Fast"},
+       "--kda-verify-numerics: invalid value 'Fast' (expected auto, exact or fast)"},
+      {{"--kda-verify-numerics", "1"},
+       "--kda-verify-numerics: invalid value '1' (expected auto, exact or fast)"},
+      {{"--kda-verify-numerics="},
+       "--kda-verify-numerics: invalid value '' (expected auto, exact or fast)"},
+      {{"--kda-verify-numerics"},
+       "--kda-verify-numerics: missing value (expected auto, exact or fast)"},
+      {{"--kda-deferred-commit", "lazy"},
+       "--kda-deferred-commit: invalid value 'lazy' (expected auto, on or off)"},
       {{"--enable-linear-replayssm-spec", "--speculative-num-draft-tokens", "16"},
        "--linear-replayssm-cache-len: invalid value '16' for --speculative-num-draft-tokens 16 "
        "with --enable-linear-replayssm-spec (expected a power of two >= 2 * 16 = 32)"},
@@ -218,6 +253,12 @@ TEST_CASE("flags: validate() checks programmatic values like the parser", "[flag
                                     "--speculative-num-draft-tokens 9"));
   f.replayssm_spec = false;  // snapshot mode has no ring to size
   CHECK_NOTHROW(f.validate());
+  f = EngineFlags{};
+  f.verify_numerics = 3;
+  CHECK_THROWS_WITH(f.validate(), Catch::Contains("--kda-verify-numerics: invalid value '3' "
+                                                  "(expected auto, exact or fast)"));
+  f.verify_numerics = static_cast<int>(NumericsRequest::kFast);
+  CHECK_NOTHROW(f.validate());
 }
 
 TEST_CASE("flags: help lists every flag with range and default", "[flags]") {
@@ -229,7 +270,8 @@ TEST_CASE("flags: help lists every flag with range and default", "[flags]") {
         "--kda-fused-verify on|off", "(default on)", "--kda-fused-ring-max-batch N",
         "an integer in [0, 4096] (default 1)", "--kda-verify-block-v auto|N",
         "(default auto: per call, by grid and T", "--kda-deferred-commit auto|on|off",
-        "auto, on or off (default auto)"}) {
+        "auto, on or off (default auto)", "--kda-verify-numerics exact|fast|auto",
+        "auto, exact or fast (default auto)"}) {
     CAPTURE(needle);
     CHECK_THAT(help, Catch::Contains(needle));
   }

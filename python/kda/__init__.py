@@ -111,10 +111,21 @@ class Model:
 
 @dataclass
 class DispatchInfo:
-    """What a verify ran: the fused kernel (with its V tile) or the unfused pair, and why."""
+    """What a verify ran: the fused kernel (with its V tile) or the unfused pair, and why; and
+    its outputs' numerics (contract §10: fast_outputs, or exact) and why ("fast_requested",
+    "auto_unmeasured", "exact_snapshot_mode", ...: kda::NumericsReason's names)."""
     fused: bool
     block_v: int
     reason: str
+    fast_outputs: bool = False
+    numerics_reason: str = ""
+
+    @classmethod
+    def _of(cls, info):
+        """From the C ABI's kda_dispatch_info."""
+        return cls(bool(info.fused), info.block_v, info.reason.decode() if info.reason else "",
+                   bool(info.fast_outputs),
+                   info.numerics_reason.decode() if info.numerics_reason else "")
 
 
 class bf16:
@@ -662,8 +673,7 @@ class Backend:
         info = _lib.DispatchInfo()
         self._run(self._lib.kda_verify, "verify", layer, mixed_qkv, a, b, out, stream,
                   ctypes.byref(info))
-        return DispatchInfo(bool(info.fused), info.block_v,
-                            info.reason.decode() if info.reason else "")
+        return DispatchInfo._of(info)
 
     def extend(self, layer, mixed_qkv, a, b, out, stream=None):
         """Runs `layer` of the prepared extend round (the state after its tokens is committed)."""

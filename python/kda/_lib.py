@@ -7,7 +7,7 @@ import sys
 
 from ._dlpack import DLTensor
 
-ABI_VERSION = 3  # KDA_C_ABI_VERSION of the header this package was written against
+ABI_VERSION = 4  # KDA_C_ABI_VERSION of the header this package was written against
 
 # Library file names, most specific first: the C ABI library of the Bazel tree, then the
 # installed libkda.so (its soname libkda.so.0; it exports the same kda_* symbols).
@@ -78,7 +78,8 @@ class VerifyOp(ctypes.Structure):
                                          "conv_weight", "conv_bias")] + [
         ("state", StateTensors), ("batch", BatchTensors), ("gate", ctypes.c_int32),
         ("lower_bound", ctypes.c_float), ("fused_verify", ctypes.c_int32),
-        ("fused_ring_max_batch", ctypes.c_int32), ("block_v", ctypes.c_int32)]
+        ("fused_ring_max_batch", ctypes.c_int32), ("block_v", ctypes.c_int32),
+        ("numerics", ctypes.c_int32)]
 
 
 class CommitOp(ctypes.Structure):
@@ -93,7 +94,8 @@ class CommitInfo(ctypes.Structure):
 
 class DispatchInfo(ctypes.Structure):
     _fields_ = [("fused", ctypes.c_int32), ("block_v", ctypes.c_int32),
-                ("reason", ctypes.c_char_p)]
+                ("reason", ctypes.c_char_p), ("fast_outputs", ctypes.c_int32),
+                ("numerics_reason", ctypes.c_char_p)]
 
 
 class BackendInfo(ctypes.Structure):

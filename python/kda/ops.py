@@ -125,15 +125,17 @@ class _Args:
 
 def verify(mixed_qkv, a, b, out, *, A_log, dt_bias, conv_weight, conv_bias=None, state, slots,
            rows, T, query_start_loc=None, parents=None, gate="standard", lower_bound=0.0,
-           fused=True, fused_ring_max_batch=1, block_v=0, stream=None, library=None):
+           fused=True, fused_ring_max_batch=1, block_v=0, numerics="auto", stream=None,
+           library=None):
     """Verifies one layer (contract §1) on the caller's tensors: mixed_qkv [N, D], a [N, HV*K],
     b [N, HV] bf16 (inner dim contiguous), out [N, HV, V] bf16; the weights; state: one layer's
     dict (conv_state, ssm_state, conv_window, the snapshots or the four rings; deferred:
     ring_cursor, ring_pending, ring_u; qkv_act when the unfused path runs); slots, rows [B] int32
     on the device; T tokens per request; query_start_loc [B + 1] (a ragged chain) or parents
-    [B, T] (a tree). gate "standard" / "safe" (with lower_bound); fused, fused_ring_max_batch and
-    block_v are --kda-fused-verify, --kda-fused-ring-max-batch and --kda-verify-block-v. Returns
-    the dispatcher's kda.DispatchInfo."""
+    [B, T] (a tree). gate "standard" / "safe" (with lower_bound); fused, fused_ring_max_batch,
+    block_v and numerics ("auto", "exact" or "fast") are --kda-fused-verify,
+    --kda-fused-ring-max-batch, --kda-verify-block-v and --kda-verify-numerics. Returns the
+    dispatcher's kda.DispatchInfo."""
     from . import DispatchInfo
     call = "ops.verify"
     lib = _lib_of(library)
@@ -155,10 +157,15 @@ def verify(mixed_qkv, a, b, out, *, A_log, dt_bias, conv_weight, conv_bias=None,
     op.fused_verify = _args.flag(fused, call, "fused")
     op.fused_ring_max_batch = _args.integer(fused_ring_max_batch, call, "fused_ring_max_batch", 0)
     op.block_v = _args.integer(block_v, call, "block_v", 0)
+    numerics_values = {"auto": 0, "exact": 1, "fast": 2}  # KDA_NUMERICS_*
+    n = _args.string(numerics, call, "numerics").decode()
+    if n not in numerics_values:
+        raise Error(INVALID_ARGUMENT, f"{call}: numerics '{n}' unsupported, expected 'auto', "
+                    "'exact' or 'fast'")
+    op.numerics = numerics_values[n]
     info = _lib.DispatchInfo()
     _check(lib, lib.kda_op_verify(ctypes.byref(op), st, ctypes.byref(info)))
-    return DispatchInfo(bool(info.fused), info.block_v,
-                        info.reason.decode() if info.reason else "")
+    return DispatchInfo._of(info)
 
 
 def commit(*, state, slots, rows, T, accepted_lengths, query_start_loc=None, parents=None,

@@ -17,7 +17,9 @@
 * torch tensors are taken from their metadata without __dlpack__ (a stand-in torch module made of
   numpy arrays), kda.via_dlpack forces the capsule, stream=None is torch's current stream on CUDA
   (check_torch_path);
-* kda.ops argument errors name the argument and change nothing (check_ops_errors).
+* kda.ops argument errors name the argument and change nothing (check_ops_errors);
+* --kda-verify-numerics (a Backend's flag) and kda.ops.verify's numerics reach each verify's
+  DispatchInfo: its outputs' numerics and their reason (check_numerics).
 
 Usage: test_engine_host.py [--library PATH/libkda_c.so] [--seed N]. Exit status 0 when every
 check passes.
@@ -252,6 +254,8 @@ def check_ops_sglang(library, seed):
                                       T=r.T, query_start_loc=qsl, parents=parents,
                                       fused_ring_max_batch=2, library=library)
                 assert isinstance(info, kda.DispatchInfo) and info.reason, info
+                # The host platform: ring mode unfused, so auto's outputs stay exact.
+                assert not info.fast_outputs and info.numerics_reason.startswith("exact_"), info
                 same(f"{what} round {rnd} layer {layer}: out", out, outs[layer])
             flag = np.zeros(1, np.int32)
             ci = kda.ops.commit(
@@ -668,6 +672,9 @@ def check_ops_errors(library):
         (lambda: verify(state=dict(layer0, bogus=1)), kda.INVALID_ARGUMENT,
          "ops.verify: state: unknown tensor 'bogus'"),
         (lambda: verify(gate="fancy"), kda.INVALID_ARGUMENT, "ops.verify: gate 'fancy'"),
+        (lambda: verify(numerics="tf32"), kda.INVALID_ARGUMENT,
+         "ops.verify: numerics 'tf32' unsupported, expected 'auto', 'exact' or 'fast'"),
+        (lambda: verify(numerics=2), None, "ops.verify: numerics: expected a str, got int"),
         (lambda: verify(T=2.0), None, "ops.verify: T: expected an int, got float"),
         (lambda: verify(state=[1]), None, "ops.verify: state: expected a dict of tensors"),
         (lambda: kda.ops.commit(state=state, slots=np.array([1], np.int32),
@@ -686,6 +693,47 @@ def check_ops_errors(library):
     return len(cases)
 
 
+def check_numerics(library):
+    """--kda-verify-numerics through a Backend's flags and kda.ops.verify's numerics: each verify's
+    DispatchInfo names its outputs' numerics and why. The host platform runs ring mode unfused, so
+    fast and auto stay exact there with the unfused path's reason; snapshot mode with its own."""
+    checks = 0
+    rng = np.random.default_rng(11)
+    q, a, b = bits(rng, (T_MAX, D), 0.5), bits(rng, (T_MAX, HV * K), 0.5), bits(rng, (T_MAX, HV), 1)
+    for ring in (False, True):
+        for numerics in ("auto", "exact", "fast"):
+            want = ("exact_requested" if numerics == "exact" else
+                    "exact_unfused" if ring else "exact_snapshot_mode")
+            be = kda.Backend(model=model(), flags=flags(ring, False) + [
+                "--kda-verify-numerics", numerics], extra_slots=1, library=library)
+            for layer, w in enumerate(weights(100)):
+                be.set_layer_weights(layer, *w)
+            for _ in range(S):
+                be.allocate_slot()
+            be.prepare(T_MAX, [1], None)
+            for layer in range(L_):
+                out = np.zeros((T_MAX, HV, V), np.uint16)
+                info = be.verify(layer, kda.bf16(q), kda.bf16(a), kda.bf16(b), kda.bf16(out))
+                assert not info.fast_outputs and info.numerics_reason == want, (ring, numerics, info)
+                checks += 1
+            be.close()
+    # kda.ops.verify on an engine's eager ring-mode pool.
+    pool = {n: np.zeros(s, d) for n, (d, s) in pool_shapes(True, False, slots=S + 1).items()}
+    state = {n: wrap(n, arr) for n, arr in pool.items()}
+    w = weights(1)[0]
+    for numerics, want in (("auto", "exact_unfused"), ("exact", "exact_requested"),
+                           ("fast", "exact_unfused")):
+        out = np.zeros((T_MAX, HV, V), np.uint16)
+        info = kda.ops.verify(kda.bf16(q), kda.bf16(a), kda.bf16(b), kda.bf16(out), A_log=w[0],
+                              dt_bias=w[1], conv_weight=w[2], conv_bias=w[3],
+                              state=kda.ops.layer(state, 0), slots=np.array([1], np.int32),
+                              rows=np.array([0], np.int32), T=T_MAX, numerics=numerics,
+                              library=library)
+        assert not info.fast_outputs and info.numerics_reason == want, (numerics, info)
+        checks += 1
+    return checks
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--library", default=None)
@@ -701,6 +749,7 @@ def main():
     print(f"memory report: {check_memory_report(args.library)} checks")
     print(f"torch path: {check_torch_path(args.library, args.seed)} checks")
     print(f"ops errors: {check_ops_errors(args.library)} checks")
+    print(f"numerics: {check_numerics(args.library)} checks")
     print("OK")
     return 0
 

@@ -21,8 +21,38 @@ for table in "${tables[@]}"; do
     head -20 /tmp/auto_table_diff.$$ >&2
     fail=1
   else
-    echo "auto_table_test: $table: regenerated, identical ($(grep -c '^KDA_AUTO_ROW' "$table") rows)"
+    echo "auto_table_test: $table: regenerated, identical ($(grep -cE '^KDA_(AUTO|NUMERICS)_ROW' \
+      "$table") rows)"
   fi
 done
 rm -f /tmp/auto_table_diff.$$
+
+# The numerics table's pick on a step CSV with a numerics column: kFast only where fast's KDA share
+# (step - gemm-only step) is below exact's x 0.99; a verify-phase row and a deferred row are not
+# read; a shape without both numerics gets no row.
+csv=$(mktemp)
+trap 'rm -f "$csv"' EXIT
+cat >"$csv" <<'CSV'
+phase,T,B,variant,median_us,H,HV,K,V,numerics
+step,4,1,gemm-only,800.0,32,32,128,128,
+step,4,1,fused+ring,900.0,32,32,128,128,exact
+step,4,1,fused+ring,899.0,32,32,128,128,fast
+step,4,2,gemm-only,800.0,32,32,128,128,
+step,4,2,fused+ring,900.0,32,32,128,128,exact
+step,4,2,fused+ring,898.9,32,32,128,128,fast
+step,4,4,gemm-only,800.0,32,32,128,128,
+step,4,4,fused+ring,900.0,32,32,128,128,exact
+step,4,4,fused+ring+deferred,700.0,32,32,128,128,fast
+verify,4,4,fused+ring,10.0,32,32,128,128,fast
+CSV
+want='KDA_NUMERICS_ROW(32, 32, 128, 128, 4, 1, 900.0, 899.0, 800.0, kExact)
+KDA_NUMERICS_ROW(32, 32, 128, 128, 4, 2, 900.0, 898.9, 800.0, kFast)'
+got=$(python3 tools/bench/make_auto_table.py --table numerics --card test "$csv" | grep '^KDA_')
+if [[ $got != "$want" ]]; then
+  echo "auto_table_test: the numerics rule on the synthetic CSV: got" >&2
+  echo "$got" >&2
+  fail=1
+else
+  echo "auto_table_test: the numerics rule picks fast only beyond the minimum gain"
+fi
 exit $fail

@@ -1,41 +1,71 @@
 #!/usr/bin/env python3
-"""make_auto_table.py: --kda-deferred-commit auto's table of one card, from kda_bench step CSVs.
+"""make_auto_table.py: the auto tables of one card (dispatch/auto_tables/), from kda_bench step CSVs.
 
-Reads the step rows (phase "step") of `kda_bench --phases step --variants fused+ring --out X.csv`
-runs on one card, averages each (HV, K, V, T, B)'s eager and deferred fused+ring steps and its
-gemm-only step over the runs, and writes the X-macro data file that dispatch/commit_policy.cc
-includes (dispatch/auto_tables/<card>.def):
+Two tables, both from the step rows (phase "step") of `kda_bench --phases step ... --out X.csv`
+runs on one card, each measurement the mean over the runs:
+
+--table commit (default): --kda-deferred-commit auto's table (dispatch/commit_policy.cc includes
+dispatch/auto_tables/<card>.def). Per (HV, K, V, T, B): the fused+ring step with the eager commit
+(variant "fused+ring"), with the deferred commit ("fused+ring+deferred") and the gemm-only step
+("gemm-only"); rows with fast outputs (numerics "fast") are left out:
 
     KDA_AUTO_ROW(HV, K, V, T, B, eager_us, deferred_us, gemm_only_us)
+
+--table numerics: --kda-verify-numerics auto's table (dispatch/numerics_policy.cc includes
+dispatch/auto_tables/<card>_numerics.def). Per (H, HV, K, V, T, B): the fused+ring step with the
+eager commit (variant "fused+ring") with exact and with fast outputs (numerics "exact" / "fast"),
+and the gemm-only step; pick is kFast where fast's KDA share (step - gemm-only step) is below
+exact's x (1 - MIN_GAIN_PCT / 100) on the printed (rounded) numbers, else kExact (the rule of
+dispatch/numerics_policy.h's fast_outputs_pay, kFastMinGainPct):
+
+    KDA_NUMERICS_ROW(H, HV, K, V, T, B, exact_us, fast_us, gemm_only_us, pick)
+
+With no CSV the numerics table has no rows (no measurement yet: auto keeps the exact outputs).
+
+CSV columns read (kda_bench's step CSV; others are ignored): phase, variant, H, HV, K, V, T, B,
+median_us (the step, us), and numerics (exact|fast; required by --table numerics, optional for
+--table commit where an absent or empty value means exact; gemm-only rows may leave it empty).
 
 The file's first lines name this command, so tools/bench/auto_table_test.sh can regenerate it and
 prove that the table is the CSVs' (nobody edits it by hand).
 
-Usage: make_auto_table.py --card NAME CSV [CSV ...] > dispatch/auto_tables/NAME.def
+Usage: make_auto_table.py [--table commit] --card NAME CSV [CSV ...] > dispatch/auto_tables/NAME.def
+       make_auto_table.py --table numerics --card NAME [CSV ...] > dispatch/auto_tables/NAME_numerics.def
 """
 import argparse
 import collections
 import csv
 import sys
 
-KEY = ("HV", "K", "V", "T", "B")
+COMMIT_KEY = ("HV", "K", "V", "T", "B")
+NUMERICS_KEY = ("H", "HV", "K", "V", "T", "B")
+# Fast's KDA share must beat exact's by more than this percentage (kFastMinGainPct).
+MIN_GAIN_PCT = 1.0
 
 
-def read_rows(paths):
-    """(HV, K, V, T, B) -> variant -> [median_us per run]."""
+def read_rows(paths, key_columns, numerics_required):
+    """key -> (variant, numerics) -> [median_us per run]; numerics "" reads as "exact"."""
     table = collections.defaultdict(lambda: collections.defaultdict(list))
     for path in paths:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
-            missing = [c for c in KEY + ("phase", "variant", "median_us") if c not in reader.fieldnames]
+            fields = reader.fieldnames or []
+            need = key_columns + ("phase", "variant", "median_us")
+            if numerics_required:
+                need += ("numerics",)
+            missing = [c for c in need if c not in fields]
             if missing:
                 sys.exit(f"make_auto_table: {path}: no column(s) {', '.join(missing)} "
                          "(a kda_bench step CSV is needed)")
             for row in reader:
                 if row["phase"] != "step":
                     continue
-                key = tuple(int(row[c]) for c in KEY)
-                table[key][row["variant"]].append(float(row["median_us"]))
+                numerics = (row.get("numerics") or "exact").strip()
+                if numerics not in ("exact", "fast"):
+                    sys.exit(f"make_auto_table: {path}: numerics '{numerics}' (expected exact or "
+                             "fast)")
+                key = tuple(int(row[c]) for c in key_columns)
+                table[key][(row["variant"], numerics)].append(float(row["median_us"]))
     return table
 
 
@@ -43,16 +73,19 @@ def mean(xs):
     return sum(xs) / len(xs)
 
 
-def main(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--card", required=True, help="card name, e.g. h100")
-    parser.add_argument("csv", nargs="+", help="kda_bench --phases step CSVs of that card")
-    args = parser.parse_args(argv)
-    table = read_rows(args.csv)
+def runs_text(counts):
+    runs = sorted(set(counts))
+    return str(runs[0]) if len(runs) == 1 else f"{runs[0]}..{runs[-1]}"
+
+
+def commit_table(args, out):
+    table = read_rows(args.csv, COMMIT_KEY, numerics_required=False)
     rows = []
     for key in sorted(table):
         by = table[key]
-        eager, deferred, gemm = by.get("fused+ring"), by.get("fused+ring+deferred"), by.get("gemm-only")
+        eager = by.get(("fused+ring", "exact"))
+        deferred = by.get(("fused+ring+deferred", "exact"))
+        gemm = by.get(("gemm-only", "exact"))
         if not eager or not deferred or not gemm:
             continue
         if not (len(eager) == len(deferred) == len(gemm)):
@@ -61,17 +94,73 @@ def main(argv):
         rows.append((key, mean(eager), mean(deferred), mean(gemm), len(eager)))
     if not rows:
         sys.exit("make_auto_table: no (T, B) with fused+ring, fused+ring+deferred and gemm-only steps")
-    out = sys.stdout
     out.write(f"// generated by: tools/bench/make_auto_table.py --card {args.card} "
               f"{' '.join(args.csv)}\n")
-    runs = sorted({r[4] for r in rows})
-    runs_text = str(runs[0]) if len(runs) == 1 else f"{runs[0]}..{runs[-1]}"
     out.write("// --kda-deferred-commit auto's measurements on this card (dispatch/commit_policy.cc):\n"
               "// the 20-layer step of kda_bench --phases step, fused+ring, eager and deferred commit,\n"
-              f"// mean of {runs_text} runs. Data: do not edit; regenerate.\n")
+              f"// mean of {runs_text(r[4] for r in rows)} runs. Data: do not edit; regenerate.\n")
     out.write("// KDA_AUTO_ROW(HV, K, V, T, B, eager step us, deferred step us, gemm-only step us)\n")
     for key, e, d, g, _ in rows:
         out.write(f"KDA_AUTO_ROW({', '.join(str(k) for k in key)}, {e:.1f}, {d:.1f}, {g:.1f})\n")
+
+
+def fast_pays(exact_us, fast_us, gemm_us):
+    """dispatch/numerics_policy.cc's fast_outputs_pay, in the same double arithmetic."""
+    return (fast_us - gemm_us) < (exact_us - gemm_us) * (1.0 - MIN_GAIN_PCT / 100.0)
+
+
+def numerics_table(args, out):
+    table = read_rows(args.csv, NUMERICS_KEY, numerics_required=True)
+    rows = []
+    for key in sorted(table):
+        by = table[key]
+        exact = by.get(("fused+ring", "exact"))
+        fast = by.get(("fused+ring", "fast"))
+        gemm = by.get(("gemm-only", "exact"))
+        if not exact or not fast or not gemm:
+            continue
+        if not (len(exact) == len(fast) == len(gemm)):
+            sys.exit(f"make_auto_table: {key}: runs disagree ({len(exact)} exact, {len(fast)} "
+                     f"fast, {len(gemm)} gemm-only rows)")
+        # The pick is made on the printed numbers, so the C++ rule reads the same decision.
+        e, f, g = (float(f"{mean(x):.1f}") for x in (exact, fast, gemm))
+        rows.append((key, e, f, g, "kFast" if fast_pays(e, f, g) else "kExact", len(exact)))
+    if args.csv and not rows:
+        sys.exit("make_auto_table: no (H, HV, K, V, T, B) with fused+ring exact and fast steps and "
+                 "a gemm-only step")
+    command = f"tools/bench/make_auto_table.py --table numerics --card {args.card}"
+    out.write(f"// generated by: {' '.join([command] + args.csv)}\n")
+    out.write("// --kda-verify-numerics auto's measurements on this card "
+              "(dispatch/numerics_policy.cc):\n"
+              "// the 20-layer step of kda_bench --phases step, fused+ring with the eager commit, "
+              "exact and\n"
+              "// fast outputs; pick: kFast where fast's KDA share (step - gemm-only step) is below "
+              f"exact's\n// x {1.0 - MIN_GAIN_PCT / 100.0:.2f}. ")
+    if rows:
+        out.write(f"Mean of {runs_text(r[5] for r in rows)} runs. Data: do not edit; regenerate.\n")
+    else:
+        out.write("No measurement yet: no rows, auto keeps the exact outputs.\n"
+                  "// Data: do not edit; regenerate.\n")
+    out.write("// KDA_NUMERICS_ROW(H, HV, K, V, T, B, exact step us, fast step us, gemm-only step us, "
+              "pick)\n")
+    for key, e, f, g, pick, _ in rows:
+        out.write(f"KDA_NUMERICS_ROW({', '.join(str(k) for k in key)}, {e:.1f}, {f:.1f}, {g:.1f}, "
+                  f"{pick})\n")
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--table", choices=("commit", "numerics"), default="commit",
+                        help="which auto table (default commit)")
+    parser.add_argument("--card", required=True, help="card name, e.g. h100")
+    parser.add_argument("csv", nargs="*", help="kda_bench --phases step CSVs of that card")
+    args = parser.parse_args(argv)
+    if args.table == "commit":
+        if not args.csv:
+            parser.error("--table commit needs at least one CSV")
+        commit_table(args, sys.stdout)
+    else:
+        numerics_table(args, sys.stdout)
     return 0
 
 

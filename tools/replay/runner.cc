@@ -281,6 +281,9 @@ void choose_path(const DispatchProblem& dp, const RunOptions& options, RunResult
   DispatchFlags flags;
   flags.fused_ring_max_batch = options.fused_ring_max_batch;
   flags.block_v = options.block_v;
+  // A replay runs the capture's verify with exact outputs (its params' numerics), so the decision
+  // it reports, and the tile it takes from it, are the exact path's.
+  flags.numerics = NumericsRequest::kExact;
   r.decision = choose_verify_path(dp, r.platform, flags);
   switch (options.path) {
     case PathChoice::kAuto:

@@ -1,0 +1,223 @@
+// backend_numerics_test.cc: --kda-verify-numerics end to end on the host kernel set (contract
+// §10): the flag reaches the dispatcher, the decision's numerics reach every verify call's params
+// (and the plan: VerifySchedule::kFastChunk where the decision is fast), the decision says why
+// (fast, or exact: snapshot mode, a tree, the unfused path, a deferred fold, asked for, auto
+// without a measured row), extend stays exact, and kda::ops takes the same decision from its
+// DispatchFlags. Decisions and plans only: the host kernel set runs its reference for every plan,
+// so no output value of the fast mode is asserted here.
+//
+// Host only (the CUDA kernel set plans the same and launches what the plan says).
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "backend/kda_backend.h"
+#include "backend/kernel_set_factory.h"
+#include "backend/ops.h"
+#include "core/platform.h"
+#include "kernels/kda_kernels.h"
+#include "tests/backend_fixture.h"
+
+using namespace kda;
+using namespace kda::testing;
+
+namespace {
+
+EngineFlags numerics_flags(bool ring, bool deferred, NumericsRequest numerics) {
+  EngineFlags f = flags_for(ring, deferred);
+  f.verify_numerics = static_cast<int>(numerics);
+  return f;
+}
+
+// Every layer's last decision.
+std::vector<DispatchDecision> decisions(const Harness& h) {
+  std::vector<DispatchDecision> out;
+  for (const auto& d : h.backend->stats().last_decision) {
+    REQUIRE(d.has_value());
+    out.push_back(*d);
+  }
+  return out;
+}
+
+// Checks every layer's last decision: its numerics, reason and plan; and that the params of the
+// last kLayers verify calls carried the decision's numerics.
+void check_round(const Harness& h, NumericsReason want) {
+  const bool fast = want == NumericsReason::kFastRequested || want == NumericsReason::kAutoFast;
+  for (const DispatchDecision& d : decisions(h)) {
+    CAPTURE(d.describe());
+    CHECK(d.numerics_reason == want);
+    CHECK(d.fast_outputs() == fast);
+    CHECK(d.plan.numerics == d.numerics);
+    CHECK((d.plan.schedule == kernels::VerifySchedule::kFastChunk) == fast);
+    CHECK(d.plan.host_reference);
+    CHECK_THAT(d.describe(), Catch::Contains(d.describe_numerics()));
+  }
+  const std::vector<VerifyNumerics>& seen = h.counts->verify_numerics;
+  REQUIRE(seen.size() >= static_cast<size_t>(kLayers));
+  for (size_t i = seen.size() - kLayers; i < seen.size(); ++i) {
+    CHECK(seen[i] == (fast ? VerifyNumerics::kFast : VerifyNumerics::kExact));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("backend numerics: fast in ring mode with the eager commit plans the fast outputs",
+          "[backend][numerics]") {
+  Harness h(kGqaCase, numerics_flags(/*ring=*/true, /*deferred=*/false, NumericsRequest::kFast),
+            fake_platform(9, 0));
+  REQUIRE_FALSE(h.pool().config().deferred_commit);
+  const ModelConfig& m = h.model;
+
+  SECTION("a dense chain at B = 1, two rounds; then extend stays exact") {
+    for (int round = 0; round < 2; ++round) {
+      verify_all(h, BatchSpec{kT, {1}}, 10 + round);
+      check_round(h, NumericsReason::kFastRequested);
+      for (const DispatchDecision& d : decisions(h)) {
+        CHECK(d.fused());
+        CHECK(d.reason == DispatchReason::kRingFused);
+        // The fast auto tile: BV = 32 (HV = 4 CTAs at BV = 64 leave SMs idle).
+        CHECK(d.block_v == kernels::default_fast_block_v(1, m.HV, m.V, 132));
+        CHECK(d.block_v == 32);
+        CHECK(d.plan.block_v == 32);
+        CHECK(d.describe() ==
+              "fused (block_v = 32): ring mode with B = 1 <= --kda-fused-ring-max-batch = 1 on "
+              "SM90, ring layout ok; outputs fast (tensor cores): --kda-verify-numerics fast; "
+              "runs the host reference (fused)");
+      }
+      commit(h, {2});
+    }
+    h.backend->prepare_extend(BatchSpec{6, {0}}, nullptr);
+    for (int layer = 0; layer < kLayers; ++layer) {
+      Activations x = make_activations(m, {0}, 6, 30 + layer);
+      h.backend->extend(layer, x.in, x.out_view, nullptr);
+    }
+    CHECK(h.counts->extend_numerics ==
+          std::vector<VerifyNumerics>(kLayers, VerifyNumerics::kExact));
+  }
+  SECTION("a ragged chain (lengths T: verify_all's dense activation rows)") {
+    BatchSpec batch(kT, {3});
+    batch.lengths = {kT};
+    verify_all(h, batch, 20);
+    check_round(h, NumericsReason::kFastRequested);
+    CHECK((decisions(h)[0].plan.features & kernels::kRaggedRows) != 0);
+  }
+  SECTION("above the fused ring batch: the unfused path, exact") {
+    verify_all(h, BatchSpec{kT, {0, 1}}, 21);
+    check_round(h, NumericsReason::kExactUnfused);
+    CHECK_FALSE(decisions(h)[0].fused());
+  }
+  SECTION("a forced tile outside the fast tiles: exact") {
+    EngineFlags f = numerics_flags(true, false, NumericsRequest::kFast);
+    f.verify_block_v = 16;
+    Harness forced(kGqaCase, f, fake_platform(9, 0));
+    verify_all(forced, BatchSpec{kT, {0}}, 22);
+    check_round(forced, NumericsReason::kExactBlockV);
+    CHECK(decisions(forced)[0].block_v == 16);
+  }
+  SECTION("a forced fast tile") {
+    EngineFlags f = numerics_flags(true, false, NumericsRequest::kFast);
+    f.verify_block_v = 64;
+    Harness forced(kGqaCase, f, fake_platform(9, 0));
+    verify_all(forced, BatchSpec{kT, {0}}, 23);
+    check_round(forced, NumericsReason::kFastRequested);
+    CHECK(decisions(forced)[0].plan.block_v == 64);
+  }
+}
+
+TEST_CASE("backend numerics: the deferred commit's verifies fold pending steps and stay exact",
+          "[backend][numerics]") {
+  Harness h(kGqaCase, numerics_flags(/*ring=*/true, /*deferred=*/true, NumericsRequest::kFast),
+            fake_platform(9, 0));
+  REQUIRE(h.pool().config().deferred_commit);
+  for (int round = 0; round < 2; ++round) {
+    verify_all(h, BatchSpec{kT, {1}}, 40 + round);
+    check_round(h, NumericsReason::kExactDeferredFold);
+    for (const DispatchDecision& d : decisions(h)) {
+      CHECK(d.fused());
+      CHECK((d.plan.features & kernels::kDeferredFold) != 0);
+      CHECK_THAT(d.describe(), Catch::Contains("outputs exact: the verify folds pending steps"));
+    }
+    commit(h, {3});
+  }
+}
+
+TEST_CASE("backend numerics: snapshot mode, trees, exact and auto report exact with their reason",
+          "[backend][numerics]") {
+  SECTION("snapshot mode") {
+    Harness h(kGqaCase, numerics_flags(false, false, NumericsRequest::kFast), fake_platform(9, 0));
+    verify_all(h, BatchSpec{kT, {0, 1}}, 50);
+    check_round(h, NumericsReason::kExactSnapshotMode);
+    CHECK(decisions(h)[0].fused());
+  }
+  SECTION("a tree draft in ring mode") {
+    EngineFlags f = numerics_flags(true, false, NumericsRequest::kFast);
+    f.eagle_topk = 2;
+    Harness h(kGqaCase, f, fake_platform(9, 0));
+    BatchSpec batch(kT, {0});
+    batch.parents = {-1, 0, 0, 1};
+    verify_all(h, batch, 51);
+    check_round(h, NumericsReason::kExactTree);
+  }
+  SECTION("exact asked for") {
+    Harness h(kGqaCase, numerics_flags(true, false, NumericsRequest::kExact), fake_platform(9, 0));
+    verify_all(h, BatchSpec{kT, {0}}, 52);
+    check_round(h, NumericsReason::kExactRequested);
+    // The exact path's tile is the exact rule's, not the fast one's.
+    CHECK(decisions(h)[0].block_v == kernels::default_block_v(1, h.model.HV, h.model.V, 132, kT));
+  }
+  SECTION("auto (the default): no measured row for this shape") {
+    Harness h(kGqaCase, flags_for(true, false), fake_platform(9, 0));
+    REQUIRE(h.backend->flags().numerics_request() == NumericsRequest::kAuto);
+    verify_all(h, BatchSpec{kT, {0}}, 53);
+    check_round(h, NumericsReason::kAutoUnmeasured);
+    CHECK_THAT(decisions(h)[0].describe(),
+               Catch::Contains("outputs exact: auto: no measurement for this shape"));
+  }
+}
+
+TEST_CASE("backend numerics: kda::ops takes the numerics from its DispatchFlags",
+          "[backend][numerics]") {
+  // ops::verify on the backend's own pool views (one layer), as an engine with its own pool
+  // would call it: the same decision as the backend's for the same flags.
+  const NumericsRequest request = GENERATE(NumericsRequest::kFast, NumericsRequest::kExact);
+  CAPTURE(numerics_request_name(request));
+  Harness h(kGqaCase, numerics_flags(true, false, request), fake_platform(9, 0));
+  const BatchSpec batch{kT, {2}};
+  verify_all(h, batch, 60);
+  const DispatchDecision backend_decision = decisions(h)[0];
+
+  const KdaStatePool& pool = h.pool();
+  ops::StateTensors state;
+  state.conv_state = pool.conv_state(0);
+  state.ssm_state = pool.ssm_state(0);
+  state.conv_window = pool.conv_window(0);
+  state.ring_rawv = pool.ring_rawv(0);
+  state.ring_rawk = pool.ring_rawk(0);
+  state.ring_g = pool.ring_g(0);
+  state.ring_beta = pool.ring_beta(0);
+  state.qkv_act = pool.qkv_act();
+  const Buffer slots = device_i32(batch.slots);
+  const Buffer rows = device_i32({0});
+  Activations x = make_activations(h.model, batch.slots, kT, 61);
+  ops::VerifyArgs a;
+  a.mixed_qkv = x.in.mixed_qkv;
+  a.a = x.in.a;
+  a.b = x.in.b;
+  a.out = x.out_view;
+  a.weights = h.weights[0].views;
+  a.state = state;
+  a.batch.T = kT;
+  a.batch.slots = slots.view(DType::kI32, {1});
+  a.batch.rows = rows.view(DType::kI32, {1});
+  a.options.gate = h.model.gate;
+  a.options.dispatch = h.backend->flags().dispatch_flags();
+  a.options.platform = h.backend->platform();
+  const std::unique_ptr<KernelSet> kernels = make_kernel_set(kTestDevice);
+  const DispatchDecision d = ops::verify(*kernels, a, nullptr);
+  CAPTURE(d.describe());
+  CHECK(d.numerics == backend_decision.numerics);
+  CHECK(d.numerics_reason == backend_decision.numerics_reason);
+  CHECK(d.block_v == backend_decision.block_v);
+  CHECK(d.plan.schedule == backend_decision.plan.schedule);
+  CHECK(d.fast_outputs() == (request == NumericsRequest::kFast));
+}
