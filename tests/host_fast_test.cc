@@ -27,6 +27,7 @@
 #include "kernels/kernel_set.h"
 #include "kernels/ref/fast_ref_testing.h"
 #include "kernels/ref/kda_host.h"
+#include "tests/output_compare.h"
 #include "tests/test_problem.h"
 
 using namespace kda;
@@ -36,8 +37,6 @@ using kda::host::testing::ChunkFault;
 namespace {
 
 // Contract §10 (b) and (c).
-constexpr double kMinEqualFraction = 0.999;
-constexpr int64_t kMaxUlp = 1;
 constexpr double kMaxErrorRatio = 1.25;
 // Problems with at least this many outputs check the equal fraction on their own (below it one
 // differing element would fail it); smaller ones count in the sweep's total.
@@ -173,94 +172,11 @@ std::vector<T> gather_rows(const std::vector<T>& out, const std::vector<int64_t>
   return r;
 }
 
-// bf16 bits in an order where adjacent finite values differ by 1 (+0 and -0 both 0).
-int64_t bf16_order(bf16_t x) {
-  const int64_t magnitude = x.bits & 0x7fff;
-  return (x.bits & 0x8000) != 0 ? -magnitude : magnitude;
-}
-bool bf16_is_nan(bf16_t x) { return (x.bits & 0x7fff) > 0x7f80; }
-
-/// Distance in bf16 ulps between their ordered representations; a NaN is infinitely far.
-int64_t bf16_ulp_distance(bf16_t a, bf16_t b) {
-  if (bf16_is_nan(a) || bf16_is_nan(b)) {
-    return std::numeric_limits<int64_t>::max();
-  }
-  return std::llabs(bf16_order(a) - bf16_order(b));
-}
-
-// Both f32 paths carry an absolute error of a few f32 ulps of the scale of the terms an output
-// sums: the state contractions and the u_i M[t][i] of its (request, v-head), whose magnitude the
-// head's largest output over its tokens stands for. An output that cancels to below this fraction
-// of that keeps no bf16 bits of its own (its bf16 ulp is finer than the error, in the exact path
-// as in the fast one), so its ulps are counted on the grid of the floor: 2^-12 of the head's
-// maximum, whose bf16 ulp (2^-20 of it) still spans 16 f32 ulps of the head's scale.
-constexpr double kUlpFloor = 0x1p-12;
-
-/// bf16_ulp_distance where max(|a|, |b|) >= floor; below it, |a - b| in ulps of bf16 at floor
-/// (rounded up: any difference counts at least 1).
-int64_t bf16_ulp_distance(bf16_t a, bf16_t b, double floor) {
-  const double x = bf16_to_float(a), y = bf16_to_float(b);
-  if (bf16_is_nan(a) || bf16_is_nan(b) || std::max(std::fabs(x), std::fabs(y)) >= floor ||
-      floor <= 0.0) {
-    return bf16_ulp_distance(a, b);
-  }
-  const double ulp = std::ldexp(1.0, std::ilogb(floor) - 7);  // 8 significant bits
-  return static_cast<int64_t>(std::ceil(std::fabs(x - y) / ulp));
-}
-
-// Two bf16 output sets: the fraction bitwise equal, the largest ulp distance (raw, and with each
-// element's noise floor), relative L2.
-struct OutCompare {
-  int64_t elems = 0, equal = 0;
-  int64_t max_raw_ulp = 0;  ///< ordered-representation distance
-  int64_t max_ulp = 0;      ///< the same, counted at the element's floor below it (kUlpFloor)
-  double rel_l2 = 0.0;
-  double equal_fraction() const {
-    return elems > 0 ? static_cast<double>(equal) / static_cast<double>(elems) : 1.0;
-  }
-  /// Contract §10 (b), on at least kRateSample elements.
-  bool within_b() const { return equal_fraction() >= kMinEqualFraction && max_ulp <= kMaxUlp; }
-};
-
-OutCompare compare_bf16(const std::vector<bf16_t>& got, const std::vector<bf16_t>& want,
-                        const std::vector<double>& floors) {
-  OutCompare r;
-  r.elems = static_cast<int64_t>(want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    r.equal += got[i].bits == want[i].bits ? 1 : 0;
-    r.max_raw_ulp = std::max(r.max_raw_ulp, bf16_ulp_distance(got[i], want[i]));
-    r.max_ulp = std::max(r.max_ulp, bf16_ulp_distance(got[i], want[i], floors[i]));
-  }
-  r.rel_l2 = rel_l2(got, want);
-  return r;
-}
-
-// The floor of each element of gather_rows(out, f.rows, ..): kUlpFloor x the largest magnitude
-// of its (request, v-head) over the request's tokens, in either output.
+// The floors of the real requests' rows (output_compare.h ulp_floors).
 std::vector<double> ulp_floors(const FastProblem& f, const std::vector<bf16_t>& a,
                                const std::vector<bf16_t>& b) {
   const VerifyCase& c = f.problem.config();
-  const int64_t V = c.V, width = static_cast<int64_t>(c.HV) * V;
-  std::vector<double> floors;
-  for (int n = 0; n < c.B; ++n) {
-    if (n == f.pad) {
-      continue;
-    }
-    std::vector<double> head_max(static_cast<size_t>(c.HV), 0.0);
-    for (int64_t t = 0; t < f.lengths[n]; ++t) {
-      for (int64_t i = 0; i < width; ++i) {
-        const int64_t e = (f.first[n] + t) * width + i;
-        double& m = head_max[static_cast<size_t>(i / V)];
-        m = std::max({m, std::fabs(to_double(a[e])), std::fabs(to_double(b[e]))});
-      }
-    }
-    for (int64_t t = 0; t < f.lengths[n]; ++t) {
-      for (int64_t i = 0; i < width; ++i) {
-        floors.push_back(kUlpFloor * head_max[static_cast<size_t>(i / V)]);
-      }
-    }
-  }
-  return floors;
+  return kda::testing::ulp_floors(a, b, f.first, f.lengths, f.pad, c.HV, c.V);
 }
 
 // One problem's fast outputs against the exact path's and the fp64 oracle.
