@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """make_auto_table.py: --kda-deferred-commit auto's table of one card, from kda_bench step CSVs.
 
-Reads the step rows (phase "step") of `kda_bench --phases step --variants fused+ring --out X.csv`
+Reads the exact-output step rows (phase "step", numerics exact or absent) of `kda_bench --phases step --variants fused+ring --out X.csv`
 runs on one card, averages each (HV, K, V, T, B)'s eager and deferred fused+ring steps and its
 gemm-only step over the runs, and writes the X-macro data file that dispatch/commit_policy.cc
 includes (dispatch/auto_tables/<card>.def):
@@ -32,7 +32,9 @@ def read_rows(paths):
                 sys.exit(f"make_auto_table: {path}: no column(s) {', '.join(missing)} "
                          "(a kda_bench step CSV is needed)")
             for row in reader:
-                if row["phase"] != "step":
+                # Exact-output steps only: the table decides the commit, not the numerics (CSVs
+                # from before the numerics column hold exact rows only).
+                if row["phase"] != "step" or row.get("numerics") not in (None, "", "exact"):
                     continue
                 key = tuple(int(row[c]) for c in KEY)
                 table[key][row["variant"]].append(float(row["median_us"]))
