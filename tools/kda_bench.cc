@@ -11,6 +11,8 @@
 //   round   every layer's verify + the commit, one graph per round;
 //   step    the round inside a model: per layer the projection GEMMs around the verify, then the
 //           commit, one graph per step; the KDA share = the step - its gemm-only twin.
+// --numerics exact,fast times verify, round and step rows in both output numerics (contract §10):
+// fast rows carry their outputs' statistics against exact ones on the same inputs.
 // Methodology (contract §6): --calls calls in one CUDA graph, --warmup replays, then --reps
 // repetitions of --iters timed replays; median / min / max of us per call. Byte model and
 // floor: tools/bench/bench_bytes.h. See --help for the flags.
@@ -74,6 +76,12 @@ void print_header(const BenchArgs& args) {
           : (args.launch.occupancy == kernels::TileOccupancy::kOnePerSm ? "one CTA per SM"
                                                                         : "two CTAs per SM"),
       args.l2_cold ? "; L2-cold: rotating layer copies (one call per copy)" : "");
+  if (args.has_numerics(VerifyNumerics::kFast)) {
+    fmt::print(
+        "numerics: {} (contract §10; fast rows: fused+ring, eager verifies, a fast tile; their "
+        "eq% / ulp / rel L2 columns: the outputs against exact ones on the same inputs)\n",
+        args.numerics.size() == 2 ? "exact,fast" : "fast");
+  }
   for (const std::string& line : describe_byte_model(args.shape, args.hbm_gbps)) {
     fmt::print("{}\n", line);
   }

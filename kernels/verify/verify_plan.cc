@@ -126,7 +126,8 @@ VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v, cons
 
 std::string VerifyPlan::kernel() const {
   if (host_reference) {
-    return fmt::format("the host reference ({}{})", path == VerifyPath::kFused ? "fused" : "unfused",
+    return fmt::format("the host reference ({}{})",
+                       path == VerifyPath::kFused ? "fused" : "unfused",
                        numerics == VerifyNumerics::kFast ? ", fast outputs" : "");
   }
   std::string features_text;

@@ -30,6 +30,16 @@ const char* variant_name(Variant v) {
   return "?";
 }
 
+const char* numerics_name(VerifyNumerics n) {
+  switch (n) {
+    case VerifyNumerics::kExact:
+      return "exact";
+    case VerifyNumerics::kFast:
+      return "fast";
+  }
+  return "?";
+}
+
 const char* draft_shape_name(DraftShape s) {
   switch (s) {
     case DraftShape::kDense:
@@ -123,6 +133,54 @@ std::string BenchArgs::fused_block_v_text() const {
                      : std::string("auto (kernels::default_block_v per B)");
 }
 
+bool BenchArgs::has_numerics(VerifyNumerics n) const {
+  return std::find(numerics.begin(), numerics.end(), n) != numerics.end();
+}
+
+std::vector<int> BenchArgs::fast_block_vs(int B) const {
+  if (sweep_bv) {
+    return std::vector<int>(std::begin(kernels::kFastBlockVs), std::end(kernels::kFastBlockVs));
+  }
+  if (block_v > 0) {
+    return kernels::is_fast_block_v(block_v) ? std::vector<int>{block_v} : std::vector<int>{};
+  }
+  return {kernels::default_fast_block_v(B, shape.HV, shape.V, sms)};
+}
+
+std::vector<int> BenchArgs::block_vs(Variant v, VerifyNumerics n, int B, int T) const {
+  if (n == VerifyNumerics::kFast) {
+    return variant_takes_fast(v) ? fast_block_vs(B) : std::vector<int>{};
+  }
+  return variant_is_fused(v) ? fused_block_vs(B, T, variant_mode(v)) : std::vector<int>{0};
+}
+
+std::string fast_skip_reason(const BenchArgs& args, Variant v, int T, int bv, bool deferred) {
+  if (!variant_takes_fast(v)) {
+    return fmt::format("{}: exact only (the fast outputs are the fused ring-mode verify's)",
+                       variant_name(v));
+  }
+  if (bv == 0) {
+    return fmt::format("--block-v {}: not a fast tile ({})", args.block_v,
+                       fmt::join(kernels::kFastBlockVs, ", "));
+  }
+  VerifyParams p;
+  p.mode = RecordMode::kRing;
+  p.numerics = VerifyNumerics::kFast;
+  p.T = T;
+  int32_t pending = 0;  // only its presence matters: the predicate reads no memory
+  p.ring_pending = deferred ? &pending : nullptr;
+  if (kernels::fast_outputs_plannable(p, VerifyPath::kFused, bv)) {
+    return "";
+  }
+  if (deferred) {
+    return "a deferred verify folds its pending steps first: its plan runs exact";
+  }
+  if (T > kernels::kFastMaxTokens) {
+    return fmt::format("T={} exceeds the fast chunk ({} tokens)", T, kernels::kFastMaxTokens);
+  }
+  return fmt::format("T={} BV={}: the plan runs exact", T, bv);
+}
+
 std::string bench_usage() {
   return fmt::format(
       R"(kda_bench: times the KDA verify / commit kernels of one model shape on the current GPU.
@@ -147,9 +205,24 @@ Sweep:
   --draft-shapes LIST    verify phase: dense,ragged,mixed,tree (default dense); ragged = every
                          T_n = T through the ragged kernels, mixed = T_n = T - n % T, tree = T
                          nodes per request, breadth-first binary (unfused variants only)
-  --block-v BV|auto      fused V tile: one of {} or auto (default: the dispatcher's
+  --block-v BV|auto      fused V tile: one of {0} or auto (default: the dispatcher's
                          kernels::default_block_v per B, as --kda-verify-block-v=auto)
   --sweep-bv             time every fused BV and report the best
+  --numerics LIST        exact,fast (default exact): the verify's output numerics (contract §10)
+                         in the verify, round and step phases; a row's numerics column says what
+                         its plan ran, its kernel column which kernel (fast: fast-chunk). Fast
+                         rows: fused+ring only (the other variants run exact whatever is asked:
+                         no row, a note), eager verifies only (a deferred verify folds its
+                         pending steps and plans exact: no row, a note), T <= {2}, the fast tiles
+                         {1} (auto: kernels::default_fast_block_v per B; --sweep-bv: each;
+                         --block-v outside them: no fast rows, a note). Every fast row carries
+                         its outputs against exact's on the same inputs (contract §10 (b)):
+                         eq% (bf16 elements bitwise equal), ulp (largest bf16 ulp distance) and
+                         rel L2 (||fast - exact|| / ||exact||), from untimed runs before the
+                         timing: verify: the call (copy 0); round: every layer's verify; step:
+                         every layer's verify in one untimed step (each layer's exact and fast
+                         verify on the same projection output; the step then goes on with the
+                         fast outputs). Their records and conv windows must be bitwise exact's.
   --phases LIST          verify,commit,round,step or all (default verify)
                          commit: fold (ring), snapshot commit and conv commit of all layers;
                          round: every layer's verify + the commit in one graph;
@@ -189,7 +262,16 @@ Other:
                          windows after each, the materialized state after the last) and the
                          step guard (step phase: eager, deferred and snapshot steps from one
                          state, 3 replays each, every layer's outputs, the last hidden state
-                         and every request's committed state; the gemm-only step twice)
+                         and every request's committed state; the gemm-only step twice).
+                         With --numerics fast also: verify: the fast outputs bitwise equal at
+                         every fast tile timed (contract §10 (a)); step: the fast step twice
+                         from one state, 3 replays each, bitwise equal to each other (every
+                         layer's outputs, the hidden states, every committed state), layer 0's
+                         committed state bitwise the exact step's (later layers read hidden
+                         states that carry the fast outputs) and layer 0's outputs against the
+                         exact step's (§10 (b), printed). The fast-vs-exact statistics and the
+                         records check of the fast rows run whatever this flag says (a record
+                         difference then only warns)
   --brief                table: fused rows only for the best BV (files always get every row)
   --dry-run              print the plan: device memory per B, timings, a device-time lower
                          bound (assumes an H200: 50 MiB L2); needs no GPU
@@ -206,9 +288,11 @@ Other:
   -h, --help             this text
 
 Exit status: 0 ok, 1 error (no CUDA device, CUDA or kernel error), 2 bad arguments,
-3 bitwise guard mismatch (fused vs unfused, deferred vs eager rounds, or step modes differ).
+3 bitwise guard mismatch (fused vs unfused, deferred vs eager rounds, step modes, fast records
+vs exact ones, or fast runs that should be equal differ).
 )",
-      fmt::join(kernels::kFusedBlockVs, ","));
+      fmt::join(kernels::kFusedBlockVs, ","), fmt::join(kernels::kFastBlockVs, ","),
+      kernels::kFastMaxTokens);
 }
 
 namespace {
@@ -305,6 +389,20 @@ std::vector<Variant> parse_variants(std::string_view flag, std::string_view s) {
   return out;
 }
 
+/// exact / fast, in that order whatever the command line's.
+std::vector<VerifyNumerics> parse_numerics(std::string_view flag, std::string_view s) {
+  std::vector<VerifyNumerics> out;
+  for (std::string_view part : split_commas(s)) {
+    const VerifyNumerics n = parse_choice<VerifyNumerics>(
+        flag, part, {{"exact", VerifyNumerics::kExact}, {"fast", VerifyNumerics::kFast}});
+    if (std::find(out.begin(), out.end(), n) == out.end()) {
+      out.push_back(n);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
@@ -341,6 +439,17 @@ void validate(const BenchArgs& a) {
         fmt::format("--hidden / --mlp: {} / {} must be multiples of 8 (16-byte rows for the GEMMs)",
                     a.step_hidden(), a.mlp));
   }
+  if (a.has_numerics(VerifyNumerics::kFast)) {
+    if (!a.has_variant(Variant::kFusedRing)) {
+      throw ArgError(
+          "--numerics: fast outputs are fused+ring's (contract §10), which --variants leaves out");
+    }
+    if (a.numerics.size() == 1 && a.block_v > 0 && !a.sweep_bv &&
+        !kernels::is_fast_block_v(a.block_v)) {
+      throw ArgError(fmt::format("--numerics fast: --block-v {} is not a fast tile ({})", a.block_v,
+                                 fmt::join(kernels::kFastBlockVs, ", ")));
+    }
+  }
   if (a.commit_tracks && !a.phase_commit) {
     throw ArgError("--commit-tracks: times commit rows, needs the commit phase (--phases commit)");
   }
@@ -365,6 +474,7 @@ constexpr FlagSpec kFlags[] = {
     {"--variants", true},
     {"--block-v", true},
     {"--draft-shapes", true},
+    {"--numerics", true},
     {"--sweep-bv", false},
     {"--phases", true},
     {"--layers", true},
@@ -512,6 +622,7 @@ std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
            start = comma + 1;
          }
        }},
+      {"--numerics", [&](auto& n, auto& v) { a.numerics = parse_numerics(n, v); }},
       {"--block-v",
        [&](auto& n, auto& v) {
          if (v == "auto") {

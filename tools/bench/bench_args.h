@@ -41,6 +41,13 @@ inline RecordMode variant_mode(Variant v) {
                                                                 : RecordMode::kSnapshot;
 }
 
+/// The verify numerics of a row (contract §10): "exact" or "fast".
+const char* numerics_name(VerifyNumerics n);
+/// Whether `v` takes the fast outputs (contract §10): the fused ring-mode verify. The unfused
+/// path and snapshot mode run exact whatever is asked, so their fast rows would repeat the exact
+/// ones.
+inline bool variant_takes_fast(Variant v) { return v == Variant::kFusedRing; }
+
 /// A verify draft shape the verify phase times beside the dense batch (contract §8):
 /// ragged = every T_n = T through the ragged kernels (the dense batch's tokens); mixed = T_n =
 /// T - n % T (fewer tokens); tree = T nodes per request in breadth-first binary-tree order
@@ -63,6 +70,9 @@ struct BenchArgs {
   std::vector<int> draft_tokens{4, 8};  ///< T list
   std::vector<Variant> variants{std::begin(kAllVariants), std::end(kAllVariants)};
   std::vector<DraftShape> draft_shapes{DraftShape::kDense};  ///< verify phase
+  /// --numerics: the verify numerics timed (verify, round, step), exact first. Fast rows only for
+  /// variant_takes_fast variants with a fast tile (fast_block_vs) whose plan runs fast.
+  std::vector<VerifyNumerics> numerics{VerifyNumerics::kExact};
   int block_v = 0;  ///< fused V tile; 0 = auto (kernels::default_block_v per B, as the engine)
   int sms = 0;      ///< the device's SM count (kda_bench sets it; 0 before a device is known)
   bool sweep_bv = false;
@@ -114,12 +124,25 @@ struct BenchArgs {
   std::vector<int> fused_block_vs(int B, int T, RecordMode mode) const;
   /// The fused BV choice as text, for the plan: "8,16,32,64,128", "64" or "auto".
   std::string fused_block_v_text() const;
+  bool has_numerics(VerifyNumerics n) const;
+  /// The fast-output tiles to time at batch size B: every kernels::kFastBlockVs with --sweep-bv,
+  /// {block_v} when it is one of them, none when it is not, and with block_v == 0 (auto) the
+  /// dispatcher's {kernels::default_fast_block_v(B, HV, V, sms)}.
+  std::vector<int> fast_block_vs(int B) const;
+  /// The tiles of `v` in numerics `n` at (B, T): exact: fused_block_vs (unfused: {0}); fast:
+  /// fast_block_vs for a variant that takes fast outputs, else none.
+  std::vector<int> block_vs(Variant v, VerifyNumerics n, int B, int T) const;
 };
 
 /// The accepted step each request tracks under --commit-tracks, of `accepted` (n) steps: the
 /// last, n - 1, where the deferred track fold reads the most ring steps (n); the eager and
 /// snapshot tracks move the same bytes at every step.
 inline int commit_track_step(int accepted) { return accepted - 1; }
+
+/// Why the fast rows of `v` at T draft tokens with fast tile `bv` (0: none) are not timed, or ""
+/// when they are: kernels::fast_outputs_plannable on a ring-mode chain, without (`deferred`
+/// false) or with pending steps to fold. The phases also check the plan on the device.
+std::string fast_skip_reason(const BenchArgs& args, Variant v, int T, int bv, bool deferred);
 
 /// Thrown on a bad command line; what() names the flag, the value and what is allowed.
 class ArgError : public std::runtime_error {

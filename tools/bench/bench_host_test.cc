@@ -1,10 +1,13 @@
 // bench_host_test.cc: kda_bench's host-only parts: flags, byte model, plans, targets, dispatch
-// advice (no device: nothing here allocates or launches).
+// advice, the numerics axis and its statistics (no device: nothing here allocates or launches).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -527,6 +530,241 @@ TEST_CASE("kda_bench report: step rows, the KDA share and the advice", "[tools][
   CHECK(header.find(",gemm_us,share_us,H,HV,K,V,hidden") != std::string::npos);
   CHECK(first.rfind("step,4,1,fused+ring,", 0) == 0);
   CHECK(first.find(",100.0000,100.0000,32,32,128,128,2304") != std::string::npos);
+}
+
+TEST_CASE("kda_bench args: --numerics", "[tools][bench]") {
+  using N = VerifyNumerics;
+  CHECK(parse({}).numerics == std::vector<N>{N::kExact});
+  CHECK(parse({"--numerics", "exact,fast"}).numerics == std::vector<N>{N::kExact, N::kFast});
+  CHECK(parse({"--numerics=fast,exact,fast"}).numerics == std::vector<N>{N::kExact, N::kFast});
+  const BenchArgs fast = parse({"--numerics", "fast", "--phases", "verify,round,step"});
+  CHECK(fast.numerics == std::vector<N>{N::kFast});
+  CHECK(fast.has_numerics(N::kFast));
+  CHECK_FALSE(fast.has_numerics(N::kExact));
+  CHECK(std::string(numerics_name(N::kExact)) == "exact");
+  CHECK(std::string(numerics_name(N::kFast)) == "fast");
+  CHECK(bench_usage().find("--numerics") != std::string::npos);
+
+  require_arg_error({"--numerics", "quick"}, "--numerics: bad value 'quick' (exact or fast)");
+  require_arg_error({"--numerics", "exact,"}, "--numerics: bad value ''");
+  require_arg_error({"--numerics", "fast", "--variants", "fused,unfused+ring"},
+                    "fast outputs are fused+ring's");
+  require_arg_error({"--numerics", "fast", "--block-v", "16"}, "not a fast tile (32, 64, 128)");
+  // With exact rows beside them the fast rows are only left out (a note).
+  CHECK(parse({"--numerics", "exact,fast", "--block-v", "16"}).fast_block_vs(4).empty());
+}
+
+TEST_CASE("kda_bench args: the fast tiles and which rows take fast outputs", "[tools][bench]") {
+  BenchArgs d = parse({"--numerics", "exact,fast"});
+  for (int B : {1, 2, 4, 8, 16, 32, 64}) {
+    CHECK(d.fast_block_vs(B) == std::vector<int>{kernels::default_fast_block_v(B, 32, 128, 0)});
+  }
+  d.sms = 132;  // the dispatcher's rule on the device's SM count
+  CHECK(d.fast_block_vs(1) == std::vector<int>{32});
+  CHECK(d.fast_block_vs(64) == std::vector<int>{128});
+  CHECK(parse({"--numerics", "fast", "--block-v", "64"}).fast_block_vs(1) == std::vector<int>{64});
+  CHECK(parse({"--numerics", "fast", "--sweep-bv"}).fast_block_vs(1) ==
+        std::vector<int>(std::begin(kernels::kFastBlockVs), std::end(kernels::kFastBlockVs)));
+
+  // block_vs: exact tiles as before; fast tiles for fused+ring only.
+  CHECK(d.block_vs(Variant::kUnfused, VerifyNumerics::kExact, 4, 4) == std::vector<int>{0});
+  CHECK(d.block_vs(Variant::kFusedRing, VerifyNumerics::kExact, 4, 4) ==
+        d.fused_block_vs(4, 4, RecordMode::kRing));
+  CHECK(d.block_vs(Variant::kFused, VerifyNumerics::kFast, 4, 4).empty());
+  CHECK(d.block_vs(Variant::kUnfusedRing, VerifyNumerics::kFast, 4, 4).empty());
+  CHECK(d.block_vs(Variant::kFusedRing, VerifyNumerics::kFast, 4, 4) == d.fast_block_vs(4));
+
+  CHECK(variant_takes_fast(Variant::kFusedRing));
+  CHECK_FALSE(variant_takes_fast(Variant::kFused));
+  CHECK(fast_skip_reason(d, Variant::kFusedRing, 4, 64, false).empty());
+  CHECK(fast_skip_reason(d, Variant::kFusedRing, 16, 32, false).empty());
+  CHECK(fast_skip_reason(d, Variant::kFusedRing, 17, 32, false).find("exceeds the fast chunk") !=
+        std::string::npos);
+  CHECK(fast_skip_reason(d, Variant::kFusedRing, 4, 64, true).find("deferred") !=
+        std::string::npos);
+  CHECK(fast_skip_reason(d, Variant::kFused, 4, 64, false).find("exact only") != std::string::npos);
+  const BenchArgs narrow = parse({"--numerics", "exact,fast", "--block-v", "16"});
+  CHECK(fast_skip_reason(narrow, Variant::kFusedRing, 4, 0, false).find("--block-v 16") !=
+        std::string::npos);
+}
+
+TEST_CASE("kda_bench plan: the fast rows and their tile", "[tools][bench]") {
+  const BenchArgs a = parse({"--preset", "kimi-linear", "--numerics", "exact,fast",
+                             "--draft-tokens", "4,20", "--batch-sizes", "1,64"});
+  std::vector<std::string> notes;
+  for (int B : {1, 64}) {
+    const std::vector<VerifyConfig> c = verify_configs(a, B, 4, &notes);
+    // Per variant its exact tile, then fused+ring's fast tile (the dispatcher's rule).
+    const int fast_bv = kernels::default_fast_block_v(B, 32, 128, 0);
+    REQUIRE(c.size() == 5);
+    CHECK(c[0] == VerifyConfig{Variant::kUnfused, VerifyNumerics::kExact, 0});
+    CHECK(c[3].variant == Variant::kFusedRing);
+    CHECK(c[3].numerics == VerifyNumerics::kExact);
+    CHECK(c[4] == VerifyConfig{Variant::kFusedRing, VerifyNumerics::kFast, fast_bv});
+    const std::string kernel = fast_kernel_name(a, B, 4, fast_bv);
+    CHECK(kernel.find("fast-chunk") != std::string::npos);
+    CHECK(kernel.find(fmt::format("BV={} ", fast_bv)) != std::string::npos);
+  }
+  CHECK(fast_kernel_name(a, 1, 4, 32) != fast_kernel_name(a, 64, 4, 128));
+  // The variants without fast outputs leave a note each, once.
+  CHECK(notes.size() == 3);
+  // T = 20 exceeds the fast chunk: its exact rows only.
+  const std::vector<VerifyConfig> t20 = verify_configs(a, 1, 20, &notes);
+  CHECK(t20.size() == 4);
+  CHECK(std::none_of(t20.begin(), t20.end(),
+                     [](const VerifyConfig& c) { return c.numerics == VerifyNumerics::kFast; }));
+  CHECK(notes.back().find("T=20 exceeds the fast chunk") != std::string::npos);
+  // --block-v outside the fast tiles: no fast rows, a note; --sweep-bv: every fast tile.
+  std::vector<std::string> narrow_notes;
+  CHECK(verify_configs(parse({"--numerics", "exact,fast", "--block-v", "16"}), 4, 4, &narrow_notes)
+            .size() == 4);
+  CHECK(std::any_of(narrow_notes.begin(), narrow_notes.end(), [](const std::string& n) {
+    return n.find("not a fast tile") == 0 || n.find("--block-v 16") == 0;
+  }));
+  const std::vector<VerifyConfig> swept = verify_configs(
+      parse({"--numerics", "fast", "--variants", "fused+ring", "--sweep-bv"}), 4, 4, nullptr);
+  REQUIRE(swept.size() == std::size(kernels::kFastBlockVs));
+  CHECK(swept[0] == VerifyConfig{Variant::kFusedRing, VerifyNumerics::kFast, 32});
+  CHECK(swept[2] == VerifyConfig{Variant::kFusedRing, VerifyNumerics::kFast, 128});
+  // The step guard keeps the fast step's replays and state.
+  const BenchArgs step = parse({"--phases", "step", "--numerics", "exact,fast"});
+  const ProblemConfig cfg = step_problem_config(step, 4);
+  const StepLayout lay = step_layout(step, 4);
+  CHECK(lay.device_bytes(step.shape, cfg, true, true) >
+        lay.device_bytes(step.shape, cfg, true, false));
+  CHECK(lay.device_bytes(step.shape, cfg, false, true) ==
+        lay.device_bytes(step.shape, cfg, false, false));
+}
+
+TEST_CASE("kda_bench diff: bf16 ulps and the fast-vs-exact statistics", "[tools][bench]") {
+  const bf16_t one{0x3f80}, next{0x3f81}, two{0x4000}, pos0{0x0000}, neg0{0x8000};
+  const bf16_t tiny{0x0001}, neg_tiny{0x8001};
+  CHECK(bf16_ulp_distance(one, one) == 0);
+  CHECK(bf16_ulp_distance(one, next) == 1);
+  CHECK(bf16_ulp_distance(next, one) == 1);
+  CHECK(bf16_ulp_distance(one, two) == 0x80);
+  CHECK(bf16_ulp_distance(pos0, neg0) == 0);
+  CHECK(bf16_ulp_distance(tiny, neg_tiny) == 2);  // through zero
+
+  OutputDiff d;
+  CHECK(d.equal_pct() == 100.0);
+  CHECK(d.rel_l2() == 0.0);
+  std::vector<bf16_t> exact(1000, one), fast(1000, one);
+  fast[10] = next;  // 1 of 1000 one ulp off: 99.9% equal, within contract §10 (b)
+  d.add(fast.data(), exact.data(), 1000);
+  CHECK(d.elems == 1000);
+  CHECK(d.equal == 999);
+  CHECK(d.max_ulp == 1);
+  CHECK(d.equal_pct() == Approx(99.9));
+  const double step = bf16_to_float(next) - 1.0;
+  CHECK(d.rel_l2() == Approx(std::sqrt(step * step / 1000.0)));
+  CHECK(d.meets_contract());
+  OutputDiff more;
+  fast[11] = next;
+  more.add(fast.data(), exact.data(), 1000);
+  CHECK_FALSE(more.meets_contract());  // 99.8% equal
+  d.merge(more);
+  CHECK(d.elems == 2000);
+  CHECK(d.equal == 999 + 998);
+  OutputDiff far;
+  fast[11] = two;
+  far.add(fast.data(), exact.data(), 1);
+  far.add(fast.data() + 11, exact.data() + 11, 1);
+  CHECK(far.max_ulp == 0x80);
+  CHECK_FALSE(far.meets_contract());
+  CHECK(far.describe().find("max 128 ulp") != std::string::npos);
+}
+
+TEST_CASE("kda_bench report: the numerics column and the fast statistics", "[tools][bench]") {
+  const BenchArgs args =
+      parse({"--batch-sizes", "4", "--draft-tokens", "4", "--numerics", "exact,fast"});
+  std::vector<Row> rows = {verify_row_at_t4(Variant::kFusedRing, 4, 64, 5.0),
+                           verify_row_at_t4(Variant::kUnfusedRing, 4, 0, 7.0),
+                           verify_row_at_t4(Variant::kFusedRing, 4, 64, 3.0)};
+  rows[2].numerics = VerifyNumerics::kFast;
+  rows[2].kernel = "verify_tile<f32 K=128 BV=64 fused fast-chunk>";
+  OutputDiff d;
+  const std::vector<bf16_t> e(1000, bf16_t{0x3f80});
+  std::vector<bf16_t> f = e;
+  f[0] = bf16_t{0x3f81};
+  d.add(f.data(), e.data(), 1000);
+  rows[2].diff = d;
+  mark_best_bv(rows);
+  CHECK(rows[0].best_bv);  // the exact group's best: the fast row is another group
+  CHECK(rows[2].best_bv);
+  // The dispatch advice stays on exact rows.
+  const Recommendation rec = recommend(rows, args);
+  REQUIRE(rec.entries.size() == 1);
+  CHECK(rec.entries[0].ring_us == 5.0);
+
+  Row commit;
+  commit.phase = Phase::kCommit;
+  commit.what = "fold";
+  rows.push_back(commit);
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/kda_bench_numerics.csv";
+  write_rows(path, RunInfo{}, rows, rec);
+  std::ifstream in(path);
+  std::string header, exact_row, unfused_row, fast_row, commit_row;
+  REQUIRE(std::getline(in, header));
+  REQUIRE(std::getline(in, exact_row));
+  REQUIRE(std::getline(in, unfused_row));
+  REQUIRE(std::getline(in, fast_row));
+  REQUIRE(std::getline(in, commit_row));
+  // The new columns come after every existing one.
+  const std::string tail = ",kernel,numerics,equal_pct,max_ulp,rel_l2_vs_exact";
+  REQUIRE(header.size() > tail.size());
+  CHECK(header.compare(header.size() - tail.size(), tail.size(), tail) == 0);
+  CHECK(header.rfind("phase,T,B,variant,mode,fused,bv,best_bv,", 0) == 0);
+  const auto fields = [](const std::string& l) { return std::count(l.begin(), l.end(), ',') + 1; };
+  for (const std::string* l : {&exact_row, &unfused_row, &fast_row, &commit_row}) {
+    CAPTURE(*l);
+    CHECK(fields(*l) == fields(header));
+  }
+  const auto ends = [](const std::string& l, const std::string& s) {
+    return l.size() >= s.size() && l.compare(l.size() - s.size(), s.size(), s) == 0;
+  };
+  CHECK(ends(exact_row, ",exact,,,"));
+  CHECK(ends(fast_row, "fused fast-chunk>,fast,99.9000,1,2.4705e-04"));  // 2^-7 / sqrt(1000)
+  CHECK(ends(commit_row, ",,,,"));
+
+  const std::string json = std::string(dir != nullptr ? dir : "/tmp") + "/kda_bench_numerics.json";
+  write_rows(json, RunInfo{}, rows, rec);
+  std::ifstream j(json);
+  const std::string text((std::istreambuf_iterator<char>(j)), std::istreambuf_iterator<char>());
+  CHECK(text.find("\"numerics\": \"fast\", \"equal_pct\": 99.9, \"max_ulp\": 1, "
+                  "\"rel_l2_vs_exact\": ") != std::string::npos);
+  CHECK(text.find("\"numerics\": \"exact\", \"equal_pct\": null") != std::string::npos);
+}
+
+TEST_CASE("kda_bench report: fast step rows stay out of the step advice", "[tools][bench]") {
+  const BenchArgs args = parse({"--phases", "step", "--variants", "fused+ring", "--numerics",
+                                "exact,fast", "--batch-sizes", "4"});
+  std::vector<Row> rows;
+  const auto add = [&](const std::string& what, VerifyNumerics n, double us) {
+    Row r;
+    r.phase = Phase::kStep;
+    r.T = 4;
+    r.B = 4;
+    r.what = what;
+    r.numerics = n;
+    r.timing.median_us = us;
+    r.gemm_us = 100.0;
+    r.share_us = us - 100.0;
+    rows.push_back(r);
+  };
+  add("fused+ring", VerifyNumerics::kExact, 400.0);
+  add("fused+ring+deferred", VerifyNumerics::kExact, 380.0);
+  add("fused+ring", VerifyNumerics::kFast, 300.0);  // faster, but another numerics
+  const StepAdvice a = step_advice(rows, args);
+  REQUIRE(a.entries.size() == 1);
+  CHECK(a.entries[0].eager_us == 400.0);
+  CHECK(a.entries[0].defer);
+  const std::vector<FastStepEntry> f = fast_step_entries(rows);
+  REQUIRE(f.size() == 1);
+  CHECK(f[0].what == "fused+ring");
+  CHECK(f[0].exact_share_us == 300.0);
+  CHECK(f[0].fast_share_us == 200.0);
 }
 
 }  // namespace kda::bench

@@ -16,11 +16,29 @@ void enqueue_verify(Variant v, int bv, const VerifyParams& p, cudaStream_t strea
   }
 }
 
+kernels::VerifyPlan planned(Variant v, int bv, const VerifyParams& p,
+                            const kernels::LaunchOverrides& launch) {
+  return kernels::plan_verify_on_device(
+      p, variant_is_fused(v) ? VerifyPath::kFused : VerifyPath::kUnfused, bv, launch);
+}
+
 std::string planned_kernel(Variant v, int bv, const VerifyParams& p,
                            const kernels::LaunchOverrides& launch) {
-  return kernels::plan_verify_on_device(
-             p, variant_is_fused(v) ? VerifyPath::kFused : VerifyPath::kUnfused, bv, launch)
-      .kernel();
+  return planned(v, bv, p, launch).kernel();
+}
+
+PlannedLayers planned_layers(Variant v, int bv, const std::vector<VerifyParams>& params,
+                             const kernels::LaunchOverrides& launch) {
+  KDA_CHECK(!params.empty(), "planned_layers: no layers");
+  const kernels::VerifyPlan first = planned(v, bv, params.front(), launch);
+  for (size_t l = 1; l < params.size(); ++l) {
+    const kernels::VerifyPlan plan = planned(v, bv, params[l], launch);
+    KDA_CHECK_CODE(plan.numerics == first.numerics, ErrorCode::kInternal,
+                   "{} BV={}: layer {} plans {} numerics ({}), layer 0 {} ({})", variant_name(v),
+                   bv, l, numerics_name(plan.numerics), plan.kernel(),
+                   numerics_name(first.numerics), first.kernel());
+  }
+  return {first.numerics, first.kernel()};
 }
 
 void check_error_flag(const BenchContext& ctx, const Problem& problem, const char* what) {

@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/buffer.h"
 #include "kernels/common/launch_utils.h"
 #include "kernels/params/kda_params.h"
+#include "kernels/verify/verify_plan.h"
 #include "tools/bench/bench_args.h"
 #include "tools/bench/bench_phases.h"
 #include "tools/bench/bench_problem.h"
@@ -20,10 +22,27 @@ namespace kda::bench {
 void enqueue_verify(Variant v, int bv, const VerifyParams& p, cudaStream_t stream,
                     const kernels::LaunchOverrides& launch);
 
+/// The plan of a verify of `v` (fused: tile `bv`) on the current device.
+kernels::VerifyPlan planned(Variant v, int bv, const VerifyParams& p,
+                            const kernels::LaunchOverrides& launch);
 /// The kernel a verify of `v` (fused: tile `bv`) runs, as planned on the current device
 /// (kernels::VerifyPlan::kernel).
 std::string planned_kernel(Variant v, int bv, const VerifyParams& p,
                            const kernels::LaunchOverrides& launch);
+/// The numerics every verify of `params` (one per layer) runs, planned on the current device, and
+/// the first layer's kernel. Throws kda::Error(kInternal) when the layers' plans disagree.
+struct PlannedLayers {
+  VerifyNumerics numerics = VerifyNumerics::kExact;
+  std::string kernel;
+};
+PlannedLayers planned_layers(Variant v, int bv, const std::vector<VerifyParams>& params,
+                             const kernels::LaunchOverrides& launch);
+
+/// `p` with numerics `n`.
+inline VerifyParams with_numerics(VerifyParams p, VerifyNumerics n) {
+  p.numerics = n;
+  return p;
+}
 
 /// Reads and clears the commit error flag (synchronises); throws kda::Error(kInternal) naming
 /// `what` when a commit reported a bad accepted length or track: the bench's own set-up error.

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,12 +14,38 @@
 #include "kernels/kda_kernels.h"
 #include "kernels/verify/tile_policy.h"
 #include "tools/bench/bench_bytes.h"
+#include "tools/bench/bench_device.h"
+#include "tools/bench/bench_fast.h"
 #include "tools/bench/bench_guard.h"
 #include "tools/bench/bench_ops.h"
 #include "tools/bench/bench_plan.h"
 #include "tools/bench/bench_problem.h"
 
 namespace kda::bench {
+
+void note(BenchContext& ctx, const std::string& what) {
+  if (std::find(ctx.notes.begin(), ctx.notes.end(), what) != ctx.notes.end()) {
+    return;
+  }
+  ctx.notes.push_back(what);
+  fmt::print("            fast rows left out: {}\n", what);
+  std::fflush(stdout);
+}
+
+void fast_failures(const BenchContext& ctx, const std::vector<std::string>& failures,
+                   const std::string& what) {
+  if (failures.empty()) {
+    return;
+  }
+  fmt::print(stderr, "\nkda_bench: {}: fast outputs check {}\n", what,
+             ctx.args.guard ? "FAILED" : "differs (--skip-guard: timing anyway)");
+  for (const std::string& f : failures) {
+    fmt::print(stderr, "kda_bench: fast check: {}\n", f);
+  }
+  if (ctx.args.guard) {
+    throw GuardFailure{};
+  }
+}
 
 namespace {
 
@@ -52,15 +80,21 @@ void add_rows(BenchContext& ctx, const std::vector<Row>& rows) {
 
 double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
-void check_fits(const ProblemConfig& cfg, const char* what) {
+/// `extra`: device bytes the phase allocates besides the Problem (the fast rows' FastCheck).
+void check_fits(const ProblemConfig& cfg, const char* what, int64_t extra) {
   size_t free_b = 0, total_b = 0;
   KDA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const int64_t need = Problem::device_bytes(cfg);
+  const int64_t need = Problem::device_bytes(cfg) + extra;
   KDA_CHECK_CODE(static_cast<double>(need) <= 0.95 * static_cast<double>(free_b),
                  ErrorCode::kOutOfMemory,
                  "{} B={}: needs {:.2f} GiB of device memory ({} layer copies), {:.2f} GiB free; "
                  "lower --batch-sizes, --layers or --max-copies, or drop the snapshot variants",
                  what, cfg.B, gib(need), cfg.copies, gib(static_cast<int64_t>(free_b)));
+}
+
+/// The FastCheck bytes of `cfg` when fast rows are timed, else 0.
+int64_t fast_check_bytes(const BenchArgs& a, const ProblemConfig& cfg) {
+  return a.has_numerics(VerifyNumerics::kFast) ? FastCheck::device_bytes(cfg) : 0;
 }
 
 Row verify_row(const BenchContext& ctx, Phase phase, Variant v, int bv, int T, int B) {
@@ -87,12 +121,14 @@ void finish_floor_row(Row& r, double hbm_gbps) {
 }
 
 /// Times row `r` (variant v, tile bv): `calls` verifies per graph, rotating through `params`
-/// (one per layer copy), then its floor columns.
+/// (one per layer copy), then its floor columns. The kernel and numerics columns are the plan's.
 void time_verify_row(const BenchContext& ctx, Row& r, Variant v, int bv,
                      const std::vector<VerifyParams>& params, int calls) {
   const size_t copies = params.size();
   r.copies = static_cast<int>(copies);
-  r.kernel = planned_kernel(v, bv, params.front(), ctx.args.launch);
+  const kernels::VerifyPlan plan = planned(v, bv, params.front(), ctx.args.launch);
+  r.kernel = plan.kernel();
+  r.numerics = plan.numerics;
   r.timing = time_in_graph(
       ctx.stream, calls,
       [&](int i) {
@@ -149,6 +185,19 @@ ShapeIndices shape_indices(DraftShape shape, int B, int T, int device) {
   return s;
 }
 
+/// A fast configuration's plan on copy 0 of the verify phase's problem: true when it runs fast;
+/// else a note names the kernel that would run and the row is left out (it would repeat exact).
+bool fast_plan_runs(BenchContext& ctx, const VerifyConfig& c, const VerifyParams& p, int T,
+                    const char* shape) {
+  const kernels::VerifyPlan plan = planned(c.variant, c.bv, p, ctx.args.launch);
+  if (plan.numerics == VerifyNumerics::kFast) {
+    return true;
+  }
+  note(ctx, fmt::format("{}{} T={} BV={}: the plan runs exact ({})", variant_name(c.variant), shape,
+                        T, c.bv, plan.kernel()));
+  return false;
+}
+
 /// The byte model of a shaped batch of `tokens` rows: the per-token terms scaled from B*T.
 void scale_tokens(Row& r, const Shape& shape, int B, int T, int64_t tokens) {
   VerifyBytes vb = verify_bytes(shape, B, T, r.mode);
@@ -164,7 +213,8 @@ void scale_tokens(Row& r, const Shape& shape, int B, int T, int64_t tokens) {
 /// The verify phase's shaped rows of (T, B): every variant (trees: unfused only) on the dense
 /// batch's problem through the shape's index arrays. Printed after the dense group and written
 /// to --out (column draft_shape), not in the recommendations.
-void time_shapes(BenchContext& ctx, const Problem& problem, int T, int B, int copies, int calls) {
+void time_shapes(BenchContext& ctx, const Problem& problem, FastCheck* check, int T, int B,
+                 int copies, int calls) {
   const BenchArgs& a = ctx.args;
   std::vector<Row> shaped;
   for (const DraftShape shape : a.draft_shapes) {
@@ -172,33 +222,98 @@ void time_shapes(BenchContext& ctx, const Problem& problem, int T, int B, int co
       continue;
     }
     const ShapeIndices idx = shape_indices(shape, B, T, problem.config().device);
-    for (Variant v : a.variants) {
+    for (const VerifyConfig& c : verify_configs(a, B, T, nullptr)) {
+      const Variant v = c.variant;
       if (shape == DraftShape::kTree && variant_is_fused(v)) {
         continue;  // the fused kernels verify chains
       }
       std::vector<VerifyParams> params;
-      for (int c = 0; c < copies; ++c) {
-        VerifyParams p = problem.verify_params(c, T, variant_mode(v));
+      for (int copy = 0; copy < copies; ++copy) {
+        VerifyParams p = with_numerics(problem.verify_params(copy, T, variant_mode(v)), c.numerics);
         p.token_offsets = idx.offsets;
         p.parents = idx.parents;
         params.push_back(p);
       }
-      const std::vector<int> bvs =
-          variant_is_fused(v) ? a.fused_block_vs(B, T, variant_mode(v)) : std::vector<int>{0};
-      for (int bv : bvs) {
-        Row r = verify_row(ctx, Phase::kVerify, v, bv, T, B);
-        r.what =
-            fmt::format("{} {} ({} tok)", variant_name(v), draft_shape_name(shape), idx.tokens);
-        r.target_us.reset();
-        r.draft_shape = shape;
-        scale_tokens(r, a.shape, B, T, idx.tokens);
-        time_verify_row(ctx, r, v, bv, params, calls);
-        print_row(r);
-        shaped.push_back(r);
+      Row r = verify_row(ctx, Phase::kVerify, v, c.bv, T, B);
+      if (c.numerics == VerifyNumerics::kFast) {
+        const std::string where = fmt::format(" {}", draft_shape_name(shape));
+        if (!fast_plan_runs(ctx, c, params.front(), T, where.c_str())) {
+          continue;
+        }
+        check->clear();
+        check->compare(params.front(), c.bv, 0, idx.tokens, a.launch, ctx.stream);
+        fast_failures(ctx, check->failures(), fmt::format("verify{} T={} B={}", where, T, B));
+        r.diff = check->diff();
       }
+      r.what = fmt::format("{} {} ({} tok)", variant_name(v), draft_shape_name(shape), idx.tokens);
+      r.target_us.reset();
+      r.draft_shape = shape;
+      scale_tokens(r, a.shape, B, T, idx.tokens);
+      time_verify_row(ctx, r, v, c.bv, params, calls);
+      print_row(r);
+      shaped.push_back(r);
     }
   }
   add_rows(ctx, shaped);
+}
+
+/// The fused tiles the verify guard holds bitwise to unfused in `mode`: the timed exact ones and
+/// in ring mode the fast rows' tiles (their exact twins are the fast rows' reference).
+std::vector<int> guarded_block_vs(const BenchArgs& a, int B, int T, RecordMode mode) {
+  std::vector<int> bvs = a.fused_block_vs(B, T, mode);
+  if (mode == RecordMode::kRing && a.has_numerics(VerifyNumerics::kFast)) {
+    for (int bv : a.fast_block_vs(B)) {
+      if (std::find(bvs.begin(), bvs.end(), bv) == bvs.end()) {
+        bvs.push_back(bv);
+      }
+    }
+  }
+  return bvs;
+}
+
+/// The fast rows' untimed comparison with exact of one (T, B) (contract §10): per fast tile of
+/// `configs` whose plan runs fast, a FastCheck on copy 0 (its statistics into `diffs`, by tile);
+/// the fast outputs must be bitwise equal at every fast tile ((a), with more than one). Returns
+/// the configurations to time (fast ones whose plan runs exact left out, with a note).
+std::vector<VerifyConfig> check_fast_rows(BenchContext& ctx, const Problem& problem,
+                                          FastCheck& check,
+                                          const std::vector<VerifyConfig>& configs, int T, int B,
+                                          std::map<int, OutputDiff>* diffs) {
+  const BenchArgs& a = ctx.args;
+  std::vector<VerifyConfig> timed;
+  std::vector<bf16_t> first_out;
+  int first_bv = 0;
+  std::vector<std::string> failures;
+  for (const VerifyConfig& c : configs) {
+    if (c.numerics != VerifyNumerics::kFast) {
+      timed.push_back(c);
+      continue;
+    }
+    const VerifyParams p =
+        with_numerics(problem.verify_params(0, T, RecordMode::kRing), VerifyNumerics::kFast);
+    if (!fast_plan_runs(ctx, c, p, T, "")) {
+      continue;
+    }
+    timed.push_back(c);
+    check.clear();
+    check.compare(p, c.bv, 0, int64_t{B} * T, a.launch, ctx.stream);
+    failures.insert(failures.end(), check.failures().begin(), check.failures().end());
+    (*diffs)[c.bv] = check.diff();
+    fmt::print(stderr, "fast BV={} vs exact: {}; ", c.bv, check.diff().describe());
+    if (first_out.empty()) {
+      first_out = check.fast_out();
+      first_bv = c.bv;
+    } else if (a.guard && !std::equal(first_out.begin(), first_out.end(), check.fast_out().begin(),
+                                      check.fast_out().end(),
+                                      [](bf16_t x, bf16_t y) { return x.bits == y.bits; })) {
+      failures.push_back(fmt::format(
+          "the fast outputs differ between BV={} and BV={} (contract §10 (a): the same at every "
+          "tile)",
+          first_bv, c.bv));
+    }
+  }
+  fast_failures(ctx, failures, fmt::format("verify T={} B={}", T, B));
+  return timed;
 }
 
 }  // namespace
@@ -214,8 +329,12 @@ void run_verify_phase(BenchContext& ctx) {
     ProblemConfig cfg = problem_config(a, B);
     cfg.guard_set = a.guard;
     cfg.copies = a.l2_cold ? fit_cold_copies(ctx, cfg) : 1;
-    check_fits(cfg, "verify");
+    check_fits(cfg, "verify", fast_check_bytes(a, cfg));
     const Problem problem(cfg, ctx.stream);
+    std::optional<FastCheck> check;
+    if (a.has_numerics(VerifyNumerics::kFast)) {
+      check.emplace(problem);
+    }
     for (int T : a.draft_tokens) {
       ++done;
       fmt::print(stderr, "kda_bench: [verify {}/{}] T={} B={}{}: ", done, total, T, B,
@@ -227,7 +346,7 @@ void run_verify_phase(BenchContext& ctx) {
             continue;
           }
           const GuardResult g = run_bitwise_guard(problem, T, mode, a.launch,
-                                                  a.fused_block_vs(B, T, mode), ctx.stream);
+                                                  guarded_block_vs(a, B, T, mode), ctx.stream);
           runs += g.comparisons;
           if (!g.ok) {
             fmt::print(stderr, "bitwise guard FAILED\n");
@@ -239,33 +358,42 @@ void run_verify_phase(BenchContext& ctx) {
         }
         fmt::print(stderr, "bitwise guard ok ({} fused runs == unfused); ", runs);
       }
+      std::vector<std::string> left_out;
+      std::vector<VerifyConfig> configs = verify_configs(a, B, T, &left_out);
+      for (const std::string& n : left_out) {
+        note(ctx, n);
+      }
+      std::map<int, OutputDiff> fast_diffs;  // by fast tile
+      if (check) {
+        configs = check_fast_rows(ctx, problem, *check, configs, T, B, &fast_diffs);
+      }
       fmt::print(stderr, "timing\n");
 
       std::vector<Row> group;
       const int copies = cfg.copies;
       const int calls = verify_calls_per_graph(a, copies);
-      for (Variant v : a.variants) {
+      for (const VerifyConfig& c : configs) {
         std::vector<VerifyParams> params;
-        for (int c = 0; c < copies; ++c) {
-          params.push_back(problem.verify_params(c, T, variant_mode(v)));
+        for (int copy = 0; copy < copies; ++copy) {
+          params.push_back(
+              with_numerics(problem.verify_params(copy, T, variant_mode(c.variant)), c.numerics));
         }
-        const std::vector<int> bvs =
-            variant_is_fused(v) ? a.fused_block_vs(B, T, variant_mode(v)) : std::vector<int>{0};
-        for (int bv : bvs) {
-          Row r = verify_row(ctx, Phase::kVerify, v, bv, T, B);
-          time_verify_row(ctx, r, v, bv, params, calls);
-          group.push_back(r);
+        Row r = verify_row(ctx, Phase::kVerify, c.variant, c.bv, T, B);
+        if (c.numerics == VerifyNumerics::kFast) {
+          r.diff = fast_diffs.at(c.bv);
         }
+        time_verify_row(ctx, r, c.variant, c.bv, params, calls);
+        group.push_back(r);
       }
       print_group(a, group);
       for (const Row& r : group) {
         if (!a.sweep_bv || r.best_bv || !r.fused) {
-          fmt::print(stderr, "kda_bench: [verify] T={} B={} {} BV={}: {}\n", T, B, r.what, r.bv,
-                     r.kernel);
+          fmt::print(stderr, "kda_bench: [verify] T={} B={} {} {} BV={}: {}\n", T, B, r.what,
+                     numerics_name(r.numerics), r.bv, r.kernel);
         }
       }
       add_rows(ctx, group);
-      time_shapes(ctx, problem, T, B, copies, calls);
+      time_shapes(ctx, problem, check ? &*check : nullptr, T, B, copies, calls);
     }
   }
 }
@@ -297,7 +425,7 @@ void run_commit_phase(BenchContext& ctx) {
   timer.iters = a.commit_iters;
   for (int B : a.batch_sizes) {
     const ProblemConfig cfg = commit_problem_config(a, B);
-    check_fits(cfg, "commit");
+    check_fits(cfg, "commit", 0);
     const Problem problem(cfg, ctx.stream);
     const bool tracks = cfg.track_slots > 0;
     const bool deferred_rows = tracks && cfg.ring;
@@ -394,13 +522,15 @@ void run_commit_phase(BenchContext& ctx) {
 
 namespace {
 
-/// Round BV for a fused variant: the best verify BV of (T, B, mode) if measured, else the
-/// --block-v choice (auto: the dispatcher's tile for B).
-int round_bv(const BenchContext& ctx, Variant v, int T, int B) {
-  int bv = ctx.args.fused_block_vs(B, T, variant_mode(v)).front();
+/// Round BV for a fused variant in numerics `n`: the best verify BV of (T, B, mode, n) if
+/// measured, else `fallback` (the first of BenchArgs::block_vs: --block-v, or auto: the
+/// dispatcher's tile for B).
+int round_bv(const BenchContext& ctx, Variant v, VerifyNumerics n, int T, int B, int fallback) {
+  int bv = fallback;
   double best = 0.0;
   for (const Row& r : ctx.rows) {
-    if (r.phase == Phase::kVerify && r.fused && r.mode == variant_mode(v) && r.T == T && r.B == B &&
+    if (r.phase == Phase::kVerify && r.fused && r.mode == variant_mode(v) && r.numerics == n &&
+        r.draft_shape == DraftShape::kDense && r.T == T && r.B == B &&
         (best == 0.0 || r.timing.median_us < best)) {
       best = r.timing.median_us;
       bv = r.bv;
@@ -418,7 +548,9 @@ namespace {
 void time_round(BenchContext& ctx, const Problem& problem, Variant v, int bv,
                 const std::vector<VerifyParams>& params, const CommitParams& cp, const char* what,
                 Row& r) {
-  r.kernel = planned_kernel(v, bv, params.front(), ctx.args.launch);
+  const PlannedLayers plan = planned_layers(v, bv, params, ctx.args.launch);
+  r.kernel = plan.kernel;
+  r.numerics = plan.numerics;
   TimerConfig timer = ctx.timer;
   timer.iters = ctx.args.round_iters;
   r.timing = time_in_graph(
@@ -442,9 +574,21 @@ void time_round(BenchContext& ctx, const Problem& problem, Variant v, int bv,
 /// commit through PDL, the order VerifyParams::fold_before_wait relies on. From one saved state:
 /// kRoundGuardReplays replays of the eager pair, then (state restored, nothing pending) of the
 /// deferred pair. After every replay every layer's outputs and conv windows must be equal, and
-/// after the deferred run's materializing fold the SSM and conv states. The state is left as
+/// after the deferred run's materializing fold the SSM and conv states. A fast deferred round
+/// (`diff` given) is held to the exact eager one the same way but for its outputs, whose
+/// statistics (contract §10 (b): every layer, every replay) go to `diff`. The state is left as
 /// the eager run left it. Throws GuardFailure on a difference.
 constexpr int kRoundGuardReplays = 4;
+
+/// Adds the first `elems` outputs of every copy of `out` (host images of the pool) to `diff`.
+void add_output_rows(OutputDiff& diff, const std::vector<uint8_t>& fast,
+                     const std::vector<uint8_t>& exact, const Pool& out, int64_t elems) {
+  for (int c = 0; c < out.copies; ++c) {
+    const int64_t at = int64_t{c} * out.pitch * 2;
+    diff.add(reinterpret_cast<const bf16_t*>(fast.data() + at),
+             reinterpret_cast<const bf16_t*>(exact.data() + at), elems);
+  }
+}
 
 std::vector<uint8_t> download(const Pool& pool, cudaStream_t stream) {
   std::vector<uint8_t> host(static_cast<size_t>(pool.buf.bytes()));
@@ -462,8 +606,8 @@ void copy_pool(void* dst, const void* src, const Pool& pool, cudaStream_t stream
 void run_round_guard(BenchContext& ctx, const Problem& problem, Variant v, int eager_bv,
                      int deferred_bv, const DeferredState& state,
                      const std::vector<VerifyParams>& eager, const CommitParams& eager_commit,
-                     const std::vector<VerifyParams>& deferred,
-                     const CommitParams& deferred_commit) {
+                     const std::vector<VerifyParams>& deferred, const CommitParams& deferred_commit,
+                     OutputDiff* diff) {
   const cudaStream_t stream = ctx.stream;
   const Device device = Device::cuda(ctx.args.device);
   const Pool& ssm = problem.ssm_state();
@@ -499,7 +643,11 @@ void run_round_guard(BenchContext& ctx, const Problem& problem, Variant v, int e
   replay_in_graph(stream, two_rounds(deferred_bv, deferred, deferred_commit), kRoundGuardReplays,
                   [&](int r) {
                     const auto at = static_cast<size_t>(r);
-                    if (download(out.out, stream) != outs[at]) {
+                    if (diff != nullptr) {
+                      const VerifyParams& p = deferred.front();
+                      add_output_rows(*diff, download(out.out, stream), outs[at], out.out,
+                                      int64_t{p.B} * p.T * p.HV * p.V);
+                    } else if (download(out.out, stream) != outs[at]) {
                       failures.push_back(fmt::format("replay {}: outputs differ", r));
                     }
                     if (download(out.conv_window, stream) != windows[at]) {
@@ -529,6 +677,13 @@ void run_round_guard(BenchContext& ctx, const Problem& problem, Variant v, int e
     }
     throw GuardFailure{};
   }
+  if (diff != nullptr) {
+    fmt::print(stderr,
+               "kda_bench: round guard ok ({} replays of two rounds: fast deferred windows and "
+               "materialized state == exact eager's; outputs {})\n",
+               kRoundGuardReplays, diff->describe());
+    return;
+  }
   fmt::print(stderr, "kda_bench: round guard ok ({} replays of two rounds: deferred == eager)\n",
              kRoundGuardReplays);
 }
@@ -539,19 +694,32 @@ void run_round_guard(BenchContext& ctx, const Problem& problem, Variant v, int e
 /// state, with no state pass. Byte model: the eager round's minus one state pass per layer
 /// (the fold's read), plus the u records: each verify writes one per token (HV x V f32), and
 /// the fold reads a step's u in place of its rawv and beta. Steady state from the second replay
-/// on (the timer's warm-up).
-Row run_deferred_round(BenchContext& ctx, const Problem& problem, Variant v, int bv, int T, int B,
-                       const Row& eager) {
+/// on (the timer's warm-up). In numerics `nm`: a fast deferred round whose plan runs exact is not
+/// timed (std::nullopt, a note): it would repeat the exact one.
+std::optional<Row> run_deferred_round(BenchContext& ctx, const Problem& problem, Variant v, int bv,
+                                      int T, int B, const Row& eager, VerifyNumerics nm) {
   const BenchArgs& a = ctx.args;
   const DeferredState state(ctx, problem);
   std::vector<VerifyParams> params;
   for (int l = 0; l < a.layers; ++l) {
-    params.push_back(state.deferred(problem.verify_params(l, T, RecordMode::kRing), l));
+    params.push_back(
+        state.deferred(with_numerics(problem.verify_params(l, T, RecordMode::kRing), nm), l));
+  }
+  const bool fast = nm == VerifyNumerics::kFast;
+  if (fast) {
+    const PlannedLayers plan = planned_layers(v, bv, params, a.launch);
+    if (plan.numerics != VerifyNumerics::kFast) {
+      note(ctx, fmt::format("{}+deferred (round, step) T={} BV={}: a deferred verify folds its "
+                            "pending steps first and its plan runs exact ({})",
+                            variant_name(v), T, bv, plan.kernel));
+      return std::nullopt;
+    }
   }
   const CommitParams cp = state.deferred(problem.commit_params(T, RecordMode::kRing, a.layers));
   Row r = eager;
   r.what = eager.what + "+deferred";
   r.bv = bv;
+  r.diff.reset();
   const int n = a.accepted > 0 ? a.accepted : T;
   const int64_t delta = deferred_round_delta(a.shape, a.layers, B, T, int64_t{B} * n);
   r.model_bytes += delta;
@@ -561,11 +729,34 @@ Row run_deferred_round(BenchContext& ctx, const Problem& problem, Variant v, int
     for (int l = 0; l < a.layers; ++l) {
       eager_params.push_back(problem.verify_params(l, T, RecordMode::kRing));
     }
+    OutputDiff diff;
     run_round_guard(ctx, problem, v, eager.bv, bv, state, eager_params,
-                    problem.commit_params(T, RecordMode::kRing, a.layers), params, cp);
+                    problem.commit_params(T, RecordMode::kRing, a.layers), params, cp,
+                    fast ? &diff : nullptr);
+    if (fast) {
+      r.diff = diff;
+    }
+  } else if (fast) {
+    note(ctx,
+         "fast deferred rounds: no §10 (b) statistics with --skip-guard (the round guard "
+         "measures them)");
   }
   time_round(ctx, problem, v, bv, params, cp, "deferred round", r);
   return r;
+}
+
+/// Contract §10 (b) for a fast round: every layer's fast verify (`params`, copy = layer) against
+/// its exact twin (FastCheck), untimed; the records and windows must be exact's.
+OutputDiff fast_round_diff(BenchContext& ctx, FastCheck& check,
+                           const std::vector<VerifyParams>& params, int bv, int T, int B) {
+  check.clear();
+  for (size_t l = 0; l < params.size(); ++l) {
+    check.compare(params[l], bv, static_cast<int>(l), int64_t{B} * T, ctx.args.launch, ctx.stream);
+  }
+  fast_failures(ctx, check.failures(), fmt::format("round T={} B={}", T, B));
+  fmt::print(stderr, "kda_bench: [round] fast vs exact, every layer: {}\n",
+             check.diff().describe());
+  return check.diff();
 }
 
 }  // namespace
@@ -576,8 +767,12 @@ void run_round_phase(BenchContext& ctx) {
   for (int B : a.batch_sizes) {
     ProblemConfig cfg = problem_config(a, B);
     cfg.copies = a.layers;
-    check_fits(cfg, "round");
+    check_fits(cfg, "round", fast_check_bytes(a, cfg));
     const Problem problem(cfg, ctx.stream);
+    std::optional<FastCheck> check;
+    if (a.has_numerics(VerifyNumerics::kFast)) {
+      check.emplace(problem);
+    }
     for (int T : a.draft_tokens) {
       fmt::print(stderr, "kda_bench: [round] T={} B={} layers={}\n", T, B, a.layers);
       const int n = a.accepted > 0 ? a.accepted : T;
@@ -585,25 +780,48 @@ void run_round_phase(BenchContext& ctx) {
       const CommitBytes cb = commit_bytes(a.shape, a.layers, B, n);
       for (Variant v : a.variants) {
         const RecordMode mode = variant_mode(v);
-        const int bv = variant_is_fused(v) ? round_bv(ctx, v, T, B) : 0;
-        std::vector<VerifyParams> params;
-        for (int l = 0; l < a.layers; ++l) {
-          params.push_back(problem.verify_params(l, T, mode));
-        }
-        const CommitParams cp = problem.commit_params(T, mode, a.layers);
-        Row r = verify_row(ctx, Phase::kRound, v, bv, T, B);
-        r.layers = a.layers;
-        const int64_t commit = (mode == RecordMode::kRing ? cb.fold : cb.snapshot) + cb.conv;
-        r.model_bytes = r.model_bytes * a.layers + commit;
-        r.moved_bytes = r.moved_bytes * a.layers + commit;
-        time_round(ctx, problem, v, bv, params, cp, "round", r);
-        if (mode == RecordMode::kRing) {
-          const Row deferred =
-              run_deferred_round(ctx, problem, v, deferred_bv(ctx, v, T, B, bv), T, B, r);
-          fmt::print(
-              "            auto (--kda-deferred-commit): {} at T={} B={} ({:.1f} vs {:.1f} us)\n",
-              deferred.timing.median_us < r.timing.median_us ? "deferred" : "eager", T, B,
-              deferred.timing.median_us, r.timing.median_us);
+        for (const VerifyNumerics nm : a.numerics) {
+          const bool fast = nm == VerifyNumerics::kFast;
+          const std::vector<int> bvs = a.block_vs(v, nm, B, T);
+          if (bvs.empty()) {
+            note(ctx, fast_skip_reason(a, v, T, 0, /*deferred=*/false));
+            continue;
+          }
+          const int bv = variant_is_fused(v) ? round_bv(ctx, v, nm, T, B, bvs.front()) : 0;
+          std::vector<VerifyParams> params;
+          for (int l = 0; l < a.layers; ++l) {
+            params.push_back(with_numerics(problem.verify_params(l, T, mode), nm));
+          }
+          Row r = verify_row(ctx, Phase::kRound, v, bv, T, B);
+          if (fast) {
+            const PlannedLayers plan = planned_layers(v, bv, params, a.launch);
+            if (plan.numerics != VerifyNumerics::kFast) {
+              note(ctx, fmt::format("{} (round) T={} BV={}: the plan runs exact ({})",
+                                    variant_name(v), T, bv, plan.kernel));
+              continue;
+            }
+            r.diff = fast_round_diff(ctx, *check, params, bv, T, B);
+          }
+          const CommitParams cp = problem.commit_params(T, mode, a.layers);
+          r.layers = a.layers;
+          const int64_t commit = (mode == RecordMode::kRing ? cb.fold : cb.snapshot) + cb.conv;
+          r.model_bytes = r.model_bytes * a.layers + commit;
+          r.moved_bytes = r.moved_bytes * a.layers + commit;
+          time_round(ctx, problem, v, bv, params, cp, "round", r);
+          if (mode != RecordMode::kRing) {
+            continue;
+          }
+          // A fast deferred verify keeps the fast tile; an exact one takes the deferred rule's.
+          const int dbv = fast ? bv : deferred_bv(ctx, v, T, B, bv);
+          const std::optional<Row> deferred = run_deferred_round(ctx, problem, v, dbv, T, B, r, nm);
+          if (deferred) {
+            fmt::print(
+                "            auto (--kda-deferred-commit{}): {} at T={} B={} ({:.1f} vs {:.1f} "
+                "us)\n",
+                fast ? ", fast outputs" : "",
+                deferred->timing.median_us < r.timing.median_us ? "deferred" : "eager", T, B,
+                deferred->timing.median_us, r.timing.median_us);
+          }
         }
       }
     }

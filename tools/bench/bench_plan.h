@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "tools/bench/bench_args.h"
 #include "tools/bench/bench_problem.h"
@@ -33,8 +35,9 @@ struct StepLayout {
   int stages = 0;  ///< hidden-state hand-offs: layers * (2 with an MLP, else 1)
   /// Device bytes: weights, the hidden-state chain (stages + 1 buffers, so a step is a function
   /// of its input), the projection and MLP activations, the GEMM workspace, and the step guard's
-  /// references (with `guard`).
-  int64_t device_bytes(const Shape& s, const ProblemConfig& problem, bool guard) const;
+  /// references (with `guard`; with `fast` also the fast step's).
+  int64_t device_bytes(const Shape& s, const ProblemConfig& problem, bool guard,
+                       bool fast = false) const;
 };
 StepLayout step_layout(const BenchArgs& args, int B);
 
@@ -46,6 +49,28 @@ int l2_cold_copies(const BenchArgs& args, int B, int64_t l2_bytes);
 inline int verify_calls_per_graph(const BenchArgs& args, int copies) {
   return copies * ((args.calls + copies - 1) / copies);
 }
+
+/// One verify configuration a phase times: `variant` in `numerics` at fused tile `bv` (0: unfused).
+struct VerifyConfig {
+  Variant variant = Variant::kFusedRing;
+  VerifyNumerics numerics = VerifyNumerics::kExact;
+  int bv = 0;
+  bool operator==(const VerifyConfig& o) const {
+    return variant == o.variant && numerics == o.numerics && bv == o.bv;
+  }
+};
+/// The dense verify configurations of (B, T) in report order: per variant its exact tiles, then
+/// its fast tiles (BenchArgs::block_vs), a fast one only where fast_skip_reason gives none. Each
+/// fast configuration left out adds its reason to `notes` (when given; once per reason).
+std::vector<VerifyConfig> verify_configs(const BenchArgs& args, int B, int T,
+                                         std::vector<std::string>* notes);
+/// `note` appended to `notes` unless it is there already.
+void add_note(std::vector<std::string>* notes, const std::string& note);
+
+/// The kernel a fused+ring verify of (B, T) in fast numerics at tile `bv` plans
+/// (kernels::plan_verify on a device of args.sms SMs, 132 when unknown; sm_90): what --dry-run
+/// shows for a fast row.
+std::string fast_kernel_name(const BenchArgs& args, int B, int T, int bv);
 
 /// --dry-run: per phase and batch size the device memory and the timed configurations, and
 /// a lower bound of the device time (every call at the floor, at least kMinCallUs).

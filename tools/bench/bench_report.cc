@@ -65,6 +65,21 @@ std::string target_cells(const std::optional<double>& target, double us) {
   return fmt::format("{:>7.1f} {:>4}", *target, us <= *target ? "pass" : "MISS");
 }
 
+/// The numerics columns of a verify / round / step row: numerics, eq%, ulp, rel L2 (fast rows;
+/// "MISS" after a row outside contract §10 (b)).
+std::string numerics_cells(const Row& r) {
+  if (!r.diff) {
+    return fmt::format("  {:<5} {:>8} {:>3} {:>8}", numerics_name(r.numerics), "-", "-", "-");
+  }
+  const OutputDiff& d = *r.diff;
+  return fmt::format("  {:<5} {:>7.3f}% {:>3} {:>8.1e}{}", numerics_name(r.numerics), d.equal_pct(),
+                     d.max_ulp, d.rel_l2(), d.meets_contract() ? "" : " MISS");
+}
+
+std::string numerics_header() {
+  return fmt::format("  {:<5} {:>8} {:>3} {:>8}", "num", "eq%", "ulp", "rel L2");
+}
+
 std::string json_str(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -83,6 +98,17 @@ std::string json_str(const std::string& s) {
 std::string json_num(double x) { return std::isfinite(x) ? fmt::format("{}", x) : "null"; }
 
 std::string opt_num(const std::optional<double>& x) { return x ? json_num(*x) : "null"; }
+/// Whether a row times verifies (it has a numerics): not the commit rows, not the gemm-only step.
+bool runs_verify(const Row& r) { return r.phase != Phase::kCommit && r.what != "gemm-only"; }
+
+/// The CSV's equal_pct,max_ulp,rel_l2_vs_exact cells (empty without a comparison).
+std::string diff_csv(const std::optional<OutputDiff>& d) {
+  if (!d) {
+    return ",,";
+  }
+  return fmt::format("{:.4f},{},{:.4e}", d->equal_pct(), d->max_ulp, d->rel_l2());
+}
+
 std::string opt_int(const std::optional<int>& x) { return x ? fmt::format("{}", *x) : "null"; }
 
 struct FileCloser {
@@ -105,13 +131,14 @@ std::optional<double> target_us(Preset preset, const Shape& shape, RecordMode mo
 }
 
 void mark_best_bv(std::vector<Row>& rows) {
-  std::map<std::tuple<int, int, int, int>, Row*> best;
+  std::map<std::tuple<int, int, int, int, int>, Row*> best;
   for (Row& r : rows) {
     if (!r.fused || r.draft_shape != DraftShape::kDense) {
       continue;
     }
     r.best_bv = false;
-    const auto key = std::make_tuple(static_cast<int>(r.phase), r.T, r.B, static_cast<int>(r.mode));
+    const auto key = std::make_tuple(static_cast<int>(r.phase), r.T, r.B, static_cast<int>(r.mode),
+                                     static_cast<int>(r.numerics));
     auto it = best.find(key);
     if (it == best.end() || r.timing.median_us < it->second->timing.median_us) {
       best[key] = &r;
@@ -125,24 +152,24 @@ void mark_best_bv(std::vector<Row>& rows) {
 void print_table_header(Phase phase) {
   switch (phase) {
     case Phase::kVerify:
-      fmt::print("\n{:>3} {:>5}  {:<13} {:>4} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>7} {:>4}\n",
+      fmt::print("\n{:>3} {:>5}  {:<13} {:>4} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>7} {:>4}{}\n",
                  "T", "B", "variant", "BV", "us/call", "min", "max", "GB/s", "%floor", "floor",
-                 "target", "ok");
+                 "target", "ok", numerics_header());
       break;
     case Phase::kCommit:
       fmt::print("\n{:>3} {:>5}  {:<21} {:>6} {:>9} {:>9} {:>9} {:>8} {:>7}\n", "T", "B", "commit",
                  "layers", "us/call", "min", "max", "GB/s", "%copy");
       break;
     case Phase::kRound:
-      fmt::print("\n{:>3} {:>5}  {:<13} {:>4} {:>6} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}\n", "T",
+      fmt::print("\n{:>3} {:>5}  {:<13} {:>4} {:>6} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}{}\n", "T",
                  "B", "round", "BV", "layers", "us/round", "min", "max", "us/layer", "GB/s",
-                 "%floor");
+                 "%floor", numerics_header());
       break;
     case Phase::kStep:
       fmt::print(
-          "\n{:>3} {:>5}  {:<21} {:>4} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
+          "\n{:>3} {:>5}  {:<21} {:>4} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}{}\n",
           "T", "B", "step", "BV", "layers", "us/step", "min", "max", "gemm-only", "KDA share",
-          "us/layer", "floor", "%floor");
+          "us/layer", "floor", "%floor", numerics_header());
       break;
   }
   std::fflush(stdout);
@@ -153,9 +180,9 @@ void print_row(const Row& r) {
   switch (r.phase) {
     case Phase::kVerify:
       fmt::print(
-          "{:>3} {:>5}  {:<13} {:>4} {:>9.2f} {:>9.2f} {:>9.2f} {:>8.0f} {:>6.1f}% {:>8.2f} {}\n",
+          "{:>3} {:>5}  {:<13} {:>4} {:>9.2f} {:>9.2f} {:>9.2f} {:>8.0f} {:>6.1f}% {:>8.2f} {}{}\n",
           r.T, r.B, r.what, bv_cell(r), t.median_us, t.min_us, t.max_us, r.gbps, r.pct, r.floor_us,
-          target_cells(r.target_us, t.median_us));
+          target_cells(r.target_us, t.median_us), numerics_cells(r));
       break;
     case Phase::kCommit:
       fmt::print("{:>3} {:>5}  {:<21} {:>6} {:>9.2f} {:>9.2f} {:>9.2f} {:>8.0f} {:>6.1f}%\n", r.T,
@@ -164,9 +191,9 @@ void print_row(const Row& r) {
     case Phase::kRound:
       fmt::print(
           "{:>3} {:>5}  {:<13} {:>4} {:>6} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.2f} {:>8.0f} "
-          "{:>6.1f}%\n",
+          "{:>6.1f}%{}\n",
           r.T, r.B, r.what, bv_cell(r), r.layers, t.median_us, t.min_us, t.max_us,
-          t.median_us / r.layers, r.gbps, r.pct);
+          t.median_us / r.layers, r.gbps, r.pct, numerics_cells(r));
       break;
     case Phase::kStep:
       if (r.what == "gemm-only") {
@@ -175,9 +202,9 @@ void print_row(const Row& r) {
       } else {
         fmt::print(
             "{:>3} {:>5}  {:<21} {:>4} {:>6} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.2f} "
-            "{:>9.1f} {:>6.1f}%\n",
+            "{:>9.1f} {:>6.1f}%{}\n",
             r.T, r.B, r.what, bv_cell(r), r.layers, t.median_us, t.min_us, t.max_us, r.gemm_us,
-            r.share_us, r.share_us / r.layers, r.floor_us, r.pct);
+            r.share_us, r.share_us / r.layers, r.floor_us, r.pct, numerics_cells(r));
       }
       break;
   }
@@ -189,7 +216,7 @@ StepAdvice step_advice(const std::vector<Row>& rows, const BenchArgs& args) {
   // (T, B) -> variant -> step us.
   std::map<std::pair<int, int>, std::map<std::string, const Row*>> steps;
   for (const Row& r : rows) {
-    if (r.phase == Phase::kStep) {
+    if (r.phase == Phase::kStep && r.numerics == VerifyNumerics::kExact) {
       steps[{r.T, r.B}][r.what] = &r;
     }
   }
@@ -249,6 +276,23 @@ StepAdvice step_advice(const std::vector<Row>& rows, const BenchArgs& args) {
   return advice;
 }
 
+std::vector<FastStepEntry> fast_step_entries(const std::vector<Row>& rows) {
+  std::vector<FastStepEntry> out;
+  for (const Row& f : rows) {
+    if (f.phase != Phase::kStep || f.numerics != VerifyNumerics::kFast) {
+      continue;
+    }
+    for (const Row& e : rows) {
+      if (e.phase == Phase::kStep && e.numerics == VerifyNumerics::kExact && e.what == f.what &&
+          e.T == f.T && e.B == f.B) {
+        out.push_back({f.T, f.B, f.what, e.share_us, f.share_us});
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 void print_step_advice(const StepAdvice& advice) {
   if (!advice.entries.empty()) {
     fmt::print(
@@ -285,7 +329,8 @@ Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args) {
   };
   std::map<std::pair<int, int>, Times> ring, snap;
   for (const Row& r : rows) {
-    if (r.phase != Phase::kVerify || r.draft_shape != DraftShape::kDense) {
+    if (r.phase != Phase::kVerify || r.draft_shape != DraftShape::kDense ||
+        r.numerics != VerifyNumerics::kExact) {
       continue;
     }
     Times& t = (r.mode == RecordMode::kRing ? ring : snap)[{r.T, r.B}];
@@ -537,18 +582,20 @@ void write_rows(const std::string& path, const RunInfo& info, const std::vector<
     fmt::print(f.get(),
                "phase,T,B,variant,mode,fused,bv,best_bv,layers,copies,calls_per_graph,median_us,"
                "min_us,max_us,model_bytes,moved_bytes,floor_us,gbps,pct,target_us,target_ok,"
-               "draft_shape,gemm_us,share_us,H,HV,K,V,hidden,kernel\n");
+               "draft_shape,gemm_us,share_us,H,HV,K,V,hidden,kernel,numerics,equal_pct,max_ulp,"
+               "rel_l2_vs_exact\n");
     for (const Row& r : rows) {
       fmt::print(f.get(),
                  "{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{},{},{:.4f},{:.2f},"
-                 "{:.2f},{},{},{},{:.4f},{:.4f},{},{},{},{},{},{}\n",
+                 "{:.2f},{},{},{},{:.4f},{:.4f},{},{},{},{},{},{},{},{}\n",
                  phase_name(r.phase), r.T, r.B, r.what, mode_name(r.mode), r.fused ? 1 : 0, r.bv,
                  r.best_bv ? 1 : 0, r.layers, r.copies, r.timing.calls_per_graph,
                  r.timing.median_us, r.timing.min_us, r.timing.max_us, r.model_bytes, r.moved_bytes,
                  r.floor_us, r.gbps, r.pct, r.target_us ? fmt::format("{}", *r.target_us) : "",
                  r.target_us ? (r.target_ok() ? "pass" : "miss") : "",
                  draft_shape_name(r.draft_shape), r.gemm_us, r.share_us, info.H, info.HV, info.K,
-                 info.V, r.phase == Phase::kStep ? info.hidden : 0, r.kernel);
+                 info.V, r.phase == Phase::kStep ? info.hidden : 0, r.kernel,
+                 runs_verify(r) ? numerics_name(r.numerics) : "", diff_csv(r.diff));
     }
   } else {
     fmt::print(f.get(), "{{\n  \"device\": {},\n  \"shape\": {},\n  \"command\": {},\n",
@@ -567,7 +614,8 @@ void write_rows(const std::string& path, const RunInfo& info, const std::vector<
                  "\"max_us\": {}, \"rep_us\": [{}], \"model_bytes\": {}, \"moved_bytes\": {}, "
                  "\"floor_us\": {}, \"gbps\": {}, \"pct\": {}, \"target_us\": {}, "
                  "\"target_ok\": {}, \"draft_shape\": \"{}\", \"gemm_us\": {}, "
-                 "\"share_us\": {}, \"kernel\": {}}}",
+                 "\"share_us\": {}, \"kernel\": {}, \"numerics\": {}, \"equal_pct\": {}, "
+                 "\"max_ulp\": {}, \"rel_l2_vs_exact\": {}}}",
                  i == 0 ? "" : ",", phase_name(r.phase), r.T, r.B, json_str(r.what),
                  mode_name(r.mode), r.fused, r.bv, r.best_bv, r.layers, r.copies,
                  r.timing.calls_per_graph, json_num(r.timing.median_us), json_num(r.timing.min_us),
@@ -575,7 +623,10 @@ void write_rows(const std::string& path, const RunInfo& info, const std::vector<
                  r.moved_bytes, json_num(r.floor_us), json_num(r.gbps), json_num(r.pct),
                  opt_num(r.target_us), r.target_us ? (r.target_ok() ? "true" : "false") : "null",
                  draft_shape_name(r.draft_shape), json_num(r.gemm_us), json_num(r.share_us),
-                 json_str(r.kernel));
+                 json_str(r.kernel), runs_verify(r) ? json_str(numerics_name(r.numerics)) : "null",
+                 r.diff ? json_num(r.diff->equal_pct()) : "null",
+                 r.diff ? fmt::format("{}", r.diff->max_ulp) : "null",
+                 r.diff ? json_num(r.diff->rel_l2()) : "null");
     }
     fmt::print(f.get(), "\n  ],\n  \"recommendation\": {{\n    \"dispatch\": [");
     for (size_t i = 0; i < rec.entries.size(); ++i) {

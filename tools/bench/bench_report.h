@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tools/bench/bench_args.h"
+#include "tools/bench/bench_diff.h"
 #include "tools/bench/bench_timing.h"
 
 namespace kda::bench {
@@ -46,6 +47,12 @@ struct Row {
   /// verify: the batch's draft shape (--draft-shapes). Rows of another shape than dense are
   /// written and printed but stay out of the best-BV marks and the dispatch advice.
   DraftShape draft_shape = DraftShape::kDense;
+  /// verify / round / step: the numerics the plan ran (kernels::VerifyPlan::numerics; every
+  /// layer's in a round or step). A fast row whose plan runs exact is not timed.
+  VerifyNumerics numerics = VerifyNumerics::kExact;
+  /// fast rows: the outputs against exact's on the same inputs (contract §10 (b)); verify: the
+  /// call's, round and step: every layer's. Empty on exact rows.
+  std::optional<OutputDiff> diff;
 
   bool target_ok() const { return target_us && timing.median_us <= *target_us; }
 };
@@ -54,14 +61,15 @@ struct Row {
 /// preset's); std::nullopt elsewhere.
 std::optional<double> target_us(Preset preset, const Shape& shape, RecordMode mode, int T, int B);
 
-/// Sets best_bv on the fastest fused row of every (phase, T, B, mode) group in `rows`.
+/// Sets best_bv on the fastest fused row of every (phase, T, B, mode, numerics) group in `rows`.
 void mark_best_bv(std::vector<Row>& rows);
 
 /// Aligned tables on stdout, one header per phase, then rows as they come.
 void print_table_header(Phase phase);
 void print_row(const Row& row);
 
-/// The recommended dispatch, derived from the verify rows.
+/// The recommended dispatch, derived from the exact verify rows (the fast rows are another
+/// numerics, not another path: --kda-verify-numerics).
 struct DispatchEntry {
   int T = 0, B = 0;
   // ring mode / snapshot mode: the fastest path; bv = 0 for unfused; *_alt_us = the other path
@@ -110,9 +118,9 @@ struct RunInfo {
   int64_t l2_bytes = 0;
 };
 
-/// What the step rows say (contract §6): per (T, B) whether the deferred commit beats the eager one
-/// on the step's KDA share (fused+ring), and per T the largest batch up to which fused+ring beats
-/// unfused+ring on the step.
+/// What the exact step rows say (contract §6): per (T, B) whether the deferred commit beats the
+/// eager one on the step's KDA share (fused+ring), and per T the largest batch up to which
+/// fused+ring beats unfused+ring on the step.
 struct StepAdviceEntry {
   int T = 0, B = 0;
   double eager_us = 0.0, deferred_us = 0.0;  ///< the two steps (fused+ring)
@@ -129,6 +137,15 @@ struct StepAdvice {
 };
 StepAdvice step_advice(const std::vector<Row>& rows, const BenchArgs& args);
 void print_step_advice(const StepAdvice& advice);
+
+/// A fast step row beside the exact step row of the same variant and commit, (T, B).
+struct FastStepEntry {
+  int T = 0, B = 0;
+  std::string what;                                  ///< the variant (+deferred)
+  double exact_share_us = 0.0, fast_share_us = 0.0;  ///< the KDA shares
+};
+/// Every fast step row of `rows` with its exact twin, in row order.
+std::vector<FastStepEntry> fast_step_entries(const std::vector<Row>& rows);
 
 /// Writes every row to `path` (.csv or .json; JSON adds the run info and recommendation).
 /// Throws kda::Error(kIo) when the file cannot be written.

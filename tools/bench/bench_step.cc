@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "kernels/kda_kernels.h"
 #include "tools/bench/bench_bytes.h"
 #include "tools/bench/bench_device.h"
+#include "tools/bench/bench_fast.h"
 #include "tools/bench/bench_gemm.h"
 #include "tools/bench/bench_ops.h"
 #include "tools/bench/bench_plan.h"
@@ -144,19 +146,16 @@ struct StepKda {
   CommitParams commit;
 };
 
-/// Enqueues one step: per layer the input projection, the verify (when `kda`), the output
-/// projection + residual (reading the verify's output of that layer, whatever it holds when `kda`
-/// is null), the MLP pair; then the commit (when `kda`).
-void enqueue_step(const StepModel& m, const StepGemms& g, const Problem& problem,
-                  const StepKda* kda, const kernels::LaunchOverrides& launch, cudaStream_t stream) {
+/// Enqueues one step's layers: per layer the input projection, `verify(l)`, the output
+/// projection + residual (reading layer l's verify output, whatever it holds), the MLP pair.
+void enqueue_layers(const StepModel& m, const StepGemms& g, const Problem& problem,
+                    const std::function<void(int layer)>& verify, cudaStream_t stream) {
   const StepLayout& lay = m.layout();
   void* ws = m.workspace();
   int stage = 0;
   for (int l = 0; l < lay.layers; ++l) {
     g.in.run(m.hidden(stage), m.w_in(l), nullptr, m.proj(), ws, stream);
-    if (kda != nullptr) {
-      enqueue_verify(kda->variant, kda->bv, kda->verifies[static_cast<size_t>(l)], stream, launch);
-    }
+    verify(l);
     const bf16_t* out = problem.outputs(0).out.as<const bf16_t>(l);
     g.out.run(out, m.w_out(l), m.hidden(stage), m.hidden(stage + 1), ws, stream);
     ++stage;
@@ -166,22 +165,42 @@ void enqueue_step(const StepModel& m, const StepGemms& g, const Problem& problem
       ++stage;
     }
   }
+}
+
+/// Enqueues one step: its layers with `kda`'s verifies (none when null), then the commit (when
+/// `kda`).
+void enqueue_step(const StepModel& m, const StepGemms& g, const Problem& problem,
+                  const StepKda* kda, const kernels::LaunchOverrides& launch, cudaStream_t stream) {
+  enqueue_layers(
+      m, g, problem,
+      [&](int l) {
+        if (kda != nullptr) {
+          enqueue_verify(kda->variant, kda->bv, kda->verifies[static_cast<size_t>(l)], stream,
+                         launch);
+        }
+      },
+      stream);
   if (kda != nullptr) {
     kernels::invoke_commit(kda->commit, stream, launch);
   }
 }
 
-/// A step's KDA part for `v` in eager or deferred mode (layer params on the projection views).
+/// A step's KDA part for `v` in eager or deferred mode, numerics `nm` (layer params on the
+/// projection views). The tile: the first of BenchArgs::block_vs (a fast one in fast numerics;
+/// needs one); an exact deferred verify takes the deferred rule's, a fast one keeps the fast tile.
 StepKda make_kda(const BenchContext& ctx, const Problem& problem, const StepModel& m, Variant v,
-                 int T, int B, const DeferredState* deferred) {
+                 int T, int B, const DeferredState* deferred,
+                 VerifyNumerics nm = VerifyNumerics::kExact) {
   const BenchArgs& a = ctx.args;
   const RecordMode mode = variant_mode(v);
-  StepKda k{v, variant_is_fused(v) ? a.fused_block_vs(B, T, mode).front() : 0, {}, {}};
-  if (deferred != nullptr) {
+  const std::vector<int> bvs = a.block_vs(v, nm, B, T);
+  KDA_CHECK(!bvs.empty(), "step: {} has no {} tile", variant_name(v), numerics_name(nm));
+  StepKda k{v, bvs.front(), {}, {}};
+  if (deferred != nullptr && nm == VerifyNumerics::kExact) {
     k.bv = deferred_bv(ctx, v, T, B, k.bv);
   }
   for (int l = 0; l < a.layers; ++l) {
-    VerifyParams p = m.on_projection(problem.verify_params(l, T, mode));
+    VerifyParams p = with_numerics(m.on_projection(problem.verify_params(l, T, mode)), nm);
     k.verifies.push_back(deferred != nullptr ? deferred->deferred(p, l) : p);
   }
   const CommitParams cp = problem.commit_params(T, mode, a.layers);
@@ -217,14 +236,72 @@ void copy_device(void* dst, const void* src, int64_t bytes, cudaStream_t stream)
       cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream));
 }
 
+/// The first `elems` elements of a device bf16 buffer on the host (synchronises `stream`).
+std::vector<bf16_t> download_bf16(const void* src, int64_t elems, cudaStream_t stream) {
+  std::vector<bf16_t> host(static_cast<size_t>(elems));
+  KDA_CUDA_CHECK(cudaMemcpyAsync(host.data(), src, static_cast<size_t>(elems) * 2,
+                                 cudaMemcpyDeviceToHost, stream));
+  KDA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host;
+}
+
+/// Which fast steps the step phase times at (T, B), by their plans: the eager fast step (a
+/// fused+ring fast tile whose plan runs fast at every layer) and the deferred one (the same with
+/// pending steps to fold). Notes name what is left out.
+struct FastSteps {
+  bool eager = false, deferred = false;
+};
+FastSteps fast_steps(BenchContext& ctx, const Problem& problem, const StepModel& m,
+                     const DeferredState& deferred, int T, int B) {
+  const BenchArgs& a = ctx.args;
+  FastSteps f;
+  if (!a.has_numerics(VerifyNumerics::kFast)) {
+    return f;
+  }
+  for (Variant v : a.variants) {
+    if (!variant_takes_fast(v)) {
+      note(ctx, fast_skip_reason(a, v, T, 0, /*deferred=*/false));
+    }
+  }
+  if (a.fast_block_vs(B).empty()) {
+    note(ctx, fast_skip_reason(a, Variant::kFusedRing, T, 0, /*deferred=*/false));
+    return f;
+  }
+  for (const bool defer : {false, true}) {
+    const StepKda kda = make_kda(ctx, problem, m, Variant::kFusedRing, T, B,
+                                 defer ? &deferred : nullptr, VerifyNumerics::kFast);
+    const PlannedLayers plan = planned_layers(kda.variant, kda.bv, kda.verifies, a.launch);
+    const bool runs = plan.numerics == VerifyNumerics::kFast;
+    if (!runs) {
+      note(ctx, defer
+                    ? fmt::format("fused+ring+deferred (round, step) T={} BV={}: a deferred verify "
+                                  "folds its pending steps first and its plan runs exact ({})",
+                                  T, kda.bv, plan.kernel)
+                    : fmt::format("fused+ring (step) T={} BV={}: the plan runs exact ({})", T,
+                                  kda.bv, plan.kernel));
+    }
+    (defer ? f.deferred : f.eager) = runs;
+    if (!runs) {
+      break;  // no deferred fast step without an eager one
+    }
+  }
+  return f;
+}
+
 /// The step guard of (T, B): from one saved committed state, kStepGuardReplays replays of the
 /// eager ring step, then of the deferred ring step and of the snapshot step; after every replay
 /// each layer's outputs and the whole hidden-state chain must equal the eager run's replay, and
 /// after the last the committed state of every slot and layer (the deferred run materialized
 /// first). Also the gemm-only step replayed twice gives the same chain (the GEMMs are
-/// repeatable). The state is restored afterwards. Throws GuardFailure on a difference.
+/// repeatable). With fast steps (`fast`), also the fast eager step twice (two captures), bitwise
+/// equal replay by replay (every layer's outputs, the chain) and in the committed state; its
+/// layer 0 against the exact eager step: the committed state bitwise (the records are exact) and
+/// the outputs by their statistics (contract §10 (b); layer 0 reads the same inputs in both, later
+/// layers read hidden states that carry the fast outputs); a fast deferred step as the first fast
+/// one. The state is restored afterwards. Throws GuardFailure on a difference.
 void run_step_guard(BenchContext& ctx, const Problem& problem, const StepModel& m,
-                    const StepGemms& g, const DeferredState& deferred, int T, int B) {
+                    const StepGemms& g, const DeferredState& deferred, int T, int B,
+                    const FastSteps& fast) {
   const BenchArgs& a = ctx.args;
   const cudaStream_t stream = ctx.stream;
   const Device dev = Device::cuda(a.device);
@@ -259,44 +336,93 @@ void run_step_guard(BenchContext& ctx, const Problem& problem, const StepModel& 
 
   const StateCopy start(problem, a.device), eager_end(problem, a.device);
   start.save(problem, stream);
-  std::vector<Buffer> ref_outs, ref_chain;
+  // Per replay: the exact eager step's outputs and chain, and with fast steps the first fast one's.
+  std::vector<Buffer> ref_outs, ref_chain, fast_outs, fast_chain;
   for (int r = 0; r < kStepGuardReplays; ++r) {
     ref_outs.emplace_back(dev, outs.buf.bytes());
     ref_chain.emplace_back(dev, chain.bytes());
+    if (fast.eager) {
+      fast_outs.emplace_back(dev, outs.buf.bytes());
+      fast_chain.emplace_back(dev, chain.bytes());
+    }
+  }
+  std::optional<StateCopy> fast_end;
+  if (fast.eager) {
+    fast_end.emplace(problem, a.device);
   }
   const Variant ring = a.has_variant(Variant::kFusedRing) || !a.has_variant(Variant::kUnfusedRing)
                            ? Variant::kFusedRing
                            : Variant::kUnfusedRing;
+  // What a mode's replays and final state are held to.
+  enum class Against {
+    kNone,         ///< the exact eager step: the reference
+    kExact,        ///< bitwise the exact eager step's
+    kExactLayer0,  ///< layer 0: the state bitwise, the outputs by statistics (fast steps)
+    kFirstFast,    ///< bitwise the first fast step's
+  };
   struct Mode {
     const char* name;
     Variant variant;
     bool deferred;
+    VerifyNumerics numerics;
+    Against against;
   };
-  const Mode modes[] = {
-      {"eager", ring, false},
-      {"deferred", ring, true},
-      {"snapshot", ring == Variant::kFusedRing ? Variant::kFused : Variant::kUnfused, false}};
+  const VerifyNumerics kExact = VerifyNumerics::kExact, kFast = VerifyNumerics::kFast;
+  std::vector<Mode> modes = {
+      {"eager", ring, false, kExact, Against::kNone},
+      {"deferred", ring, true, kExact, Against::kExact},
+      {"snapshot", ring == Variant::kFusedRing ? Variant::kFused : Variant::kUnfused, false, kExact,
+       Against::kExact}};
+  if (fast.eager) {
+    modes.push_back({"fast", Variant::kFusedRing, false, kFast, Against::kExactLayer0});
+    modes.push_back({"fast (again)", Variant::kFusedRing, false, kFast, Against::kFirstFast});
+  }
+  if (fast.deferred) {
+    modes.push_back({"fast deferred", Variant::kFusedRing, true, kFast, Against::kExactLayer0});
+  }
+  const int64_t layer0_elems = int64_t{B} * T * a.shape.HV * a.shape.V;
+  std::vector<std::pair<std::string, OutputDiff>> layer0_diffs;
+  bool first_fast = true;
   for (const Mode& mode : modes) {
     start.restore(problem, stream);
     deferred.reset(stream);
-    const StepKda kda =
-        make_kda(ctx, problem, m, mode.variant, T, B, mode.deferred ? &deferred : nullptr);
-    const bool reference = &mode == &modes[0];
+    const StepKda kda = make_kda(ctx, problem, m, mode.variant, T, B,
+                                 mode.deferred ? &deferred : nullptr, mode.numerics);
+    const bool saves_fast = mode.against == Against::kExactLayer0 && first_fast;
+    OutputDiff layer0;
     replay_in_graph(
         stream, [&] { enqueue_step(m, g, problem, &kda, a.launch, stream); }, kStepGuardReplays,
         [&](int r) {
           const auto at = static_cast<size_t>(r);
-          if (reference) {
-            copy_device(ref_outs[at].data(), outs.buf.data(), outs.buf.bytes(), stream);
-            copy_device(ref_chain[at].data(), chain.data(), chain.bytes(), stream);
-            return;
+          switch (mode.against) {
+            case Against::kNone:
+              copy_device(ref_outs[at].data(), outs.buf.data(), outs.buf.bytes(), stream);
+              copy_device(ref_chain[at].data(), chain.data(), chain.bytes(), stream);
+              return;
+            case Against::kExact:
+            case Against::kFirstFast: {
+              const bool exact = mode.against == Against::kExact;
+              const char* whose = exact ? "eager's" : "the first fast step's";
+              differs((exact ? ref_outs : fast_outs)[at].data(), outs.buf.data(), outs.buf.bytes(),
+                      fmt::format("{} step, replay {}: the layers' outputs differ from {}",
+                                  mode.name, r, whose));
+              differs((exact ? ref_chain : fast_chain)[at].data(), chain.data(), chain.bytes(),
+                      fmt::format("{} step, replay {}: the hidden states differ from {}", mode.name,
+                                  r, whose));
+              return;
+            }
+            case Against::kExactLayer0: {
+              const std::vector<bf16_t> got = download_bf16(outs.at(0), layer0_elems, stream);
+              const std::vector<bf16_t> want =
+                  download_bf16(ref_outs[at].data(), layer0_elems, stream);
+              layer0.add(got.data(), want.data(), layer0_elems);
+              if (saves_fast) {
+                copy_device(fast_outs[at].data(), outs.buf.data(), outs.buf.bytes(), stream);
+                copy_device(fast_chain[at].data(), chain.data(), chain.bytes(), stream);
+              }
+              return;
+            }
           }
-          differs(ref_outs[at].data(), outs.buf.data(), outs.buf.bytes(),
-                  fmt::format("{} step, replay {}: the layers' outputs differ from eager's",
-                              mode.name, r));
-          differs(ref_chain[at].data(), chain.data(), chain.bytes(),
-                  fmt::format("{} step, replay {}: the hidden states differ from eager's",
-                              mode.name, r));
         });
     check_error_flag(ctx, problem, "step guard");
     if (mode.deferred) {
@@ -304,14 +430,44 @@ void run_step_guard(BenchContext& ctx, const Problem& problem, const StepModel& 
       materialize.kind = CommitKind::kMaterialize;
       kernels::invoke_commit(materialize, stream, a.launch);
     }
-    if (reference) {
-      eager_end.save(problem, stream);
-      continue;
+    const Pool& ssm = problem.ssm_state();
+    const Pool& conv = problem.conv_state();
+    switch (mode.against) {
+      case Against::kNone:
+        eager_end.save(problem, stream);
+        break;
+      case Against::kExact:
+        differs(eager_end.ssm.data(), ssm.buf.data(), eager_end.ssm.bytes(),
+                fmt::format("{} step: the committed SSM state differs from eager's", mode.name));
+        differs(eager_end.conv.data(), conv.buf.data(), eager_end.conv.bytes(),
+                fmt::format("{} step: the committed conv state differs from eager's", mode.name));
+        break;
+      case Against::kExactLayer0:
+        // Copy 0 (layer 0) leads each pool.
+        differs(eager_end.ssm.data(), ssm.at(0), ssm.bytes(),
+                fmt::format("{} step: layer 0's committed SSM state differs from the exact eager "
+                            "step's",
+                            mode.name));
+        differs(eager_end.conv.data(), conv.at(0), conv.bytes(),
+                fmt::format("{} step: layer 0's committed conv state differs from the exact "
+                            "eager step's",
+                            mode.name));
+        layer0_diffs.emplace_back(mode.name, layer0);
+        if (saves_fast) {
+          fast_end->save(problem, stream);
+          first_fast = false;
+        }
+        break;
+      case Against::kFirstFast:
+        differs(fast_end->ssm.data(), ssm.buf.data(), fast_end->ssm.bytes(),
+                fmt::format("{} step: the committed SSM state differs from the first fast step's",
+                            mode.name));
+        differs(fast_end->conv.data(), conv.buf.data(), fast_end->conv.bytes(),
+                fmt::format("{} step: the committed conv state differs from the first fast "
+                            "step's",
+                            mode.name));
+        break;
     }
-    differs(eager_end.ssm.data(), problem.ssm_state().buf.data(), eager_end.ssm.bytes(),
-            fmt::format("{} step: the committed SSM state differs from eager's", mode.name));
-    differs(eager_end.conv.data(), problem.conv_state().buf.data(), eager_end.conv.bytes(),
-            fmt::format("{} step: the committed conv state differs from eager's", mode.name));
   }
   start.restore(problem, stream);
   deferred.reset(stream);
@@ -327,6 +483,42 @@ void run_step_guard(BenchContext& ctx, const Problem& problem, const StepModel& 
              "kda_bench: step guard ok (gemm-only twice; eager == deferred == snapshot over {} "
              "replays: every layer's outputs, the hidden states, every slot's committed state)\n",
              kStepGuardReplays);
+  if (fast.eager) {
+    fmt::print(stderr,
+               "kda_bench: step guard ok (fast step twice: equal over {} replays in every layer's "
+               "outputs, the hidden states and every committed state; layer 0's committed state "
+               "== the exact step's)\n",
+               kStepGuardReplays);
+  }
+  for (const auto& [name, d] : layer0_diffs) {
+    fmt::print(stderr,
+               "kda_bench: step guard: {} step, layer 0's outputs vs exact over {} "
+               "replays: {}{}\n",
+               name, kStepGuardReplays, d.describe(),
+               d.meets_contract() ? "" : " (outside contract §10 (b))");
+  }
+}
+
+/// Contract §10 (b) for a fast step row: one eager step (no graph, no commit: the committed state
+/// is untouched) in which every layer's verify runs exact, then fast, on the same projection
+/// output (FastCheck), the step going on with the fast outputs. Every layer's outputs feed the
+/// statistics; the records and windows must be exact's.
+OutputDiff step_output_diff(BenchContext& ctx, const Problem& problem, const StepModel& m,
+                            const StepGemms& g, const StepKda& fast, FastCheck& check, int T,
+                            int B) {
+  check.clear();
+  enqueue_layers(
+      m, g, problem,
+      [&](int l) {
+        check.compare(fast.verifies[static_cast<size_t>(l)], fast.bv, l, int64_t{B} * T,
+                      ctx.args.launch, ctx.stream);
+      },
+      ctx.stream);
+  KDA_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  fast_failures(ctx, check.failures(), fmt::format("step T={} B={}", T, B));
+  fmt::print(stderr, "kda_bench: [step] fast vs exact, every layer of one step: {}\n",
+             check.diff().describe());
+  return check.diff();
 }
 
 /// The hidden and committed states after the timed replays must be finite: a model-like stack of
@@ -397,7 +589,10 @@ void run_step_phase(BenchContext& ctx) {
     {
       size_t free_b = 0, total_b = 0;
       KDA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-      const int64_t need = Problem::device_bytes(cfg) + lay.device_bytes(a.shape, cfg, a.guard);
+      const bool fast = a.has_numerics(VerifyNumerics::kFast);
+      const int64_t need = Problem::device_bytes(cfg) +
+                           lay.device_bytes(a.shape, cfg, a.guard, fast) +
+                           (fast ? FastCheck::device_bytes(cfg) : 0);
       KDA_CHECK_CODE(
           static_cast<double>(need) <= 0.95 * static_cast<double>(free_b), ErrorCode::kOutOfMemory,
           "step B={}: needs {:.2f} GiB of device memory, {:.2f} GiB free; lower "
@@ -407,6 +602,10 @@ void run_step_phase(BenchContext& ctx) {
     const Problem problem(cfg, ctx.stream);
     const StepModel model(ctx, lay, ctx.stream);
     const DeferredState deferred(ctx, problem);
+    std::optional<FastCheck> check;
+    if (a.has_numerics(VerifyNumerics::kFast)) {
+      check.emplace(problem);
+    }
     for (int T : a.draft_tokens) {
       const std::vector<int> accepted = step_accepted(a.seed, T, B);
       problem.set_accepted(accepted, ctx.stream);
@@ -415,8 +614,9 @@ void run_step_phase(BenchContext& ctx) {
                  gemms.in.describe(), gemms.out.describe(),
                  gemms.up ? fmt::format(" | {} | {}", gemms.up->describe(), gemms.down->describe())
                           : std::string());
+      const FastSteps fast = fast_steps(ctx, problem, model, deferred, T, B);
       if (a.guard) {
-        run_step_guard(ctx, problem, model, gemms, deferred, T, B);
+        run_step_guard(ctx, problem, model, gemms, deferred, T, B, fast);
       }
       const StepBytes bytes = step_kda_bytes(a.shape, a.layers, B, T, accepted);
       std::vector<Row> rows;
@@ -431,24 +631,43 @@ void run_step_phase(BenchContext& ctx) {
       const double gemm_us = gemm_only.timing.median_us;
       for (Variant v : a.variants) {
         const bool ring = variant_mode(v) == RecordMode::kRing;
-        for (const bool defer : {false, true}) {
-          if (defer && !ring) {
-            continue;
+        for (const VerifyNumerics nm : a.numerics) {
+          const bool is_fast = nm == VerifyNumerics::kFast;
+          if (is_fast && (!variant_takes_fast(v) || !fast.eager)) {
+            continue;  // fast_steps() noted why
           }
-          deferred.reset(ctx.stream);
-          const StepKda kda = make_kda(ctx, problem, model, v, T, B, defer ? &deferred : nullptr);
-          Row r = step_row(ctx, std::string(variant_name(v)) + (defer ? "+deferred" : ""), v,
-                           kda.bv, T, B);
-          r.kernel = planned_kernel(v, kda.bv, kda.verifies.front(), a.launch);
-          fmt::print(stderr, "kda_bench: [step] {}: {}\n", r.what, r.kernel);
-          r.timing = time_in_graph(
-              ctx.stream, 1,
-              [&](int) { enqueue_step(model, gemms, problem, &kda, a.launch, ctx.stream); }, timer);
-          check_error_flag(ctx, problem, "step");
-          finish_share(ctx, r, gemm_us,
-                       !ring ? bytes.snapshot : (defer ? bytes.deferred : bytes.ring));
-          print_row(r);
-          rows.push_back(r);
+          for (const bool defer : {false, true}) {
+            if ((defer && !ring) || (defer && is_fast && !fast.deferred)) {
+              continue;
+            }
+            deferred.reset(ctx.stream);
+            const StepKda kda =
+                make_kda(ctx, problem, model, v, T, B, defer ? &deferred : nullptr, nm);
+            Row r = step_row(ctx, std::string(variant_name(v)) + (defer ? "+deferred" : ""), v,
+                             kda.bv, T, B);
+            const PlannedLayers plan = planned_layers(v, kda.bv, kda.verifies, a.launch);
+            r.kernel = plan.kernel;
+            r.numerics = plan.numerics;
+            if (is_fast && !defer) {
+              r.diff = step_output_diff(ctx, problem, model, gemms, kda, *check, T, B);
+            } else if (is_fast) {
+              note(ctx,
+                   "fast deferred steps: no §10 (b) statistics (their verifies fold pending steps "
+                   "into the state: no exact twin on the same inputs; the step guard compares "
+                   "layer 0's)");
+            }
+            fmt::print(stderr, "kda_bench: [step] {} {}: {}\n", r.what, numerics_name(r.numerics),
+                       r.kernel);
+            r.timing = time_in_graph(
+                ctx.stream, 1,
+                [&](int) { enqueue_step(model, gemms, problem, &kda, a.launch, ctx.stream); },
+                timer);
+            check_error_flag(ctx, problem, "step");
+            finish_share(ctx, r, gemm_us,
+                         !ring ? bytes.snapshot : (defer ? bytes.deferred : bytes.ring));
+            print_row(r);
+            rows.push_back(r);
+          }
         }
       }
       deferred.reset(ctx.stream);
@@ -463,6 +682,13 @@ void run_step_phase(BenchContext& ctx) {
             "{:.1f} us eager)\n",
             e.defer ? "deferred" : "eager", T, B, e.deferred_us - e.gemm_us,
             e.eager_us - e.gemm_us);
+      }
+      for (const FastStepEntry& e : fast_step_entries(rows)) {
+        fmt::print(
+            "            fast outputs (step): {} at T={} B={}: KDA share {:.1f} vs {:.1f} us exact "
+            "({:.2f}x)\n",
+            e.what, T, B, e.fast_share_us, e.exact_share_us,
+            e.fast_share_us > 0.0 ? e.exact_share_us / e.fast_share_us : 0.0);
       }
       if (!a.out_path.empty()) {
         write_rows(a.out_path, ctx.info, ctx.rows, recommend(ctx.rows, a));
