@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/dtype.h"
 #include "core/platform_macros.h"
@@ -48,8 +49,8 @@ enum class VerifyNumerics : uint8_t {
   kFast,
 };
 
-// ---- a verify call's parameters by concern (VerifyParams composes them; extend takes its part)
-// ----
+// ---- the parts of a call that a verify and an extend share, by concern (ExtendParams composes
+// them; VerifyParams declares the same fields in the same order, flat: see there) ----
 
 /// The problem's sizes and numerics.
 struct VerifySizes {
@@ -113,21 +114,71 @@ struct BatchParams {
   const int32_t* parents = nullptr;
 };
 
-/// What every verify writes: the outputs and the per-step conv windows.
-struct VerifyOutputs {
+/// One layer's verify call.
+///
+/// Token t of request n is row n*T + t of qkv / a / b / out (a dense chain), or row
+/// token_offsets[n] + t of a ragged batch (contract §8). A request with slots[n] < 0 is a
+/// padding row: its T (T_n) output rows are written as zeros and nothing else of it is read
+/// (inputs may be NaN, rows[n] may be garbage) or written.
+///
+/// The kernels take it by value (TileArgs::p, __grid_constant__), so it is one flat struct: the
+/// fields of the shared parts above in their order, then the verify's own. Composed of the parts
+/// as base classes (the same layout), it made nvcc emit different code for most verify kernels
+/// (block order before the PDL wait, then ptxas' schedule; that form measured 2-4% slower in the
+/// eager one-CTA-per-SM BV = 32 tile on the H100). The assertion below keeps it flat;
+/// copy_shared_parts copies the shared fields one by one.
+struct VerifyParams {
+  // ---- sizes and numerics (VerifySizes) ----
+  int32_t B = 0, T = 0;   ///< requests, tokens per request (1 <= T <= T_max)
+  int32_t H = 0, HV = 0;  ///< q/k heads, v heads
+  int32_t K = 0, V = 0;   ///< head_k_dim (64|128), head_v_dim
+  int32_t T_max = 0;      ///< step pitch of conv_window / snapshots (>= T)
+  int32_t L = 0;          ///< ring length (ring mode; power of two); steps t >= L not written
+  int32_t num_slots = 0;  ///< S: extent of the slot dim of conv_state/ssm_state/rings
+  int32_t num_rows = 0;   ///< R: extent of the row dim of conv_window/snapshots
+  GateKind gate = GateKind::kStandard;
+  float lower_bound = 0.0f;  ///< safe gate only
+  RecordMode mode = RecordMode::kRing;
+  VerifyNumerics numerics = VerifyNumerics::kExact;  ///< contract §10
+
+  // ---- token inputs (TokenInputs) ----
+  const bf16_t* mixed_qkv =
+      nullptr;  ///< [N, D] channels q|k|v, D contiguous; row stride mixed_qkv_stride >= D
+  int64_t mixed_qkv_stride = 0;
+  const bf16_t* a = nullptr;  ///< [N, HV*K] gate logits, (hv, k) at hv*K + k; row stride a_stride
+  int64_t a_stride = 0;
+  const bf16_t* b = nullptr;  ///< [N, HV] beta logits; row stride b_stride
+  int64_t b_stride = 0;
+
+  // ---- layer weights (WeightParams) ----
+  const float* A_log = nullptr;       ///< [HV] f32
+  const float* dt_bias = nullptr;     ///< [HV*K] f32
+  const void* conv_weight = nullptr;  ///< [D, W] packed, f32 or bf16 (conv_weight_type)
+  const void* conv_bias = nullptr;    ///< [D] same type as conv_weight, or nullptr
+  ConvWeightType conv_weight_type = ConvWeightType::kF32;
+
+  // ---- committed state, read-only in verify (CommittedState) ----
+  const bf16_t* conv_state = nullptr;  ///< [S, W-1, D], (W-1, D) packed, slot pitch below
+  int64_t conv_state_slot_stride = 0;
+  const float* ssm_state = nullptr;  ///< [S, HV, V, K] f32, (HV, V, K) packed, K contiguous
+  int64_t ssm_slot_stride = 0;
+
+  // ---- batch: slots, scratch rows, draft shape (BatchParams) ----
+  const int32_t* slots = nullptr;          ///< [B] slot per request; -1 = padding row
+  const int32_t* rows = nullptr;           ///< [B] scratch row per request (windows, snapshots)
+  const int32_t* token_offsets = nullptr;  ///< [B+1] ragged chain (BatchParams::token_offsets)
+  const int32_t* parents = nullptr;        ///< [B*T] tree (BatchParams::parents)
+
+  // ---- what every verify writes: the outputs and the per-step conv windows ----
   bf16_t* out = nullptr;          ///< [N, HV, V] packed
   bf16_t* conv_window = nullptr;  ///< [R, T_max, W-1, D]: window after consuming token t
   int64_t conv_window_row_stride = 0;
-};
 
-/// Snapshot mode's records.
-struct SnapshotRecords {
+  // ---- snapshot mode's records ----
   float* snapshots = nullptr;  ///< snapshot mode: [R, T_max, HV, V, K] state after token t
   int64_t snapshot_row_stride = 0;
-};
 
-/// Ring mode's records (ReplaySSM, contract §2: keyed by slot).
-struct RingRecords {
+  // ---- ring mode's records (ReplaySSM, contract §2: keyed by slot) ----
   bf16_t* ring_rawv = nullptr;  ///< ring mode: [S, HV, L, V] v after conv+SiLU+bf16
   int64_t ring_rawv_slot_stride = 0;
   bf16_t* ring_rawk = nullptr;  ///< ring mode: [S, H, L, K] k after conv+SiLU+bf16, pre-norm
@@ -136,11 +187,9 @@ struct RingRecords {
   int64_t ring_g_slot_stride = 0;
   float* ring_beta = nullptr;  ///< ring mode: [S, HV, L] sigmoid(b)
   int64_t ring_beta_slot_stride = 0;
-};
 
-/// The deferred commit's fold inside the verify (ring mode, contract §7; all null: no cursor,
-/// nothing pending).
-struct DeferredFold {
+  // ---- the deferred commit's fold inside the verify (ring mode, contract §7; all null: no
+  // cursor, nothing pending) ----
   /// [S] ring base c of each slot: draft step t is recorded at ring position (c + t) mod L.
   /// Null: c = 0.
   const int32_t* ring_cursor = nullptr;
@@ -171,28 +220,15 @@ struct DeferredFold {
   /// wait), since a round verifies each layer once and the backend refuses commit, materialize,
   /// copy_slot and extend of a batch slot during a round.
   int32_t fold_before_wait = 0;
-};
 
-/// One layer's verify call.
-///
-/// Token t of request n is row n*T + t of qkv / a / b / out (a dense chain), or row
-/// token_offsets[n] + t of a ragged batch (contract §8). A request with slots[n] < 0 is a
-/// padding row: its T (T_n) output rows are written as zeros and nothing else of it is read
-/// (inputs may be NaN, rows[n] may be garbage) or written.
-struct VerifyParams : VerifySizes,
-                      TokenInputs,
-                      WeightParams,
-                      CommittedState,
-                      BatchParams,
-                      VerifyOutputs,
-                      SnapshotRecords,
-                      RingRecords,
-                      DeferredFold {
   // ---- unfused path only: conv output handed from the conv kernel to the recurrence ----
   bf16_t* qkv_act = nullptr;  ///< [N, D] bf16 q|k|v after conv + SiLU, packed rows
 };
+static_assert(std::is_standard_layout_v<VerifyParams> && std::is_trivially_copyable_v<VerifyParams>,
+              "VerifyParams is the kernels' flat parameter struct (no base classes with fields)");
 
 KDA_HD int32_t qkv_dim(const VerifySizes& p) { return 2 * p.H * p.K + p.HV * p.V; }
+KDA_HD int32_t qkv_dim(const VerifyParams& p) { return 2 * p.H * p.K + p.HV * p.V; }
 
 /// What extend writes besides its outputs: the committed state in place, and prefix-cache tracks.
 struct ExtendOutputs {
@@ -220,14 +256,48 @@ struct ExtendParams : VerifySizes,
   bf16_t* out = nullptr;  ///< [N, HV, V] packed
 };
 
-/// Copies the parts a verify and an extend share (sizes, inputs, weights, state, batch, out).
+/// Copies the parts a verify and an extend share (sizes, inputs, weights, state, batch, out), field
+/// by field: VerifyParams is flat (see there). A field added to a shared part goes here too.
 template <typename To, typename From>
 KDA_HD void copy_shared_parts(To& to, const From& from) {
-  static_cast<VerifySizes&>(to) = from;
-  static_cast<TokenInputs&>(to) = from;
-  static_cast<WeightParams&>(to) = from;
-  static_cast<CommittedState&>(to) = from;
-  static_cast<BatchParams&>(to) = from;
+  // VerifySizes
+  to.B = from.B;
+  to.T = from.T;
+  to.H = from.H;
+  to.HV = from.HV;
+  to.K = from.K;
+  to.V = from.V;
+  to.T_max = from.T_max;
+  to.L = from.L;
+  to.num_slots = from.num_slots;
+  to.num_rows = from.num_rows;
+  to.gate = from.gate;
+  to.lower_bound = from.lower_bound;
+  to.mode = from.mode;
+  to.numerics = from.numerics;
+  // TokenInputs
+  to.mixed_qkv = from.mixed_qkv;
+  to.mixed_qkv_stride = from.mixed_qkv_stride;
+  to.a = from.a;
+  to.a_stride = from.a_stride;
+  to.b = from.b;
+  to.b_stride = from.b_stride;
+  // WeightParams
+  to.A_log = from.A_log;
+  to.dt_bias = from.dt_bias;
+  to.conv_weight = from.conv_weight;
+  to.conv_bias = from.conv_bias;
+  to.conv_weight_type = from.conv_weight_type;
+  // CommittedState
+  to.conv_state = from.conv_state;
+  to.conv_state_slot_stride = from.conv_state_slot_stride;
+  to.ssm_state = from.ssm_state;
+  to.ssm_slot_stride = from.ssm_slot_stride;
+  // BatchParams
+  to.slots = from.slots;
+  to.rows = from.rows;
+  to.token_offsets = from.token_offsets;
+  to.parents = from.parents;
   to.out = from.out;
 }
 
