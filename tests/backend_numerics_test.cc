@@ -82,7 +82,7 @@ TEST_CASE("backend numerics: fast in ring mode with the eager commit plans the f
         CHECK(d.describe() ==
               "fused (block_v = 32): ring mode with B = 1 <= --kda-fused-ring-max-batch = 1 on "
               "SM90, ring layout ok; outputs fast (tensor cores): --kda-verify-numerics fast; "
-              "runs the host reference (fused)");
+              "runs the host reference (fused, fast outputs)");
       }
       commit(h, {2});
     }
