@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "kernels/ref/kda_host.h"
+#include "tests/error_message.h"
 #include "tests/test_problem.h"
 
 using namespace kda;
@@ -90,17 +91,6 @@ VerifyProblem expected_conv(const VerifyProblem& base, const std::vector<int32_t
   VerifyProblem e = base.clone_to(Device::host());
   e.set(Tensor::kConvState, want);
   return e;
-}
-
-std::string error_message(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    CHECK(e.code() == ErrorCode::kInvalidArgument);
-    return e.message();
-  }
-  FAIL("no kda::Error thrown");
-  return {};
 }
 
 }  // namespace

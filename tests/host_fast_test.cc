@@ -27,6 +27,7 @@
 #include "kernels/kernel_set.h"
 #include "kernels/ref/fast_ref_testing.h"
 #include "kernels/ref/kda_host.h"
+#include "tests/error_message.h"
 #include "tests/output_compare.h"
 #include "tests/test_problem.h"
 
@@ -229,18 +230,6 @@ std::vector<Shape> sweep(uint64_t seed) {
     }
   }
   return shapes;
-}
-
-// Message of the kda::Error `f` throws (fails the test if it throws none).
-std::string error_message(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    CHECK(e.code() == ErrorCode::kInvalidArgument);
-    return e.message();
-  }
-  FAIL("no kda::Error thrown");
-  return {};
 }
 
 }  // namespace

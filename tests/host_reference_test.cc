@@ -15,6 +15,7 @@
 #include "kernels/kernel_set.h"
 #include "kernels/ref/host_math.h"
 #include "kernels/ref/kda_host.h"
+#include "tests/error_message.h"
 #include "tests/test_problem.h"
 
 using namespace kda;
@@ -201,18 +202,6 @@ void expect_inputs_unchanged(const VerifyProblem& before, const VerifyProblem& a
     INFO("input " << tensor_name(t));
     REQUIRE(bitwise_equal(after.raw(t), before.raw(t)));
   }
-}
-
-// Message of the kda::Error `f` throws (fails the test if it does not throw one).
-std::string error_message(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    CHECK(e.code() == ErrorCode::kInvalidArgument);
-    return e.message();
-  }
-  FAIL("no kda::Error thrown");
-  return {};
 }
 
 }  // namespace
