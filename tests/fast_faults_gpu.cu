@@ -17,9 +17,7 @@ using Traits = kernels::VerifyTraits<float, 128, 64, VerifyPath::kFused,
 template <kernels::FastFault F>
 void launch(const VerifyParams& p) {
   kernels::TileArgs args{p, nullptr, 0, {}};
-  args.div = {kernels::FastDivisor(static_cast<uint32_t>(kernels::ceil_div(p.V, 64))),
-              kernels::FastDivisor(static_cast<uint32_t>(p.HV)),
-              kernels::FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
+  args.div = kernels::item_divisors(p, 64);
   auto* kernel = &kernels::verify_fast_kernel<Traits, F>;
   const size_t smem = kernels::FastSmem<128, 64>::bytes(p.T);
   KDA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -12,9 +12,7 @@ template <typename W, int K, int BV>
 void launch_verify_fast(const TileArgs& call, const VerifyPlan& plan, cudaStream_t stream) {
   const VerifyParams& p = call.p;
   TileArgs args = call;
-  args.div = {FastDivisor(static_cast<uint32_t>(ceil_div(p.V, BV))),
-              FastDivisor(static_cast<uint32_t>(p.HV)),
-              FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
+  args.div = item_divisors(p, BV);
   args.trigger_at_entry = 0;
   using Smem = FastSmem<K, BV>;
   const dim3 grid(static_cast<unsigned>(ceil_div(p.V, BV)), static_cast<unsigned>(p.HV),

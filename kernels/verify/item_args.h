@@ -17,6 +17,12 @@ struct ItemDivisors {
   FastDivisor group;  ///< HV / H: v-heads per k-head
 };
 
+/// The divisors of a launch of `p` with V tile `block_v` (host).
+inline ItemDivisors item_divisors(const VerifyParams& p, int block_v) {
+  return {FastDivisor(static_cast<uint32_t>((p.V + block_v - 1) / block_v)),
+          FastDivisor(static_cast<uint32_t>(p.HV)), FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
+}
+
 /// Kernel argument: the layer's params (an extend's verify_view) plus what extend adds. The
 /// fields keep the parameter layout the kernels were tuned with: the small-B tiles read `extend`
 /// and `div` before their PDL wait, on their critical path.

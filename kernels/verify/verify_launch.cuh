@@ -127,9 +127,7 @@ template <typename W, int K, int BV, VerifyPath PATH>
 void launch_verify(const TileArgs& call, const VerifyPlan& plan, cudaStream_t stream) {
   const VerifyParams& p = call.p;
   TileArgs args = call;
-  args.div = {FastDivisor(static_cast<uint32_t>(ceil_div(p.V, BV))),
-              FastDivisor(static_cast<uint32_t>(p.HV)),
-              FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
+  args.div = item_divisors(p, BV);
   args.trigger_at_entry = plan.entry_trigger ? 1 : 0;
   bool launched = false;
   detail::for_each_kernel<PATH, BV>([&](auto s, auto f) {
