@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/params/kda_params.h"
+#include "kernels/verify/tile_policy.h"
 #include "kernels/verify/verify_plan.h"
 
 using namespace kda;
@@ -161,4 +162,59 @@ TEST_CASE("verify plan: overrides force each schedule; plans compare by value", 
   CHECK_FALSE(b.pdl);
   CHECK(a != b);
   CHECK(a == plan(kimi(2, 4, RecordMode::kRing), VerifyPath::kFused, 32));
+}
+
+TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 applies",
+          "[kernels][plan][fast]") {
+  VerifyParams p = kimi(64, 4, RecordMode::kRing);
+  p.numerics = VerifyNumerics::kFast;
+  for (const int bv : kernels::kFastBlockVs) {
+    CAPTURE(bv);
+    const VerifyPlan f = plan(p, VerifyPath::kFused, bv);
+    CHECK(f.schedule == VerifySchedule::kFastChunk);
+    CHECK(f.numerics == VerifyNumerics::kFast);
+    CHECK(f.features == kernels::kNoFeatures);
+    CHECK(f.items == 64 * 32 * (128 / bv));
+    CHECK(f.grid == f.items);
+    CHECK(f.kernel().find("fast-chunk") != std::string::npos);
+  }
+  // The same call asking for exact outputs plans as before.
+  VerifyParams e = p;
+  e.numerics = VerifyNumerics::kExact;
+  CHECK(plan(e, VerifyPath::kFused, 128).schedule == VerifySchedule::kPersistentRing);
+  CHECK(plan(e, VerifyPath::kFused, 128).numerics == VerifyNumerics::kExact);
+
+  // Ragged rows: the fast kernel's ragged instantiation.
+  static const int32_t offsets[3] = {0, 3, 7};
+  VerifyParams r = kimi(2, 4, RecordMode::kRing);
+  r.numerics = VerifyNumerics::kFast;
+  r.token_offsets = offsets;
+  CHECK(plan(r, VerifyPath::kFused, 64).schedule == VerifySchedule::kFastChunk);
+  CHECK(plan(r, VerifyPath::kFused, 64).features == kernels::kRaggedRows);
+
+  // Where §10 does not apply the plan is exact (kda::VerifyNumerics::kExact), whatever was asked.
+  auto exact = [](const VerifyPlan& x) {
+    return x.numerics == VerifyNumerics::kExact && x.schedule != VerifySchedule::kFastChunk;
+  };
+  CHECK(exact(plan(p, VerifyPath::kFused, 16)));   // not a fast tile
+  CHECK(exact(plan(p, VerifyPath::kUnfused, 0)));  // the unfused path
+  VerifyParams snap = kimi(4, 4, RecordMode::kSnapshot);
+  snap.numerics = VerifyNumerics::kFast;
+  CHECK(exact(plan(snap, VerifyPath::kFused, 64)));  // snapshot mode
+  static const int32_t parents[8] = {-1, 0, 0, 1, -1, 0, 0, 1};
+  VerifyParams tree = kimi(2, 4, RecordMode::kRing);
+  tree.numerics = VerifyNumerics::kFast;
+  tree.parents = parents;
+  CHECK(exact(plan(tree, VerifyPath::kFused, 64)));  // a tree
+  static const int32_t pending[4] = {1, 2, 0, 3};
+  VerifyParams deferred = p;
+  deferred.ring_pending = pending;
+  CHECK(exact(plan(deferred, VerifyPath::kFused, 128)));  // a pending fold
+  VerifyParams long_draft = kimi(2, 17, RecordMode::kRing);
+  long_draft.numerics = VerifyNumerics::kFast;
+  CHECK(exact(plan(long_draft, VerifyPath::kFused, 64)));  // T > kFastMaxTokens
+  CHECK(exact(kernels::plan_verify(p, VerifyPath::kFused, 32, kSm90, {}, kTwoPerSm,
+                                   /*extend=*/true)));  // extend
+  CHECK(kernels::fast_outputs_plannable(p, VerifyPath::kFused, 64));
+  CHECK_FALSE(kernels::fast_outputs_plannable(deferred, VerifyPath::kFused, 64));
 }
