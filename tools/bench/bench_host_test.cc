@@ -637,6 +637,7 @@ TEST_CASE("kda_bench plan: the fast rows and their tile", "[tools][bench]") {
 }
 
 TEST_CASE("kda_bench diff: bf16 ulps and the fast-vs-exact statistics", "[tools][bench]") {
+  using numerics::bf16_ulp_distance;
   const bf16_t one{0x3f80}, next{0x3f81}, two{0x4000}, pos0{0x0000}, neg0{0x8000};
   const bf16_t tiny{0x0001}, neg_tiny{0x8001};
   CHECK(bf16_ulp_distance(one, one) == 0);
@@ -651,7 +652,7 @@ TEST_CASE("kda_bench diff: bf16 ulps and the fast-vs-exact statistics", "[tools]
   CHECK(d.rel_l2() == 0.0);
   std::vector<bf16_t> exact(1000, one), fast(1000, one);
   fast[10] = next;  // 1 of 1000 one ulp off: 99.9% equal, within contract §10 (b)
-  d.add(fast.data(), exact.data(), 1000);
+  d.add(fast.data(), exact.data(), 1000, 100);
   CHECK(d.elems == 1000);
   CHECK(d.equal == 999);
   CHECK(d.max_ulp == 1);
@@ -661,18 +662,33 @@ TEST_CASE("kda_bench diff: bf16 ulps and the fast-vs-exact statistics", "[tools]
   CHECK(d.meets_contract());
   OutputDiff more;
   fast[11] = next;
-  more.add(fast.data(), exact.data(), 1000);
+  more.add(fast.data(), exact.data(), 1000, 100);
   CHECK_FALSE(more.meets_contract());  // 99.8% equal
   d.merge(more);
   CHECK(d.elems == 2000);
   CHECK(d.equal == 999 + 998);
   OutputDiff far;
   fast[11] = two;
-  far.add(fast.data(), exact.data(), 1);
-  far.add(fast.data() + 11, exact.data() + 11, 1);
+  far.add(fast.data() + 11, exact.data() + 11, 1, 1);
   CHECK(far.max_ulp == 0x80);
   CHECK_FALSE(far.meets_contract());
   CHECK(far.describe().find("max 128 ulp") != std::string::npos);
+
+  // An output cancelled far below its vector's largest one is counted at the floor (2^-12 of
+  // that maximum): 100 bf16 ulps of a value 2^-20 of the maximum are under one ulp there.
+  std::vector<bf16_t> w(8, one), g(8, one);
+  w[3] = float_to_bf16(std::ldexp(1.0f, -20));
+  g[3] = float_to_bf16(std::ldexp(1.0f, -20) * (1.0f + 100.0f / 128.0f));
+  OutputDiff cancelled;
+  cancelled.add(g.data(), w.data(), 8, 8);
+  CHECK(cancelled.max_raw_ulp == 100);
+  CHECK(cancelled.max_ulp == 1);
+  // Above the floor the count is strict.
+  g[3] = w[3] = float_to_bf16(0.5f);
+  g[3] = next;
+  OutputDiff strict;
+  strict.add(g.data(), w.data(), 8, 8);
+  CHECK(strict.max_ulp == strict.max_raw_ulp);
 }
 
 TEST_CASE("kda_bench report: the numerics column and the fast statistics", "[tools][bench]") {
@@ -687,7 +703,7 @@ TEST_CASE("kda_bench report: the numerics column and the fast statistics", "[too
   const std::vector<bf16_t> e(1000, bf16_t{0x3f80});
   std::vector<bf16_t> f = e;
   f[0] = bf16_t{0x3f81};
-  d.add(f.data(), e.data(), 1000);
+  d.add(f.data(), e.data(), 1000, 100);
   rows[2].diff = d;
   mark_best_bv(rows);
   CHECK(rows[0].best_bv);  // the exact group's best: the fast row is another group

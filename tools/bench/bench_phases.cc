@@ -582,11 +582,11 @@ constexpr int kRoundGuardReplays = 4;
 
 /// Adds the first `elems` outputs of every copy of `out` (host images of the pool) to `diff`.
 void add_output_rows(OutputDiff& diff, const std::vector<uint8_t>& fast,
-                     const std::vector<uint8_t>& exact, const Pool& out, int64_t elems) {
+                     const std::vector<uint8_t>& exact, const Pool& out, int64_t elems, int V) {
   for (int c = 0; c < out.copies; ++c) {
     const int64_t at = int64_t{c} * out.pitch * 2;
     diff.add(reinterpret_cast<const bf16_t*>(fast.data() + at),
-             reinterpret_cast<const bf16_t*>(exact.data() + at), elems);
+             reinterpret_cast<const bf16_t*>(exact.data() + at), elems, V);
   }
 }
 
@@ -646,7 +646,7 @@ void run_round_guard(BenchContext& ctx, const Problem& problem, Variant v, int e
                     if (diff != nullptr) {
                       const VerifyParams& p = deferred.front();
                       add_output_rows(*diff, download(out.out, stream), outs[at], out.out,
-                                      int64_t{p.B} * p.T * p.HV * p.V);
+                                      int64_t{p.B} * p.T * p.HV * p.V, p.V);
                     } else if (download(out.out, stream) != outs[at]) {
                       failures.push_back(fmt::format("replay {}: outputs differ", r));
                     }

@@ -415,7 +415,7 @@ void run_step_guard(BenchContext& ctx, const Problem& problem, const StepModel& 
               const std::vector<bf16_t> got = download_bf16(outs.at(0), layer0_elems, stream);
               const std::vector<bf16_t> want =
                   download_bf16(ref_outs[at].data(), layer0_elems, stream);
-              layer0.add(got.data(), want.data(), layer0_elems);
+              layer0.add(got.data(), want.data(), layer0_elems, a.shape.V);
               if (saves_fast) {
                 copy_device(fast_outs[at].data(), outs.buf.data(), outs.buf.bytes(), stream);
                 copy_device(fast_chain[at].data(), chain.data(), chain.bytes(), stream);
