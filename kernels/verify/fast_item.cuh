@@ -1,6 +1,7 @@
 // fast_item.cuh: the fast-output verify (contract §10; VerifySchedule::kFastChunk): one CTA of
 // 256 threads per work item (V tile, v-head hv, request n), two CTAs per SM.
-//   1. The state tile [BV][K] f32 goes in flight to shared memory (cp.async) first.
+//   1. The state tile [BV][K] f32 goes in flight to shared memory (cp.async), right after the
+//      conv history's loads.
 //   2. The exact prologue, per 8-token chunk (item_prologue.cuh, the code every exact path runs):
 //      conv + SiLU, gates, ring records and conv windows, q/k norms. So the records, windows and
 //      everything the fold reads are bitwise the exact verify's.
@@ -109,6 +110,16 @@ struct FastItem : ItemPrologue<Traits> {
     const bool write_window = pair_channel >= 0 && (is_qk ? qk_owner : true);
     const int cols = min(BV, p.V - v0);
 
+    // The pair's conv history first (raw bits): the conv waits for it, the state tile is needed
+    // only after the prologue.
+    uint32_t hist_bits[kConvHistory] = {};
+    if (pair_channel >= 0) {
+#pragma unroll
+      for (int j = 0; j < kConvHistory; ++j) {
+        hist_bits[j] = src.hist(*this, slot, j);
+      }
+    }
+
     // 1. The state tile in flight (zeros past V, so no column reads garbage).
     float* const stage = reinterpret_cast<float*>(smem);
     {
@@ -133,11 +144,6 @@ struct FastItem : ItemPrologue<Traits> {
     };
     float w0[kConvHistory], w1[kConvHistory];
     if (pair_channel >= 0) {
-      uint32_t hist_bits[kConvHistory];
-#pragma unroll
-      for (int j = 0; j < kConvHistory; ++j) {
-        hist_bits[j] = src.hist(*this, slot, j);
-      }
 #pragma unroll
       for (int j = 0; j < kConvHistory; ++j) {
         const float2 hp = bf16x2_bits_to_float2(hist_bits[j]);
