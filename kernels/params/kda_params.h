@@ -125,8 +125,8 @@ struct BatchParams {
 /// fields of the shared parts above in their order, then the verify's own. Composed of the parts
 /// as base classes (the same layout), it made nvcc emit different code for most verify kernels
 /// (block order before the PDL wait, then ptxas' schedule; slower in the eager one-CTA-per-SM
-/// BV = 32 tile: docs/perf_log.md v68b). The assertion below keeps it flat; copy_shared_parts
-/// copies the shared fields one by one.
+/// BV = 32 tile, as docs/perf_log.md records). The assertion below keeps it flat;
+/// copy_shared_parts copies the shared fields one by one.
 struct VerifyParams {
   // ---- sizes and numerics (VerifySizes) ----
   int32_t B = 0, T = 0;   ///< requests, tokens per request (1 <= T <= T_max)
