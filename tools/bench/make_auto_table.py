@@ -78,19 +78,28 @@ def runs_text(counts):
     return str(runs[0]) if len(runs) == 1 else f"{runs[0]}..{runs[-1]}"
 
 
+def series(key, by, wanted):
+    """The runs of each (label, variant, numerics) in `wanted` at `key`, or None if one is missing;
+    exits when their run counts disagree."""
+    found = [by.get((variant, numerics)) for _, variant, numerics in wanted]
+    if not all(found):
+        return None
+    if len({len(runs) for runs in found}) != 1:
+        counts = ", ".join(f"{len(runs)} {label}" for (label, _, _), runs in zip(wanted, found))
+        sys.exit(f"make_auto_table: {key}: runs disagree ({counts} rows)")
+    return found
+
+
 def commit_table(args, out):
     table = read_rows(args.csv, COMMIT_KEY, numerics_required=False)
     rows = []
     for key in sorted(table):
-        by = table[key]
-        eager = by.get(("fused+ring", "exact"))
-        deferred = by.get(("fused+ring+deferred", "exact"))
-        gemm = by.get(("gemm-only", "exact"))
-        if not eager or not deferred or not gemm:
+        found = series(key, table[key], (("eager", "fused+ring", "exact"),
+                                         ("deferred", "fused+ring+deferred", "exact"),
+                                         ("gemm-only", "gemm-only", "exact")))
+        if found is None:
             continue
-        if not (len(eager) == len(deferred) == len(gemm)):
-            sys.exit(f"make_auto_table: {key}: runs disagree ({len(eager)} eager, {len(deferred)} "
-                     f"deferred, {len(gemm)} gemm-only rows)")
+        eager, deferred, gemm = found
         rows.append((key, mean(eager), mean(deferred), mean(gemm), len(eager)))
     if not rows:
         sys.exit("make_auto_table: no (T, B) with fused+ring, fused+ring+deferred and gemm-only steps")
@@ -113,15 +122,12 @@ def numerics_table(args, out):
     table = read_rows(args.csv, NUMERICS_KEY, numerics_required=True)
     rows = []
     for key in sorted(table):
-        by = table[key]
-        exact = by.get(("fused+ring", "exact"))
-        fast = by.get(("fused+ring", "fast"))
-        gemm = by.get(("gemm-only", "exact"))
-        if not exact or not fast or not gemm:
+        found = series(key, table[key], (("exact", "fused+ring", "exact"),
+                                         ("fast", "fused+ring", "fast"),
+                                         ("gemm-only", "gemm-only", "exact")))
+        if found is None:
             continue
-        if not (len(exact) == len(fast) == len(gemm)):
-            sys.exit(f"make_auto_table: {key}: runs disagree ({len(exact)} exact, {len(fast)} "
-                     f"fast, {len(gemm)} gemm-only rows)")
+        exact, fast, gemm = found
         # The pick is made on the printed numbers, so the C++ rule reads the same decision.
         e, f, g = (float(f"{mean(x):.1f}") for x in (exact, fast, gemm))
         rows.append((key, e, f, g, "kFast" if fast_pays(e, f, g) else "kExact", len(exact)))
