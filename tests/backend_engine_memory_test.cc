@@ -176,32 +176,6 @@ ExternalPool make_external_pool(const ModelConfig& m, const EngineFlags& f, bool
 
 // ---- random rounds on several backends at once ----
 
-// Every element of a (possibly padded) view, packed, as bytes.
-std::vector<uint8_t> elements(const TensorView& v) {
-  std::vector<uint8_t> out;
-  auto take = [&out](const auto& vec) {
-    const auto* p = reinterpret_cast<const uint8_t*>(vec.data());
-    out.assign(p, p + vec.size() * sizeof(vec[0]));
-  };
-  if (!v.defined()) {
-    return out;
-  }
-  switch (v.dtype()) {
-    case DType::kBF16:
-      take(to_host_vector<bf16_t>(v));
-      break;
-    case DType::kF32:
-      take(to_host_vector<float>(v));
-      break;
-    case DType::kI32:
-      take(to_host_vector<int32_t>(v));
-      break;
-    case DType::kF16:
-      FAIL("no f16 pool tensor");
-  }
-  return out;
-}
-
 // The pool tensors the rounds compare (qkv_act, the unfused path's hand-over, is covered by the
 // outputs).
 std::vector<std::pair<const char*, TensorView>> compared(const KdaStatePool& p) {
@@ -251,7 +225,7 @@ void check_engine_views(const Harness& ref, const ExternalPool& e, const char* w
     } else {
       mine = t.narrow(1, 0, c.num_slots);
     }
-    CHECK(elements(mine) == elements(want[i].second));
+    CHECK(packed_bytes(mine) == packed_bytes(want[i].second));
   }
 }
 
@@ -260,7 +234,7 @@ void check_same_pool(const Harness& ref, const Harness& other, const char* who) 
   for (size_t i = 0; i < a.size(); ++i) {
     CAPTURE(who, a[i].first);
     CHECK(a[i].second.defined() == b[i].second.defined());
-    CHECK(elements(a[i].second) == elements(b[i].second));
+    CHECK(packed_bytes(a[i].second) == packed_bytes(b[i].second));
   }
 }
 

@@ -286,6 +286,31 @@ std::vector<Activations> verify_all(Harness& h, const BatchSpec& batch, uint64_t
   return acts;
 }
 
+std::vector<uint8_t> packed_bytes(const TensorView& v) {
+  std::vector<uint8_t> out;
+  auto take = [&out](const auto& vec) {
+    const auto* p = reinterpret_cast<const uint8_t*>(vec.data());
+    out.assign(p, p + vec.size() * sizeof(vec[0]));
+  };
+  if (!v.defined()) {
+    return out;
+  }
+  switch (v.dtype()) {
+    case DType::kBF16:
+      take(to_host_vector<bf16_t>(v));
+      break;
+    case DType::kF32:
+      take(to_host_vector<float>(v));
+      break;
+    case DType::kI32:
+      take(to_host_vector<int32_t>(v));
+      break;
+    default:
+      KDA_FAIL("packed_bytes: a bf16, f32 or i32 view expected, got {}", dtype_name(v.dtype()));
+  }
+  return out;
+}
+
 Buffer device_i32(const std::vector<int32_t>& v) {
   Buffer b(kTestDevice, static_cast<int64_t>(std::max<size_t>(v.size(), 1)) * 4);
   if (!v.empty()) {

@@ -130,6 +130,10 @@ std::vector<Activations> verify_all(Harness& h, const BatchSpec& batch, uint64_t
 // address; its bytes past v.size() are unspecified).
 Buffer device_i32(const std::vector<int32_t>& v);
 
+/// Every element of a (possibly padded) bf16, f32 or i32 view, packed, as bytes (empty for an
+/// undefined view): bitwise comparisons of pool tensors with different pitches.
+std::vector<uint8_t> packed_bytes(const TensorView& v);
+
 // A random tree of T nodes (parents[0] = -1, parents[j] < j), at most `topk` children per node.
 std::vector<int32_t> random_tree(std::mt19937& rng, int T, int topk);
 

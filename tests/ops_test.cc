@@ -128,25 +128,6 @@ EnginePool engine_copy(const KdaStatePool& p) {
   return e;
 }
 
-std::vector<uint8_t> elements(const TensorView& v) {
-  std::vector<uint8_t> out;
-  auto take = [&out](const auto& vec) {
-    const auto* p = reinterpret_cast<const uint8_t*>(vec.data());
-    out.assign(p, p + vec.size() * sizeof(vec[0]));
-  };
-  if (!v.defined()) {
-    return out;
-  }
-  if (v.dtype() == DType::kBF16) {
-    take(to_host_vector<bf16_t>(v));
-  } else if (v.dtype() == DType::kF32) {
-    take(to_host_vector<float>(v));
-  } else {
-    take(to_host_vector<int32_t>(v));
-  }
-  return out;
-}
-
 void check_same(const KdaStatePool& p, const EnginePool& e) {
   const char* names[] = {"conv_state",   "ssm_state",   "conv_window", "snapshots",
                          "ring_rawv",    "ring_rawk",   "ring_g",      "ring_beta",
@@ -157,7 +138,7 @@ void check_same(const KdaStatePool& p, const EnginePool& e) {
     if (!all[i].second.defined()) {
       continue;  // eager pools keep a cursor and pending counts the engine needs not have
     }
-    CHECK(elements(all[i].first) == elements(all[i].second));
+    CHECK(packed_bytes(all[i].first) == packed_bytes(all[i].second));
   }
 }
 
