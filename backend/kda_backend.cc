@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "dispatch/commit_policy.h"
+#include "dispatch/numerics_policy.h"
 
 namespace kda {
 
@@ -36,6 +37,22 @@ bool defers_commit(const ModelConfig& m, const EngineFlags& f, const Platform& p
       {m.HV, m.K, m.V, f.max_running_requests, f.num_draft_tokens, platform.memory_gbps});
 }
 
+// Whether a deferred commit keeps u records: only where every verify's outputs are exact. Where
+// the outputs may be fast (--kda-verify-numerics fast, or auto on a card whose table picks fast
+// for this model) the commit is u-free: the chunked outputs compute no exact per-step u.
+bool keeps_u_records(const ModelConfig& m, const EngineFlags& f, const Platform& platform) {
+  switch (f.numerics_request()) {
+    case NumericsRequest::kExact:
+      return true;
+    case NumericsRequest::kFast:
+      return false;
+    case NumericsRequest::kAuto:
+      break;
+  }
+  return !numerics_policy_may_pick_fast(nearest_numerics_policy_card(platform.memory_gbps), m.H,
+                                        m.HV, m.K, m.V);
+}
+
 PoolConfig make_pool_config(const ModelConfig& m, const EngineFlags& f, const Device& device,
                             const Platform& platform, const BackendOptions& o) {
   KDA_CHECK(o.extra_slots >= 0 &&
@@ -53,7 +70,8 @@ PoolConfig make_pool_config(const ModelConfig& m, const EngineFlags& f, const De
   c.T_max = f.num_draft_tokens;
   c.ring_mode = f.replayssm_spec;
   c.ring_len = f.replayssm_cache_len;
-  c.deferred_commit = defers_commit(m, f, platform);  // the u records (kda_state_pool.h)
+  c.deferred_commit = defers_commit(m, f, platform);
+  c.deferred_u_records = keeps_u_records(m, f, platform);  // ring_u (kda_state_pool.h)
   c.device = device;
   c.memory_budget_bytes = o.memory_budget_bytes;
   return c;
@@ -111,6 +129,7 @@ ops::detail::Dims dims_of(const KdaStatePool& pool, bool deferred) {
   d.V = c.V;
   d.mode = c.ring_mode ? RecordMode::kRing : RecordMode::kSnapshot;
   d.deferred = deferred;
+  d.u_records = deferred && c.deferred_u_records;
   return d;
 }
 

@@ -163,8 +163,10 @@ VerifyParams verify_params(const Dims& dims, const StateTensors& state, const Ve
     p.ring_cursor = static_cast<const int32_t*>(state.ring_cursor.data());
     p.ring_pending = static_cast<const int32_t*>(state.ring_pending.data());
     p.ssm_fold_out = static_cast<float*>(state.ssm_state.data());
-    p.ring_u = static_cast<float*>(state.ring_u.data());
-    p.ring_u_slot_stride = state.ring_u.stride(0);
+    if (dims.u_records) {
+      p.ring_u = static_cast<float*>(state.ring_u.data());
+      p.ring_u_slot_stride = state.ring_u.stride(0);
+    }
     p.fold_before_wait = call.fold_before_wait;
   }
   return p;
@@ -198,6 +200,7 @@ DispatchProblem dispatch_problem(const Dims& dims, int B, int T, bool plain_chai
   }
   d.num_slots = dims.S;
   d.deferred = dims.deferred;
+  d.u_records = dims.u_records;
   return d;
 }
 
@@ -325,11 +328,12 @@ Dims read_dims(const char* op, const StateTensors& state, bool stacked) {
     KDA_CHECK(d.mode == RecordMode::kRing,
               "{}: given in snapshot mode (the deferred commit is ring mode only)",
               arg(op, "state.ring_pending"));
-    KDA_CHECK(state.ring_cursor.defined() && state.ring_u.defined(),
-              "{}: missing: the deferred commit (state.ring_pending given) needs ring_cursor and "
-              "ring_u too",
-              arg(op, state.ring_cursor.defined() ? "state.ring_u" : "state.ring_cursor"));
+    KDA_CHECK(state.ring_cursor.defined(),
+              "{}: missing: the deferred commit (state.ring_pending given) needs ring_cursor too",
+              arg(op, "state.ring_cursor"));
     d.deferred = true;
+    // Without ring_u: the u-free deferred commit (every fold computes u).
+    d.u_records = state.ring_u.defined();
   }
   return d;
 }
@@ -347,6 +351,7 @@ PoolConfig pool_config_of(const Dims& d, const Device& device) {
   c.ring_mode = d.mode == RecordMode::kRing;
   c.ring_len = d.L;
   c.deferred_commit = d.deferred;
+  c.deferred_u_records = d.u_records;
   c.device = device;
   return c;
 }

@@ -325,7 +325,7 @@ bool fast_outputs_gated(const DispatchDecision& d, const DispatchProblem& p,
     why = N::kExactTokens;
   } else if (!d.fused()) {
     why = N::kExactUnfused;
-  } else if (p.deferred) {
+  } else if (p.deferred && p.u_records) {
     why = N::kExactDeferredFold;
   } else if (flags.block_v != 0 && !kernels::is_fast_block_v(flags.block_v)) {
     why = N::kExactBlockV;
@@ -419,7 +419,7 @@ std::string DispatchDecision::describe_numerics() const {
     case N::kExactUnfused:
       return "outputs exact: the unfused path";
     case N::kExactDeferredFold:
-      return "outputs exact: the verify folds pending steps (deferred commit)";
+      return "outputs exact: the deferred commit keeps u records (its pool is not u-free)";
     case N::kExactBlockV:
       return fmt::format("outputs exact: --kda-verify-block-v = {} is not a fast tile ({})",
                          block_v, fmt::join(kernels::kFastBlockVs, ", "));

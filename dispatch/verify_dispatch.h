@@ -88,7 +88,7 @@ enum class NumericsReason : uint8_t {
   kExactTree,          ///< a tree draft
   kExactTokens,        ///< T outside 1..kernels::kFastMaxTokens (one fast chunk)
   kExactUnfused,       ///< the unfused path was chosen
-  kExactDeferredFold,  ///< the verify folds pending steps (the fold reads exact u records)
+  kExactDeferredFold,  ///< the deferred commit keeps u records (exact per-step u; not u-free)
   kExactBlockV,        ///< --kda-verify-block-v forces a tile outside kernels::kFastBlockVs
 };
 /// Short stable name ("fast_requested", "auto_unmeasured", "exact_deferred_fold", ...).
@@ -126,6 +126,11 @@ struct DispatchProblem {
   /// Ring mode with the deferred commit (contract §7): the verify folds pending steps first,
   /// so the auto tile is kernels::default_deferred_block_v's and the outputs stay exact.
   bool deferred = false;
+  /// With `deferred`: the pool keeps u records, which the verify's in-kernel fold replays and
+  /// writes for its draft steps (exact per-step u): the outputs stay exact. Without them (the
+  /// u-free deferred commit, a pool built for fast outputs) the pending steps are folded first
+  /// and the outputs may be fast.
+  bool u_records = false;
 };
 
 /// The outcome: path, reason and what the reason refers to. A value; describe() builds the

@@ -97,7 +97,8 @@ const char* needs_text(Needs n) {
     case Needs::kRingMode:
       return "ring mode only (the pool is in snapshot mode)";
     case Needs::kDeferred:
-      return "ring mode with the deferred commit only (the pool commits eagerly)";
+      return "ring mode with the deferred commit's u records only (the pool commits eagerly, or "
+             "u-free)";
   }
   return "";
 }
@@ -111,7 +112,7 @@ bool applies(const PoolConfig& c, Needs n) {
     case Needs::kRingMode:
       return c.ring_mode;
     case Needs::kDeferred:
-      return c.ring_mode && c.deferred_commit;
+      return c.ring_mode && c.deferred_commit && c.deferred_u_records;
   }
   return false;
 }

@@ -26,11 +26,20 @@ using namespace kda::testing;
 
 namespace {
 
+EngineFlags pair_flags(bool deferred, NumericsRequest numerics) {
+  EngineFlags f = flags_for(/*ring=*/true, deferred);
+  f.verify_numerics = static_cast<int>(numerics);
+  return f;
+}
+
+// `numerics` on both: exact keeps the deferred backend's u records; fast makes its commit u-free
+// (no ring_u: the pending steps fold first, computing u), its B = 1 calls fast and its unfused
+// ones (B > --kda-fused-ring-max-batch = 1) exact, each bitwise the eager backend's same call.
 struct Pair {
   Harness eager, deferred;
-  explicit Pair(const ModelCase& mc)
-      : eager(mc, /*ring=*/true, fake_platform(9, 0), /*fused=*/true, /*deferred=*/false),
-        deferred(mc, /*ring=*/true, fake_platform(9, 0), /*fused=*/true, /*deferred=*/true) {}
+  explicit Pair(const ModelCase& mc, NumericsRequest numerics = NumericsRequest::kExact)
+      : eager(mc, pair_flags(false, numerics), fake_platform(9, 0)),
+        deferred(mc, pair_flags(true, numerics), fake_platform(9, 0)) {}
 };
 
 std::vector<int32_t> cursors(const Harness& h) {
@@ -134,10 +143,14 @@ TEST_CASE("backend deferred: random rounds equal the eager commit bitwise", "[ba
       GENERATE(values<ModelCase>({kGqaCase,
                                   {"HV=H, safe gate -5, bf16 conv, no bias", 2, 2, GateKind::kSafe,
                                    ConvWeightType::kBF16, false}}));
-  CAPTURE(mc.name);
-  Pair p(mc);
+  const NumericsRequest numerics =
+      GENERATE(NumericsRequest::kExact, NumericsRequest::kFast);  // u records / u-free
+  CAPTURE(mc.name, numerics_request_name(numerics));
+  Pair p(mc, numerics);
   REQUIRE(p.deferred.backend->deferred_commit());
   REQUIRE_FALSE(p.eager.backend->deferred_commit());
+  REQUIRE(p.deferred.pool().ring_u_all().defined() == (numerics == NumericsRequest::kExact));
+  bool saw_fast = false, saw_exact = false;  // u-free: both kinds of call ran
   std::mt19937 rng(7);
   const int S = p.eager.pool().num_slots();
   for (int r = 0; r < 14; ++r) {
@@ -174,6 +187,11 @@ TEST_CASE("backend deferred: random rounds equal the eager commit bitwise", "[ba
     }
     CAPTURE(accepted);
     round_on_both(p, batch, accepted, 500 + 10 * static_cast<uint64_t>(r));
+    for (const auto& d : p.deferred.backend->stats().last_decision) {
+      REQUIRE(d.has_value());
+      CHECK(d->plan.pending_fold_first == (numerics == NumericsRequest::kFast));
+      (d->fast_outputs() ? saw_fast : saw_exact) = true;
+    }
     for (Harness* h : {&p.eager, &p.deferred}) {
       if (bad) {
         CHECK(
@@ -188,6 +206,8 @@ TEST_CASE("backend deferred: random rounds equal the eager commit bitwise", "[ba
     }
   }
   check_states(p);
+  CHECK(saw_exact);
+  CHECK(saw_fast == (numerics == NumericsRequest::kFast));
 }
 
 TEST_CASE("backend deferred: bad accepted lengths are flagged and change nothing",

@@ -124,20 +124,37 @@ TEST_CASE("backend numerics: fast in ring mode with the eager commit plans the f
   }
 }
 
-TEST_CASE("backend numerics: the deferred commit's verifies fold pending steps and stay exact",
+TEST_CASE("backend numerics: a deferred commit with fast outputs is u-free and folds first",
           "[backend][numerics]") {
+  // --kda-verify-numerics fast with the deferred commit: the pool keeps no u records (the chunked
+  // outputs compute no exact per-step u), each verify's plan folds the pending steps first
+  // (the fold kernel, computing u) and the fast kernel writes the records at the cursor.
   Harness h(kGqaCase, numerics_flags(/*ring=*/true, /*deferred=*/true, NumericsRequest::kFast),
             fake_platform(9, 0));
   REQUIRE(h.pool().config().deferred_commit);
+  REQUIRE_FALSE(h.pool().config().deferred_u_records);
+  REQUIRE_FALSE(h.pool().ring_u_all().defined());
   for (int round = 0; round < 2; ++round) {
     verify_all(h, BatchSpec{kT, {1}}, 40 + round);
-    check_round(h, NumericsReason::kExactDeferredFold);
+    check_round(h, NumericsReason::kFastRequested);
     for (const DispatchDecision& d : decisions(h)) {
       CHECK(d.fused());
       CHECK((d.plan.features & kernels::kDeferredFold) != 0);
-      CHECK_THAT(d.describe(), Catch::Contains("outputs exact: the verify folds pending steps"));
+      CHECK(d.plan.pending_fold_first);
     }
     commit(h, {3});
+  }
+  SECTION("exact or auto without a fast row keep the u records") {
+    for (const NumericsRequest r : {NumericsRequest::kExact, NumericsRequest::kAuto}) {
+      Harness e(kGqaCase, numerics_flags(true, true, r), fake_platform(9, 0));
+      CHECK(e.pool().config().deferred_u_records);
+      CHECK(e.pool().ring_u_all().defined());
+      verify_all(e, BatchSpec{kT, {1}}, 45);
+      for (const DispatchDecision& d : decisions(e)) {
+        CHECK_FALSE(d.fast_outputs());
+        CHECK_FALSE(d.plan.pending_fold_first);
+      }
+    }
   }
 }
 
@@ -220,4 +237,62 @@ TEST_CASE("backend numerics: kda::ops takes the numerics from its DispatchFlags"
   CHECK(d.block_v == backend_decision.block_v);
   CHECK(d.plan.schedule == backend_decision.plan.schedule);
   CHECK(d.fast_outputs() == (request == NumericsRequest::kFast));
+}
+
+TEST_CASE("backend numerics: kda::ops with a deferred state's u records runs exact outputs",
+          "[backend][numerics]") {
+  // An engine's deferred state with u records (ring_u given) asking for fast outputs: the verify
+  // folds from the u records in its kernel and records exact u, so its outputs stay exact and the
+  // decision says why. Without ring_u (u-free) the same call is fast, its pending fold first.
+  Harness h(kGqaCase, numerics_flags(true, true, NumericsRequest::kExact), fake_platform(9, 0));
+  REQUIRE(h.pool().ring_u_all().defined());
+  const KdaStatePool& pool = h.pool();
+  const bool with_u = GENERATE(true, false);
+  CAPTURE(with_u);
+  ops::StateTensors state;
+  state.conv_state = pool.conv_state(0);
+  state.ssm_state = pool.ssm_state(0);
+  state.conv_window = pool.conv_window(0);
+  state.ring_rawv = pool.ring_rawv(0);
+  state.ring_rawk = pool.ring_rawk(0);
+  state.ring_g = pool.ring_g(0);
+  state.ring_beta = pool.ring_beta(0);
+  state.ring_cursor = pool.ring_cursor();
+  state.ring_pending = pool.ring_pending(0);
+  if (with_u) {
+    state.ring_u = pool.ring_u(0);
+  }
+  state.qkv_act = pool.qkv_act();
+  const BatchSpec batch{kT, {2}};
+  const Buffer slots = device_i32(batch.slots);
+  const Buffer rows = device_i32({0});
+  Activations x = make_activations(h.model, batch.slots, kT, 62);
+  ops::VerifyArgs a;
+  a.mixed_qkv = x.in.mixed_qkv;
+  a.a = x.in.a;
+  a.b = x.in.b;
+  a.out = x.out_view;
+  a.weights = h.weights[0].views;
+  a.state = state;
+  a.batch.T = kT;
+  a.batch.slots = slots.view(DType::kI32, {1});
+  a.batch.rows = rows.view(DType::kI32, {1});
+  a.options.gate = h.model.gate;
+  a.options.dispatch = h.backend->flags().dispatch_flags();
+  a.options.dispatch.numerics = NumericsRequest::kFast;
+  a.options.platform = h.backend->platform();
+  const std::unique_ptr<KernelSet> kernels = make_kernel_set(kTestDevice);
+  const DispatchDecision d = ops::verify(*kernels, a, nullptr);
+  CAPTURE(d.describe());
+  CHECK(d.fused());
+  CHECK((d.plan.features & kernels::kDeferredFold) != 0);
+  if (with_u) {
+    CHECK(d.numerics_reason == NumericsReason::kExactDeferredFold);
+    CHECK_FALSE(d.plan.pending_fold_first);
+    CHECK_THAT(d.describe(), Catch::Contains("outputs exact: the deferred commit keeps u records"));
+  } else {
+    CHECK(d.numerics_reason == NumericsReason::kFastRequested);
+    CHECK(d.plan.pending_fold_first);
+    CHECK(d.plan.schedule == kernels::VerifySchedule::kFastChunk);
+  }
 }

@@ -30,14 +30,33 @@ using namespace kda::testing;
 
 namespace {
 
-enum class Mode { kSnapshot, kRingEager, kRingDeferred };
+// kRingDeferredUFree: the deferred commit without u records (--kda-verify-numerics fast: its B = 1
+// verifies take the fast outputs, its folds compute u). Its committed state equals every other
+// mode's; its outputs are compared only with its own (batch-invariant, contract §10 (a)).
+enum class Mode { kSnapshot, kRingEager, kRingDeferred, kRingDeferredUFree };
 const char* mode_name(Mode m) {
-  return m == Mode::kSnapshot ? "snapshot" : m == Mode::kRingEager ? "ring eager" : "ring deferred";
+  switch (m) {
+    case Mode::kSnapshot:
+      return "snapshot";
+    case Mode::kRingEager:
+      return "ring eager";
+    case Mode::kRingDeferred:
+      return "ring deferred";
+    case Mode::kRingDeferredUFree:
+      return "ring deferred u-free";
+  }
+  return "?";
 }
+bool deferred(Mode m) { return m == Mode::kRingDeferred || m == Mode::kRingDeferredUFree; }
 
 Harness make_harness(Mode m) {
-  return Harness(kGqaCase, /*ring=*/m != Mode::kSnapshot, fake_platform(9, 0), /*fused=*/true,
-                 /*deferred=*/m == Mode::kRingDeferred);
+  EngineFlags f = flags_for(/*ring=*/m != Mode::kSnapshot, deferred(m));
+  if (m == Mode::kRingDeferredUFree) {
+    f.verify_numerics = static_cast<int>(NumericsRequest::kFast);
+  }
+  Harness h(kGqaCase, f, fake_platform(9, 0));
+  REQUIRE(h.pool().ring_u_all().defined() == (m == Mode::kRingDeferred));
+  return h;
 }
 
 std::vector<int32_t> all_slots(const Harness& h) {
@@ -156,13 +175,14 @@ void warm_up_round(Harness& h, const std::vector<int32_t>& slots, uint64_t seed)
 
 TEST_CASE("backend prefix: a copied slot run forward equals its source run forward",
           "[backend][prefix]") {
-  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred);
+  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
+                             Mode::kRingDeferredUFree);
   CAPTURE(mode_name(mode));
   Harness h = make_harness(mode);
   // Slot 0 (the source) and slot 3 (the destination) both have pending steps when deferred.
   warm_up_round(h, {0, 3, 1}, 3);
   h.backend->copy_slot(0, 3, nullptr);
-  if (mode == Mode::kRingDeferred) {
+  if (deferred(mode)) {
     const std::vector<int32_t> pending = to_host_vector<int32_t>(h.pool().ring_pending_all());
     const int S = h.pool().num_slots();
     for (int layer = 0; layer < kLayers; ++layer) {
@@ -190,7 +210,7 @@ TEST_CASE("backend prefix: a copied slot run forward equals its source run forwa
 }
 
 TEST_CASE("backend prefix: copy_slot errors change nothing", "[backend][prefix]") {
-  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingDeferred);
+  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingDeferred, Mode::kRingDeferredUFree);
   CAPTURE(mode_name(mode));
   Harness h = make_harness(mode);
   h.backend->release_slot(4);
@@ -219,7 +239,8 @@ TEST_CASE("backend prefix: a commit track equals an independent commit of step +
   const std::vector<int32_t> track_slots = {4, 2, 3};  // the padding row's entries are ignored
   const std::vector<int32_t> track_steps = {1, 0, 2};
   std::vector<std::vector<uint8_t>> tracked_pools;
-  for (const Mode mode : {Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred}) {
+  for (const Mode mode :
+       {Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred, Mode::kRingDeferredUFree}) {
     CAPTURE(mode_name(mode));
     Harness tracked = make_harness(mode), plain = make_harness(mode), short_ = make_harness(mode);
     for (Harness* h : {&tracked, &plain, &short_}) {
@@ -240,7 +261,7 @@ TEST_CASE("backend prefix: a commit track equals an independent commit of step +
 #endif
     tracked.backend->check_device_errors(nullptr);  // no error
     // Complete once the commit ran, without a materialize: no pending steps in track slots.
-    if (mode == Mode::kRingDeferred) {
+    if (deferred(mode)) {
       const std::vector<int32_t> pending =
           to_host_vector<int32_t>(tracked.pool().ring_pending_all());
       const int S = tracked.pool().num_slots();
@@ -274,6 +295,7 @@ TEST_CASE("backend prefix: a commit track equals an independent commit of step +
   }
   CHECK(tracked_pools[0] == tracked_pools[1]);  // snapshot == ring
   CHECK(tracked_pools[1] == tracked_pools[2]);  // eager == deferred
+  CHECK(tracked_pools[2] == tracked_pools[3]);  // u records == u-free
 }
 
 #ifdef KDA_BACKEND_TEST_CUDA
@@ -305,7 +327,8 @@ TEST_CASE("backend prefix: the tracked persistent fold equals the per-item fold"
 
 TEST_CASE("backend prefix: invalid commit tracks raise the device error flag, write nothing",
           "[backend][prefix]") {
-  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred);
+  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
+                             Mode::kRingDeferredUFree);
   CAPTURE(mode_name(mode));
   struct Case {
     const char* what;
@@ -341,7 +364,8 @@ TEST_CASE("backend prefix: a commit track into a slot that is not allocated writ
   // The allocation table the tracks see is the host's when commit() is called: a slot released
   // before the round or during it is refused (flagged, nothing written, its pending counts kept),
   // one allocated during the round is tracked.
-  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred);
+  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
+                             Mode::kRingDeferredUFree);
   enum class When { kBeforeRound, kDuringRound, kReallocatedDuringRound };
   const When when = GENERATE(When::kBeforeRound, When::kDuringRound, When::kReallocatedDuringRound);
   CAPTURE(mode_name(mode), static_cast<int>(when));
@@ -423,7 +447,8 @@ TEST_CASE("backend prefix: commit track views are validated", "[backend][prefix]
 TEST_CASE("backend prefix: an extend track equals an independent extend of k + 1 tokens",
           "[backend][prefix]") {
   constexpr int kPrompt = 6;  // > T_max: extend needs no scratch
-  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred);
+  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
+                             Mode::kRingDeferredUFree);
   CAPTURE(mode_name(mode));
   Harness h = make_harness(mode), ref = make_harness(mode);
   warm_up_round(h, {0, 1, 3}, 7);  // deferred: the requests and a track slot have pending steps
@@ -462,7 +487,7 @@ TEST_CASE("backend prefix: an extend track equals an independent extend of k + 1
   for (const int s : {0, 1, 2}) {
     CHECK(slot_state(h, s) == slot_state(plain, s));
   }
-  if (mode == Mode::kRingDeferred) {  // the track slot's own pending steps were dropped
+  if (deferred(mode)) {  // the track slot's own pending steps were dropped
     const std::vector<int32_t> pending = to_host_vector<int32_t>(h.pool().ring_pending_all());
     for (int layer = 0; layer < kLayers; ++layer) {
       CHECK(pending[static_cast<size_t>(layer * h.pool().num_slots() + 3)] == 0);

@@ -845,10 +845,15 @@ TEST_CASE("dispatch: each numerics reason, in the rules' order", "[dispatch][num
     want = NumericsReason::kExactUnfused;
     text = "outputs exact: the unfused path";
   }
-  SECTION("a deferred fold") {
+  SECTION("a deferred commit with u records") {
     p.deferred = true;
+    p.u_records = true;
     want = NumericsReason::kExactDeferredFold;
-    text = "outputs exact: the verify folds pending steps (deferred commit)";
+    text = "outputs exact: the deferred commit keeps u records (its pool is not u-free)";
+  }
+  SECTION("a u-free deferred commit: fast (its pending steps fold first)") {
+    p.deferred = true;
+    p.u_records = false;
   }
   SECTION("a forced tile outside the fast tiles") {
     flags.block_v = 16;

@@ -183,7 +183,11 @@ TEST_CASE("fast outputs: within 1 ulp of exact, >= 99.9% bitwise, fp64 error <= 
           c.qkv_pad = (seed % 4) == 0 ? 8 : 0;
           cases.push_back({c, scale, false});
           if (scale == 1.0f && T >= 2) {
-            cases.push_back({c, scale, true});
+            // Ragged rows are packed: the dense padding request's NaN input rows would fall
+            // inside live requests, so the ragged form of a case has no padding request.
+            VerifyCase r = c;
+            r.neg_slot = false;
+            cases.push_back({r, scale, true});
           }
         }
       }
@@ -244,8 +248,11 @@ TEST_CASE("fast outputs: bitwise batch-invariant (tile, sub-batch, order, slot, 
       order[i] = (i * 5 + 2) % c.B;
     }
     // Request 0's state and conv state copied to a slot outside the batch.
-    const int spare = base.num_slots() - 1;
-    REQUIRE(std::find(slots.begin(), slots.end(), spare) == slots.end());
+    int spare = base.num_slots() - 1;
+    while (std::find(slots.begin(), slots.end(), spare) != slots.end()) {
+      --spare;
+    }
+    REQUIRE(spare >= 0);
     std::vector<float> st = perm.get<float>(Tensor::kSsmState);
     const int64_t se = base.state_elems();
     std::copy(st.begin() + slots[0] * se, st.begin() + (slots[0] + 1) * se,

@@ -373,9 +373,17 @@ TEST_CASE("host fast outputs: outside the domain kda::Error names the field, wri
         "kda::host::verify_fused_fast: parents given (a tree batch): fast outputs verify chains "
         "(dense or ragged)");
   const std::vector<int32_t> pending(static_cast<size_t>(p.num_slots()), 1);
-  CHECK(fast_error([&](VerifyParams& q) { q.ring_pending = pending.data(); }) ==
-        "kda::host::verify_fused_fast: ring_pending given (a deferred fold): fast outputs take "
-        "no pending steps");
+  const std::vector<int32_t> cursor(static_cast<size_t>(p.num_slots()), 3);
+  std::vector<float> u_rec(static_cast<size_t>(p.num_slots()) * c.HV * c.L * c.V, 0.5f);
+  CHECK(fast_error([&](VerifyParams& q) {
+          q.ring_pending = pending.data();
+          q.ring_cursor = cursor.data();
+          q.ssm_fold_out = const_cast<float*>(q.ssm_state);
+          q.ring_u = u_rec.data();
+          q.ring_u_slot_stride = int64_t{c.HV} * c.L * c.V;
+        }) ==
+        "kda::host::verify_fused_fast: ring_u given: fast outputs record no u (a deferred commit "
+        "with fast outputs is u-free, ring_u null)");
   CHECK(fast_error([](VerifyParams& q) {
           q.T = 17;
           q.T_max = 17;

@@ -49,6 +49,13 @@ VerifyPlan plan(const VerifyParams& p, VerifyPath path, int bv, const LaunchOver
   return kernels::plan_verify(p, path, bv, caps, o, kTwoPerSm);
 }
 
+// A deferred call without u records (the u-free deferred commit).
+VerifyParams u_free_fast(VerifyParams p) {
+  p.ring_u = nullptr;
+  p.numerics = VerifyNumerics::kFast;
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("verify plan: small grids run one CTA per SM, large ones persistent", "[kernels][plan]") {
@@ -207,9 +214,23 @@ TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 ap
   tree.parents = parents;
   CHECK(exact(plan(tree, VerifyPath::kFused, 64)));  // a tree
   static const int32_t pending[4] = {1, 2, 0, 3};
+  static float u_records[1];  // never read: a plan touches no memory
   VerifyParams deferred = p;
   deferred.ring_pending = pending;
-  CHECK(exact(plan(deferred, VerifyPath::kFused, 128)));  // a pending fold
+  deferred.ring_u = u_records;
+  CHECK(exact(plan(deferred, VerifyPath::kFused, 128)));  // a fold from exact u records
+  CHECK_FALSE(plan(deferred, VerifyPath::kFused, 128).pending_fold_first);
+  // u-free (no u records): fast, the pending steps folded first by the fold kernel.
+  VerifyParams u_free = deferred;
+  u_free.ring_u = nullptr;
+  const VerifyPlan first = plan(u_free, VerifyPath::kFused, 128);
+  CHECK(first.schedule == VerifySchedule::kFastChunk);
+  CHECK(first.pending_fold_first);
+  CHECK((first.features & kernels::kDeferredFold) != 0);
+  CHECK_THAT(first.kernel(), Catch::StartsWith("pending fold + verify_tile<"));
+  u_free.numerics = VerifyNumerics::kExact;  // the exact kernels fold first the same way
+  CHECK(plan(u_free, VerifyPath::kFused, 128).pending_fold_first);
+  CHECK(plan(u_free, VerifyPath::kUnfused, 0).pending_fold_first);
   VerifyParams long_draft = kimi(2, 17, RecordMode::kRing);
   long_draft.numerics = VerifyNumerics::kFast;
   CHECK(exact(plan(long_draft, VerifyPath::kFused, 64)));  // T > kFastMaxTokens
@@ -217,4 +238,5 @@ TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 ap
                                    /*extend=*/true)));  // extend
   CHECK(kernels::fast_outputs_plannable(p, VerifyPath::kFused, 64));
   CHECK_FALSE(kernels::fast_outputs_plannable(deferred, VerifyPath::kFused, 64));
+  CHECK(kernels::fast_outputs_plannable(u_free_fast(deferred), VerifyPath::kFused, 64));
 }

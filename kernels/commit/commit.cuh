@@ -50,6 +50,16 @@ extern template void launch_materialize<64>(const CommitParams&, cudaStream_t,
 extern template void launch_materialize<128>(const CommitParams&, cudaStream_t,
                                              const LaunchOverrides&);
 
+/// The pending fold of a u-free deferred verify call (pending_fold_params: one layer, the pending
+/// counts read, not zeroed), one CTA per item.
+template <int K>
+void launch_verify_pending_fold(const VerifyParams& v, cudaStream_t stream,
+                                const LaunchOverrides& o);
+extern template void launch_verify_pending_fold<64>(const VerifyParams&, cudaStream_t,
+                                                    const LaunchOverrides&);
+extern template void launch_verify_pending_fold<128>(const VerifyParams&, cudaStream_t,
+                                                     const LaunchOverrides&);
+
 /// kDeferred with tracks: each valid track's steps 0..k folded from the slot's state into the
 /// track slot (fold_kernel, FoldRole::kTrackOnly). Before the cursor moves.
 template <int K>

@@ -85,8 +85,9 @@ struct FoldCoords {
 };
 
 /// Whether a fold role reads its records from a cursor (wrapping ring positions). Those are the
-/// deferred commit's records, which carry u records (CommitParams::ring_u, launcher-checked):
-/// such a fold takes each step's u from them (delta_rule_step_given_u, the same bits).
+/// deferred commit's records: with u records (CommitParams::ring_u) such a fold takes each step's
+/// u from them (delta_rule_step_given_u, the same bits); without (the u-free deferred commit) it
+/// computes u as an eager fold does.
 KDA_HD constexpr bool role_wraps(FoldRole r) {
   return r == FoldRole::kMaterialize || r == FoldRole::kTrackOnly;
 }
@@ -97,13 +98,15 @@ KDA_HD constexpr bool role_wraps(FoldRole r) {
 /// before the ring records) or FoldStagedSource (persistent CTAs: the state and
 /// rawk / g / rawv from a shared-memory stage filled during the previous item, the state copied
 /// to registers after the prologue). Both give the same values to the same arithmetic.
-template <int K, FoldRole kRole = FoldRole::kCommit>
+/// kGivenU: each step's u from its u record (a wrapping role with CommitParams::ring_u).
+template <int K, FoldRole kRole = FoldRole::kCommit, bool kGivenU = false>
 struct FoldItem {
   using Cfg = TileConfig<K, kFoldBlockV>;
   using Slice = typename Cfg::Slice;
   static constexpr int P = Cfg::P;
   static constexpr int CPT = Cfg::CPT;
   static_assert(Slice::kLaneStride == 1, "the fold's lanes: c = tid % P");
+  static_assert(!kGivenU || role_wraps(kRole), "u records are the deferred commit's");
 
   const CommitParams& p;
   int tile, n, layer, hv, h;
@@ -186,7 +189,6 @@ struct FoldItem {
       // each warp takes one row of each kind; at tc <= 4 half the warps take key rows, the
       // other half decay rows. Keep it barrier-free: a shared row pass plus a barrier before
       // the norms proved slower.
-      constexpr bool kGivenU = role_wraps(kRole);
       for (int job = warp; job < 2 * tc; job += Cfg::kWarps) {
         if (job < tc) {
           constexpr int E = K / 32;
@@ -303,11 +305,11 @@ struct FoldGlobalSource {
 
 /// grid (ceil(V/128), B, layers*HV): one CTA per item. With `with_conv` the CTAs of request n
 /// in a layer also share its conv commit (one launch for the whole commit).
-template <int K, FoldRole kRole = FoldRole::kCommit>
+template <int K, FoldRole kRole = FoldRole::kCommit, bool kGivenU = false>
 __global__ void __launch_bounds__(256, 2)
     fold_kernel(const __grid_constant__ CommitParams p, const __grid_constant__ FoldDivisors div,
                 bool with_conv) {
-  using Item = FoldItem<K, kRole>;
+  using Item = FoldItem<K, kRole, kGivenU>;
   __shared__ __align__(16) TileSmem<typename Item::Cfg> sm;
   pdl_enter();
   uint32_t layer, hv;
@@ -565,17 +567,24 @@ void launch_fold(const CommitParams& p, cudaStream_t stream, bool with_conv,
 template void launch_fold<64>(const CommitParams&, cudaStream_t, bool, const LaunchOverrides&);
 template void launch_fold<128>(const CommitParams&, cudaStream_t, bool, const LaunchOverrides&);
 
-/// fold_kernel<K, kRole> alone, one CTA per item (the roles off the hot path: records at any
-/// ring position).
+/// fold_kernel<K, kRole> alone, one CTA per item (the wrapping roles: records at any ring
+/// position), with u records where the call gives them.
 template <int K, FoldRole kRole>
 void launch_fold_per_item(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o) {
+  static_assert(role_wraps(kRole), "the eager folds launch through launch_fold_as");
   const int64_t tiles = ceil_div(p.V, kFoldBlockV);
   const FoldDivisors div{
       FastDivisor(static_cast<uint32_t>(tiles)), FastDivisor(static_cast<uint32_t>(p.B)),
       FastDivisor(static_cast<uint32_t>(p.HV)), FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
   const dim3 grid3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.B),
                    static_cast<unsigned>(p.num_layers * p.HV));
-  launch_pdl(fold_kernel<K, kRole>, grid3, dim3(kCopyThreads), 0, stream, o.pdl, p, div, false);
+  if (p.ring_u != nullptr) {
+    launch_pdl(fold_kernel<K, kRole, true>, grid3, dim3(kCopyThreads), 0, stream, o.pdl, p, div,
+               false);
+  } else {
+    launch_pdl(fold_kernel<K, kRole, false>, grid3, dim3(kCopyThreads), 0, stream, o.pdl, p, div,
+               false);
+  }
 }
 
 template <int K>
@@ -586,6 +595,16 @@ void launch_materialize(const CommitParams& p, cudaStream_t stream, const Launch
 }
 template void launch_materialize<64>(const CommitParams&, cudaStream_t, const LaunchOverrides&);
 template void launch_materialize<128>(const CommitParams&, cudaStream_t, const LaunchOverrides&);
+
+template <int K>
+void launch_verify_pending_fold(const VerifyParams& v, cudaStream_t stream,
+                                const LaunchOverrides& o) {
+  launch_fold_per_item<K, FoldRole::kMaterialize>(pending_fold_params(v), stream, o);
+}
+template void launch_verify_pending_fold<64>(const VerifyParams&, cudaStream_t,
+                                             const LaunchOverrides&);
+template void launch_verify_pending_fold<128>(const VerifyParams&, cudaStream_t,
+                                              const LaunchOverrides&);
 
 template <int K>
 void launch_fold_tracks_deferred(const CommitParams& p, cudaStream_t stream,

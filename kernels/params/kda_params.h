@@ -434,4 +434,43 @@ struct CommitParams {
 
 KDA_HD int32_t qkv_dim(const CommitParams& p) { return 2 * p.H * p.K + p.HV * p.V; }
 
+/// The pending fold of a u-free deferred verify call `v` (ring_pending given, ring_u null) as a
+/// one-layer fold of the kMaterialize kind: the batch's slots, the layer's records, cursors and
+/// pending counts, the folded state to v.ssm_fold_out. It reads the pending counts and never
+/// writes them (a verify's fold leaves them to the next commit, contract §7).
+inline CommitParams pending_fold_params(const VerifyParams& v) {
+  CommitParams c;
+  c.kind = CommitKind::kMaterialize;
+  c.num_layers = 1;
+  c.B = v.B;
+  c.T = v.T;
+  c.T_max = v.T_max;
+  c.H = v.H;
+  c.HV = v.HV;
+  c.K = v.K;
+  c.V = v.V;
+  c.L = v.L;
+  c.num_slots = v.num_slots;
+  c.num_rows = v.num_rows;
+  c.mode = RecordMode::kRing;
+  c.slots = v.slots;
+  c.rows = v.rows;
+  c.ssm_state = v.ssm_fold_out;
+  c.ssm_slot_stride = v.ssm_slot_stride;
+  c.ring_rawv = v.ring_rawv;
+  c.ring_rawv_slot_stride = v.ring_rawv_slot_stride;
+  c.ring_rawk = v.ring_rawk;
+  c.ring_rawk_slot_stride = v.ring_rawk_slot_stride;
+  c.ring_g = v.ring_g;
+  c.ring_g_slot_stride = v.ring_g_slot_stride;
+  c.ring_beta = v.ring_beta;
+  c.ring_beta_slot_stride = v.ring_beta_slot_stride;
+  // The fold kernels read cursors and pending counts through CommitParams' mutable pointers;
+  // this fold writes neither.
+  c.ring_cursor = const_cast<int32_t*>(v.ring_cursor);
+  c.ring_pending = const_cast<int32_t*>(v.ring_pending);
+  c.ring_pending_layer_stride = v.num_slots;
+  return c;
+}
+
 }  // namespace kda

@@ -148,9 +148,11 @@ void check_verify(const VerifyParams& p, const char* op, uint32_t needs) {
     check_present(p.ring_cursor, op, "ring_cursor", "[S] ring base per slot, with ring_pending");
     check_present(p.ssm_fold_out, op, "ssm_fold_out",
                   "[S, HV, V, K] f32 (the committed state), with ring_pending");
-    check_present(p.ring_u, op, "ring_u", "[S, HV, L, V] f32 u records, with ring_pending");
-    check_pitch(p.ring_u_slot_stride, p.HV * static_cast<int64_t>(p.L) * p.V, op,
-                "ring_u_slot_stride", "HV x L x V");
+    // ring_u null: the u-free deferred commit (every fold computes u from the raw records).
+    if (p.ring_u != nullptr) {
+      check_pitch(p.ring_u_slot_stride, p.HV * static_cast<int64_t>(p.L) * p.V, op,
+                  "ring_u_slot_stride", "HV x L x V");
+    }
   }
   if (p.parents != nullptr) {
     KDA_CHECK(p.token_offsets == nullptr,
@@ -238,12 +240,12 @@ void check_commit(const CommitParams& p, const char* op, uint32_t needs) {
     check_layer_pitch(p.num_layers, p.ring_pending_layer_stride, p.num_slots, 1, op,
                       "ring_pending_layer_stride");
   }
-  // The folds of deferred records (from the cursor) replay their u records; an eager fold
-  // computes u (its records have none).
+  // The folds of deferred records (from the cursor) replay their u records where the pool keeps
+  // them (ring_u null: the u-free deferred commit, every fold computes u); an eager fold computes
+  // u (its records have none).
   const bool folds_deferred = p.kind == CommitKind::kMaterialize ||
                               (p.kind == CommitKind::kDeferred && p.track_slots != nullptr);
-  if (folds_deferred) {
-    check_present(p.ring_u, op, "ring_u", "[layers, S, HV, L, V] f32 u records (deferred folds)");
+  if (folds_deferred && p.ring_u != nullptr) {
     check_pitch(p.ring_u_slot_stride, p.HV * static_cast<int64_t>(p.L) * p.V, op,
                 "ring_u_slot_stride", "HV x L x V");
     check_layer_pitch(p.num_layers, p.ring_u_layer_stride, p.num_slots, p.ring_u_slot_stride, op,

@@ -146,15 +146,18 @@ class Chunk {
   std::vector<R> ratio_, wk_;             // [K] workspace of step 2
 };
 
-// The domain of the chunked outputs (VerifyNumerics::kFast): ring-mode chains, no pending fold,
-// one chunk of tokens.
+// The domain of the chunked outputs (VerifyNumerics::kFast): ring-mode chains, one chunk of
+// tokens; with a deferred commit only its u-free form (the folds compute u from the raw records:
+// the chunked form has no exact per-step u to record).
 void check_fast_domain(const VerifyParams& p, const char* op) {
   KDA_CHECK(p.mode == RecordMode::kRing,
             "{}: mode=kSnapshot: fast outputs are ring mode only (contract §10)", op);
   KDA_CHECK(p.parents == nullptr,
             "{}: parents given (a tree batch): fast outputs verify chains (dense or ragged)", op);
-  KDA_CHECK(p.ring_pending == nullptr,
-            "{}: ring_pending given (a deferred fold): fast outputs take no pending steps", op);
+  KDA_CHECK(p.ring_u == nullptr,
+            "{}: ring_u given: fast outputs record no u (a deferred commit with fast outputs is "
+            "u-free, ring_u null)",
+            op);
   KDA_CHECK(p.T >= 1 && p.T <= kernels::kFastMaxTokens,
             "{}: T={} unsupported, expected 1..{} (one fast chunk)", op, p.T,
             kernels::kFastMaxTokens);
@@ -197,6 +200,10 @@ Fp64Verify verify_fp64_chunked(const VerifyParams& p) {
   detail::validate_verify(p, op, params::kConv | params::kRecurrence);
   KDA_CHECK(p.parents == nullptr,
             "{}: parents given (a tree batch): the chunked form verifies chains", op);
+  KDA_CHECK(p.ring_pending == nullptr,
+            "{}: ring_pending given: the oracle starts from the committed state (materialize "
+            "first)",
+            op);
   const int64_t D = qkv_dim(p);
   const int group = p.HV / p.H;
   Fp64Verify r;

@@ -109,6 +109,8 @@ struct FastItem : ItemPrologue<Traits> {
     const bool gate_owner = tile == 0;
     const bool write_window = pair_channel >= 0 && (is_qk ? qk_owner : true);
     const int cols = min(BV, p.V - v0);
+    // The records at the slot's ring cursor (a deferred call's; 0 without one).
+    const int cursor = ring_cursor(p, slot);
 
     // The pair's conv history first (raw bits): the conv waits for it, the state tile is needed
     // only after the prologue.
@@ -158,10 +160,10 @@ struct FastItem : ItemPrologue<Traits> {
       load_chunk(src, t0, tc, in);
       if (pair_channel >= 0) {
         const PairStores pair =
-            pair_stores(sm, slot, row, /*ring=*/true, /*cursor=*/0, qk_owner, write_window);
+            pair_stores(sm, slot, row, /*ring=*/true, cursor, qk_owner, write_window);
         convolve_chunk(src, pair, w0, w1, in.xs, t0, tc);
       }
-      gates_chunk(sm, in, slot, /*ring=*/true, /*cursor=*/0, gate_owner, t0, tc);
+      gates_chunk(sm, in, slot, /*ring=*/true, cursor, gate_owner, t0, tc);
       __syncthreads();
       for (int job = warp; job < 2 * tc; job += kWarps) {
         const int which = job & 1;

@@ -81,6 +81,11 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
   static constexpr bool kFused = FUSED;
   static constexpr bool kDraftShape = kShaped;
   static constexpr bool kDeferredCommit = kDeferred;  ///< a call with ring_pending (item_fold.cuh)
+  /// Ring records at the slot's cursor (step t at (c + t) mod L): the deferred commit's calls, and
+  /// every fast-output call (its cursor is 0 without one); the exact eager instantiations write
+  /// step t at position t and carry no cursor code.
+  static constexpr bool kCursorRecords =
+      kDeferred || Traits::kSchedule == VerifySchedule::kFastChunk;
   using Cfg = TileConfig<K, BV, kWide, kDeferred>;
   using Slice = typename Cfg::Slice;
   static constexpr int P = Cfg::P;
@@ -254,7 +259,7 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
     bf16_t* win_base;     ///< the pair's conv window after token 0 (three rows of D per token)
     bf16_t* ring_pair;    ///< ring record of this pair at position 0 (L-strided), or null
     int64_t ring_step;    ///< elements per ring position
-    int32_t ring_cursor;  ///< kDeferred: the slot's ring base c (step t at (c + t) mod L)
+    int32_t ring_cursor;  ///< kCursorRecords: the slot's ring base c (step t at (c + t) mod L)
     bool write_window;    ///< this CTA writes the pair's windows
   };
 
@@ -304,7 +309,7 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
       src.conv_taps(*this, taps0, taps1);
     }
     // Token t's record offsets from win_base / ring_pair advance by one step per token (no
-    // 64-bit multiply per token); with a ring cursor (kDeferred) its ring record is at position
+    // 64-bit multiply per token); with a ring cursor (kCursorRecords) its ring record is at position
     // (c + t) mod L instead, a 32-bit offset.
     constexpr bool kTokenLoop = FUSED && is_staged(Src::kSource);
     int64_t win_off = static_cast<int64_t>(t0) * 3 * D;
@@ -331,7 +336,7 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
       }
       *reinterpret_cast<float2*>(sm_dst + tt * sm_stride) = make_float2(y0, y1);
       if (ring_pair != nullptr && t < p.L) {
-        if constexpr (kDeferred) {
+        if constexpr (kCursorRecords) {
           st_bf16x2(ring_pair + ((ring_cursor + t) & (p.L - 1)) * static_cast<int32_t>(ring_step),
                     y0, y1);
         } else {
@@ -464,7 +469,7 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
           sm.decay[tt][gate_key] = decay[u];
           if (ring && gate_owner && t < p.L) {
             p.ring_g[slot * p.ring_g_slot_stride +
-                     (static_cast<int64_t>(hv) * p.L + (kDeferred ? (cursor + t) & (p.L - 1) : t)) *
+                     (static_cast<int64_t>(hv) * p.L + (kCursorRecords ? (cursor + t) & (p.L - 1) : t)) *
                          K +
                      gate_key] = g[u];
           }
@@ -477,7 +482,7 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
       sm.beta[tid] = beta;
       if (ring && gate_owner && t < p.L) {
         p.ring_beta[slot * p.ring_beta_slot_stride + static_cast<int64_t>(hv) * p.L +
-                    (kDeferred ? (cursor + t) & (p.L - 1) : t)] = beta;
+                    (kCursorRecords ? (cursor + t) & (p.L - 1) : t)] = beta;
       }
     }
   }

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "kernels/commit/commit.cuh"
 #include "kernels/common/device_caps.h"
 #include "kernels/common/dispatch.h"
 #include "kernels/conv_update/conv_update.cuh"
@@ -205,6 +206,7 @@ void check_plan(const VerifyParams& p, const VerifyPlan& plan, const char* who) 
       persistent_snapshot ? kNoFeatures : verify_features(p, (plan.features & kExtendTracks) != 0);
   KDA_CHECK(plan.K == p.K && plan.weight == (fused ? p.conv_weight_type : ConvWeightType::kF32) &&
                 plan.features == want && plan.items == ceil_div(p.V, plan.block_v) * p.HV * p.B &&
+                plan.pending_fold_first == (p.ring_pending != nullptr && p.ring_u == nullptr) &&
                 (fused || plan.block_v == kRecurrentBlockV),
             "{}: the plan ({}) is not this call's (K={}, HV={}, V={}, B={}): plan each call with "
             "plan_verify_on_device",
@@ -241,10 +243,21 @@ void invoke_verify(const VerifyParams& p, const VerifyPlan& plan, cudaStream_t s
     params::check_block_v(plan.block_v, who);
   }
   check_plan(p, plan, who);
-  if (!fused) {
-    enqueue_conv_update(p, stream, plan.pdl);
+  VerifyParams run = p;
+  if (plan.pending_fold_first) {
+    // The u-free deferred commit: the pending steps folded into the committed state first (their
+    // u computed as an eager fold computes it), then the planned kernel as without pending steps.
+    LaunchOverrides fold_o;
+    fold_o.pdl = plan.pdl;
+    KDA_DISPATCH_K(p.K, K, { launch_verify_pending_fold<K>(p, stream, fold_o); })
+    run.ring_pending = nullptr;
+    run.ssm_fold_out = nullptr;
+    run.fold_before_wait = 0;
   }
-  enqueue_plan(TileArgs{p, nullptr, 0, {}}, plan, stream);
+  if (!fused) {
+    enqueue_conv_update(run, stream, plan.pdl);
+  }
+  enqueue_plan(TileArgs{run, nullptr, 0, {}}, plan, stream);
 }
 
 void invoke_verify_unfused(const VerifyParams& p, cudaStream_t stream, const LaunchOverrides& o) {

@@ -39,7 +39,7 @@ VerifyFeatures verify_features(const VerifyParams& p, bool tracked_extend) {
 
 bool fast_outputs_plannable(const VerifyParams& p, VerifyPath path, int block_v) {
   return p.numerics == VerifyNumerics::kFast && path == VerifyPath::kFused &&
-         p.mode == RecordMode::kRing && p.parents == nullptr && p.ring_pending == nullptr &&
+         p.mode == RecordMode::kRing && p.parents == nullptr && p.ring_u == nullptr &&
          p.T >= 1 && p.T <= kFastMaxTokens && is_fast_block_v(block_v);
 }
 
@@ -68,6 +68,7 @@ VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v, cons
   plan.features = verify_features(p, extend && tracked_extend);
   plan.pdl = o.pdl;
   const int bv = plan.block_v;
+  plan.pending_fold_first = !extend && p.ring_pending != nullptr && p.ring_u == nullptr;
   plan.items = ceil_div(p.V, bv) * p.HV * p.B;
   plan.grid = plan.items;
   if (!extend && fast_outputs_plannable(p, path, block_v)) {
@@ -141,7 +142,8 @@ std::string VerifyPlan::kernel() const {
     features_text += " tracked";
   }
   const bool fused = path == VerifyPath::kFused;
-  return fmt::format("{}verify_{}<{} K={} BV={} {} {}{}{}>{}{}", fused ? "" : "conv_update + ",
+  return fmt::format("{}{}verify_{}<{} K={} BV={} {} {}{}{}>{}{}",
+                     pending_fold_first ? "pending fold + " : "", fused ? "" : "conv_update + ",
                      is_persistent(schedule) ? "persistent" : "tile",
                      weight == ConvWeightType::kF32 ? "f32" : "bf16", K, block_v,
                      fused ? "fused" : "unfused", verify_schedule_name(schedule), features_text,
@@ -153,7 +155,8 @@ std::string VerifyPlan::kernel() const {
 bool VerifyPlan::operator==(const VerifyPlan& o) const {
   return path == o.path && extend == o.extend && weight == o.weight && K == o.K &&
          block_v == o.block_v && schedule == o.schedule && features == o.features &&
-         numerics == o.numerics && entry_trigger == o.entry_trigger && pdl == o.pdl &&
+         numerics == o.numerics && pending_fold_first == o.pending_fold_first &&
+         entry_trigger == o.entry_trigger && pdl == o.pdl &&
          items == o.items && grid == o.grid && host_reference == o.host_reference;
 }
 

@@ -34,6 +34,12 @@ struct VerifyPlan {
   VerifyFeatures features = kNoFeatures;
   /// The numerics that run (contract §10): kFast only with schedule kFastChunk.
   VerifyNumerics numerics = VerifyNumerics::kExact;
+  /// A u-free deferred call (ring_pending given, ring_u null: no u records to replay in the
+  /// kernel): the fold kernel folds the pending steps into the committed state first (§3's eager
+  /// arithmetic, computing u), then the planned kernel runs as a call without pending steps
+  /// (its kDeferredFold instantiation still writes the records at the slot's cursor). The launcher
+  /// strips ring_pending and ssm_fold_out.
+  bool pending_fold_first = false;
   /// A deferred one-CTA-per-SM verify that lets its dependents launch at its entry
   /// (deferred_triggers_at_entry).
   bool entry_trigger = false;
@@ -53,14 +59,17 @@ struct VerifyPlan {
 
 const char* verify_schedule_name(VerifySchedule s) noexcept;
 
-/// The call's feature set: kDeferredFold with ring_pending, kRaggedRows with token_offsets or
+/// The call's feature set: kDeferredFold with ring_pending (records at the slot's cursor; the
+/// pending steps folded in the kernel from u records, or first by the fold kernel without them,
+/// VerifyPlan::pending_fold_first), kRaggedRows with token_offsets or
 /// parents; a tracked extend (ExtendParams::track_steps) runs its own instantiations, which fold
 /// nothing and take dense rows: kExtendTracks alone.
 VerifyFeatures verify_features(const VerifyParams& p, bool tracked_extend = false);
 
 /// Whether a verify call on `path` with tile `block_v` can take the fast outputs (contract §10:
 /// VerifySchedule::kFastChunk): p.numerics == kFast, the fused path, ring mode, a dense or ragged
-/// chain (no parents), no pending fold, T <= 16 and a fast tile (tile_policy.h kFastBlockVs).
+/// chain (no parents), no u records (a deferred call's are exact per-step u, which the chunked form
+/// does not compute: its pending steps are folded first), T <= 16 and a fast tile (tile_policy.h kFastBlockVs).
 bool fast_outputs_plannable(const VerifyParams& p, VerifyPath path, int block_v);
 
 /// Whether a verify call's layout lets its BV = 128 tile run persistent: T within one token chunk,

@@ -32,16 +32,18 @@ enum class VerifySchedule : uint8_t {
   /// The same in snapshot mode.
   kPersistentSnapshot,
   /// verify_fast_kernel (verify/fast_item.cuh), contract §10: one CTA per item, two per SM; the
-  /// exact prologue (records, windows), then the outputs from the chunked form with the state
-  /// contractions on tensor cores. Ring-mode chains (dense or ragged), fused, no pending fold.
+  /// exact prologue (records, windows, at the slot's ring cursor), then the outputs from the
+  /// chunked form with the state contractions on tensor cores. Ring-mode chains (dense or
+  /// ragged), fused; a deferred call's pending steps folded first (VerifyPlan::pending_fold_first).
   kFastChunk,
 };
 
 /// What an instantiation carries besides the dense verify: a set of independent features.
 enum VerifyFeature : uint32_t {
   kNoFeatures = 0,
-  /// A ring-mode call with the deferred commit's pending steps (VerifyParams::ring_pending):
-  /// folds them first (item_fold.cuh).
+  /// A ring-mode call of the deferred commit (VerifyParams::ring_pending): records at the slot's
+  /// ring cursor, its pending steps folded first (item_fold.cuh from u records; without u records
+  /// ring_pending reaches the kernel null: the fold kernel ran first, VerifyPlan::pending_fold_first).
   kDeferredFold = 1u << 0,
   /// Ragged or tree rows (VerifyParams::token_offsets / parents, contract §8).
   kRaggedRows = 1u << 1,

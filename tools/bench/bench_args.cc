@@ -167,13 +167,18 @@ std::string fast_skip_reason(const BenchArgs& args, Variant v, int T, int bv, bo
   p.mode = RecordMode::kRing;
   p.numerics = VerifyNumerics::kFast;
   p.T = T;
-  int32_t pending = 0;  // only its presence matters: the predicate reads no memory
+  // Only their presence matters: the predicate reads no memory. The bench's deferred problems
+  // keep u records (the deferred commit's exact form).
+  int32_t pending = 0;
+  float u_record = 0.0f;
   p.ring_pending = deferred ? &pending : nullptr;
+  p.ring_u = deferred ? &u_record : nullptr;
   if (kernels::fast_outputs_plannable(p, VerifyPath::kFused, bv)) {
     return "";
   }
   if (deferred) {
-    return "a deferred verify folds its pending steps first: its plan runs exact";
+    return "a deferred verify replays u records in its fold and records exact u: its plan runs "
+           "exact";
   }
   if (T > kernels::kFastMaxTokens) {
     return fmt::format("T={} exceeds the fast chunk ({} tokens)", T, kernels::kFastMaxTokens);
