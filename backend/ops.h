@@ -20,10 +20,11 @@
 // The record mode is what the state holds: the four rings (ring mode) or snapshots (snapshot
 // mode); the deferred commit (contract §7) is on when ring_pending is given (then ring_cursor
 // too; with ring_u the folds replay its u records, without it the commit is u-free: every fold
-// computes u, and the verify's outputs may be fast, contract §10). State tensors obey pool_storage.h's rules (padded slot / row / layer pitches,
-// 16-byte aligned f32 state, no overlap) with S' = S, R' = R: verify takes one layer's views
-// (no [layers] dim; ring_pending [S]), commit and materialize all layers' ([layers, ...];
-// ring_cursor [S] has no layer dim). Index tensors: int32, contiguous, on the state's device.
+// computes u, and the verify's outputs may be fast, contract §10). State tensors obey
+// pool_storage.h's rules (padded slot / row / layer pitches, 16-byte aligned f32 state, no overlap)
+// with S' = S, R' = R: verify takes one layer's views (no [layers] dim; ring_pending [S]), commit
+// and materialize all layers' ([layers, ...]; ring_cursor [S] has no layer dim). Index tensors:
+// int32, contiguous, on the state's device.
 //
 // Streams: every op enqueues on `stream` (host kernel set: runs synchronously); no allocation,
 // no host synchronisation, graph-capturable on CUDA. Thread safety: as the kernel set's (one
@@ -74,8 +75,9 @@ struct VerifyArgs {
   TensorView out;        ///< [N, HV, V] bf16, contiguous
   LayerWeights weights;  ///< A_log, dt_bias, conv_weight (f32 or bf16), conv_bias (or none)
   /// One layer: conv_state, ssm_state, conv_window, the snapshots or the four rings; deferred:
-  /// ring_cursor, ring_pending [S] (this layer's), ring_u (u-free: none); qkv_act [>= N, D] bf16 contiguous when
-  /// the unfused path runs (a tree, fused off, ring mode above the fused batch limit).
+  /// ring_cursor, ring_pending [S] (this layer's), ring_u (u-free: none); qkv_act [>= N, D] bf16
+  /// contiguous when the unfused path runs (a tree, fused off, ring mode above the fused batch
+  /// limit).
   StateTensors state;
   BatchTensors batch;  ///< N = B*T rows, or (ragged) query_start_loc[B] <= B*T
   VerifyOptions options;
@@ -88,8 +90,8 @@ DispatchDecision verify(KernelSet& kernels, const VerifyArgs& args, cudaStream_t
 
 struct CommitArgs {
   /// All layers: conv_state, ssm_state, conv_window, the snapshots or the four rings; deferred:
-  /// ring_cursor [S], ring_pending [layers, S], ring_u or none (then the commit only records the accepted
-  /// counts and commits the conv state, contract §7).
+  /// ring_cursor [S], ring_pending [layers, S], ring_u or none (then the commit only records the
+  /// accepted counts and commits the conv state, contract §7).
   StateTensors state;
   BatchTensors batch;           ///< the verified batch (rows required)
   TensorView accepted_lengths;  ///< [B] int32: n in [1, T] (ragged: [1, T_n])

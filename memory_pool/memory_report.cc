@@ -51,8 +51,8 @@ PoolMemoryReport compute_memory_report(const PoolConfig& c) {
   r.ssm_state_per_slot = checked_product({layers, HV, V, K, kF32});
   // Ring record per slot and layer: rawv [HV, L, V] bf16, rawk [H, L, K] bf16 (one per k-head),
   // g [HV, L, K] f32, beta [HV, L] f32: about 1 KiB per head-step at K = V = 128; with the
-  // deferred commit's u records also u [HV, L, V] f32 (0.5 KiB more). Plus the slot's ring cursor (i32) and
-  // its pending count per layer (i32).
+  // deferred commit's u records also u [HV, L, V] f32 (0.5 KiB more). Plus the slot's ring cursor
+  // (i32) and its pending count per layer (i32).
   r.ring_per_slot = checked_sum(
       {checked_product({layers, HV, L, V, kBf16}), checked_product({layers, H, L, K, kBf16}),
        checked_product({layers, HV, L, K, kF32}), checked_product({layers, HV, L, kF32}),

@@ -175,8 +175,8 @@ void warm_up_round(Harness& h, const std::vector<int32_t>& slots, uint64_t seed)
 
 TEST_CASE("backend prefix: a copied slot run forward equals its source run forward",
           "[backend][prefix]") {
-  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
-                             Mode::kRingDeferredUFree);
+  const Mode mode =
+      GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred, Mode::kRingDeferredUFree);
   CAPTURE(mode_name(mode));
   Harness h = make_harness(mode);
   // Slot 0 (the source) and slot 3 (the destination) both have pending steps when deferred.
@@ -327,8 +327,8 @@ TEST_CASE("backend prefix: the tracked persistent fold equals the per-item fold"
 
 TEST_CASE("backend prefix: invalid commit tracks raise the device error flag, write nothing",
           "[backend][prefix]") {
-  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
-                             Mode::kRingDeferredUFree);
+  const Mode mode =
+      GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred, Mode::kRingDeferredUFree);
   CAPTURE(mode_name(mode));
   struct Case {
     const char* what;
@@ -364,8 +364,8 @@ TEST_CASE("backend prefix: a commit track into a slot that is not allocated writ
   // The allocation table the tracks see is the host's when commit() is called: a slot released
   // before the round or during it is refused (flagged, nothing written, its pending counts kept),
   // one allocated during the round is tracked.
-  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
-                             Mode::kRingDeferredUFree);
+  const Mode mode =
+      GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred, Mode::kRingDeferredUFree);
   enum class When { kBeforeRound, kDuringRound, kReallocatedDuringRound };
   const When when = GENERATE(When::kBeforeRound, When::kDuringRound, When::kReallocatedDuringRound);
   CAPTURE(mode_name(mode), static_cast<int>(when));
@@ -447,8 +447,8 @@ TEST_CASE("backend prefix: commit track views are validated", "[backend][prefix]
 TEST_CASE("backend prefix: an extend track equals an independent extend of k + 1 tokens",
           "[backend][prefix]") {
   constexpr int kPrompt = 6;  // > T_max: extend needs no scratch
-  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
-                             Mode::kRingDeferredUFree);
+  const Mode mode =
+      GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred, Mode::kRingDeferredUFree);
   CAPTURE(mode_name(mode));
   Harness h = make_harness(mode), ref = make_harness(mode);
   warm_up_round(h, {0, 1, 3}, 7);  // deferred: the requests and a track slot have pending steps

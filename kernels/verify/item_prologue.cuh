@@ -309,8 +309,8 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
       src.conv_taps(*this, taps0, taps1);
     }
     // Token t's record offsets from win_base / ring_pair advance by one step per token (no
-    // 64-bit multiply per token); with a ring cursor (kCursorRecords) its ring record is at position
-    // (c + t) mod L instead, a 32-bit offset.
+    // 64-bit multiply per token); with a ring cursor (kCursorRecords) its ring record is at
+    // position (c + t) mod L instead, a 32-bit offset.
     constexpr bool kTokenLoop = FUSED && is_staged(Src::kSource);
     int64_t win_off = static_cast<int64_t>(t0) * 3 * D;
     int64_t ring_off = t0 * ring_step;
@@ -469,7 +469,8 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
           sm.decay[tt][gate_key] = decay[u];
           if (ring && gate_owner && t < p.L) {
             p.ring_g[slot * p.ring_g_slot_stride +
-                     (static_cast<int64_t>(hv) * p.L + (kCursorRecords ? (cursor + t) & (p.L - 1) : t)) *
+                     (static_cast<int64_t>(hv) * p.L +
+                      (kCursorRecords ? (cursor + t) & (p.L - 1) : t)) *
                          K +
                      gate_key] = g[u];
           }

@@ -39,8 +39,8 @@ VerifyFeatures verify_features(const VerifyParams& p, bool tracked_extend) {
 
 bool fast_outputs_plannable(const VerifyParams& p, VerifyPath path, int block_v) {
   return p.numerics == VerifyNumerics::kFast && path == VerifyPath::kFused &&
-         p.mode == RecordMode::kRing && p.parents == nullptr && p.ring_u == nullptr &&
-         p.T >= 1 && p.T <= kFastMaxTokens && is_fast_block_v(block_v);
+         p.mode == RecordMode::kRing && p.parents == nullptr && p.ring_u == nullptr && p.T >= 1 &&
+         p.T <= kFastMaxTokens && is_fast_block_v(block_v);
 }
 
 bool persistent_layout_ok(const VerifyParams& p, VerifyPath path) {
@@ -142,22 +142,21 @@ std::string VerifyPlan::kernel() const {
     features_text += " tracked";
   }
   const bool fused = path == VerifyPath::kFused;
-  return fmt::format("{}{}verify_{}<{} K={} BV={} {} {}{}{}>{}{}",
-                     pending_fold_first ? "pending fold + " : "", fused ? "" : "conv_update + ",
-                     is_persistent(schedule) ? "persistent" : "tile",
-                     weight == ConvWeightType::kF32 ? "f32" : "bf16", K, block_v,
-                     fused ? "fused" : "unfused", verify_schedule_name(schedule), features_text,
-                     extend ? " extend" : "",
-                     is_persistent(schedule) ? fmt::format(" x{} CTAs", grid) : std::string(),
-                     entry_trigger ? " (entry trigger)" : "");
+  return fmt::format(
+      "{}{}verify_{}<{} K={} BV={} {} {}{}{}>{}{}", pending_fold_first ? "pending fold + " : "",
+      fused ? "" : "conv_update + ", is_persistent(schedule) ? "persistent" : "tile",
+      weight == ConvWeightType::kF32 ? "f32" : "bf16", K, block_v, fused ? "fused" : "unfused",
+      verify_schedule_name(schedule), features_text, extend ? " extend" : "",
+      is_persistent(schedule) ? fmt::format(" x{} CTAs", grid) : std::string(),
+      entry_trigger ? " (entry trigger)" : "");
 }
 
 bool VerifyPlan::operator==(const VerifyPlan& o) const {
   return path == o.path && extend == o.extend && weight == o.weight && K == o.K &&
          block_v == o.block_v && schedule == o.schedule && features == o.features &&
          numerics == o.numerics && pending_fold_first == o.pending_fold_first &&
-         entry_trigger == o.entry_trigger && pdl == o.pdl &&
-         items == o.items && grid == o.grid && host_reference == o.host_reference;
+         entry_trigger == o.entry_trigger && pdl == o.pdl && items == o.items && grid == o.grid &&
+         host_reference == o.host_reference;
 }
 
 }  // namespace kda::kernels

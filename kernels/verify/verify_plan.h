@@ -69,7 +69,8 @@ VerifyFeatures verify_features(const VerifyParams& p, bool tracked_extend = fals
 /// Whether a verify call on `path` with tile `block_v` can take the fast outputs (contract §10:
 /// VerifySchedule::kFastChunk): p.numerics == kFast, the fused path, ring mode, a dense or ragged
 /// chain (no parents), no u records (a deferred call's are exact per-step u, which the chunked form
-/// does not compute: its pending steps are folded first), T <= 16 and a fast tile (tile_policy.h kFastBlockVs).
+/// does not compute: its pending steps are folded first), T <= 16 and a fast tile (tile_policy.h
+/// kFastBlockVs).
 bool fast_outputs_plannable(const VerifyParams& p, VerifyPath path, int block_v);
 
 /// Whether a verify call's layout lets its BV = 128 tile run persistent: T within one token chunk,

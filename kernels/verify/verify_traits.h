@@ -43,7 +43,8 @@ enum VerifyFeature : uint32_t {
   kNoFeatures = 0,
   /// A ring-mode call of the deferred commit (VerifyParams::ring_pending): records at the slot's
   /// ring cursor, its pending steps folded first (item_fold.cuh from u records; without u records
-  /// ring_pending reaches the kernel null: the fold kernel ran first, VerifyPlan::pending_fold_first).
+  /// ring_pending reaches the kernel null: the fold kernel ran first,
+  /// VerifyPlan::pending_fold_first).
   kDeferredFold = 1u << 0,
   /// Ragged or tree rows (VerifyParams::token_offsets / parents, contract §8).
   kRaggedRows = 1u << 1,
