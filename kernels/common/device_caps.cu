@@ -48,7 +48,8 @@ DeviceCaps device_caps() {
 
 int device_sm_count() { return device_caps().sms; }
 
-int persistent_ctas_per_sm(const void* kernel, int threads, size_t smem_bytes) {
+int persistent_ctas_per_sm(const void* kernel, int threads, size_t smem_bytes,
+                           bool max_shared_carveout) {
   const int device = current_device();
   std::lock_guard<std::mutex> lock(g_mu);
   const auto key = std::make_pair(kernel, device);
@@ -56,6 +57,10 @@ int persistent_ctas_per_sm(const void* kernel, int threads, size_t smem_bytes) {
   if (k == g_kernels.end()) {
     KDA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem_bytes)));
+    if (max_shared_carveout) {
+      KDA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
+    }
     int ctas = 0;
     KDA_CUDA_CHECK(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, smem_bytes));

@@ -18,8 +18,10 @@ void launch_verify_fast(const TileArgs& call, const VerifyPlan& plan, cudaStream
   const dim3 grid(static_cast<unsigned>(ceil_div(p.V, BV)), static_cast<unsigned>(p.HV),
                   static_cast<unsigned>(p.B));
   auto launch = [&](auto* kernel) {
-    // Raises the kernel's dynamic shared-memory limit to its largest call (cached per device).
-    persistent_ctas_per_sm(reinterpret_cast<const void*>(kernel), 256, Smem::bytes(kFastMaxTokens));
+    // Raises the kernel's dynamic shared-memory limit to its largest call and asks for the
+    // largest carveout, so two CTAs of a call reside per SM (__launch_bounds__; cached per device).
+    persistent_ctas_per_sm(reinterpret_cast<const void*>(kernel), 256, Smem::bytes(kFastMaxTokens),
+                           /*max_shared_carveout=*/true);
     launch_pdl(kernel, grid, dim3(256), Smem::bytes(p.T), stream, plan.pdl, args);
   };
   if ((plan.features & kRaggedRows) != 0) {
