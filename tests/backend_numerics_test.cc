@@ -59,6 +59,54 @@ void check_round(const Harness& h, NumericsReason want) {
   }
 }
 
+// Layer 0's ring state of the harness's pool as kda::ops takes it (an engine's own views);
+// `deferred`: with ring_cursor and ring_pending, and ring_u where the pool keeps it.
+ops::StateTensors layer0_state(const Harness& h, bool deferred) {
+  const KdaStatePool& pool = h.pool();
+  ops::StateTensors state;
+  state.conv_state = pool.conv_state(0);
+  state.ssm_state = pool.ssm_state(0);
+  state.conv_window = pool.conv_window(0);
+  state.ring_rawv = pool.ring_rawv(0);
+  state.ring_rawk = pool.ring_rawk(0);
+  state.ring_g = pool.ring_g(0);
+  state.ring_beta = pool.ring_beta(0);
+  state.qkv_act = pool.qkv_act();
+  if (deferred) {
+    state.ring_cursor = pool.ring_cursor();
+    state.ring_pending = pool.ring_pending(0);
+    if (pool.ring_u_all().defined()) {
+      state.ring_u = pool.ring_u(0);
+    }
+  }
+  return state;
+}
+
+// ops::verify of one request on slot `slot` (scratch row 0) over layer 0 of the harness's pool,
+// with the backend's flags and platform, numerics `numerics`.
+DispatchDecision ops_verify(const Harness& h, const ops::StateTensors& state, int32_t slot,
+                            NumericsRequest numerics, uint64_t seed) {
+  const Buffer slots = device_i32({slot});
+  const Buffer rows = device_i32({0});
+  Activations x = make_activations(h.model, {slot}, kT, seed);
+  ops::VerifyArgs a;
+  a.mixed_qkv = x.in.mixed_qkv;
+  a.a = x.in.a;
+  a.b = x.in.b;
+  a.out = x.out_view;
+  a.weights = h.weights[0].views;
+  a.state = state;
+  a.batch.T = kT;
+  a.batch.slots = slots.view(DType::kI32, {1});
+  a.batch.rows = rows.view(DType::kI32, {1});
+  a.options.gate = h.model.gate;
+  a.options.dispatch = h.backend->flags().dispatch_flags();
+  a.options.dispatch.numerics = numerics;
+  a.options.platform = h.backend->platform();
+  const std::unique_ptr<KernelSet> kernels = make_kernel_set(kTestDevice);
+  return ops::verify(*kernels, a, nullptr);
+}
+
 }  // namespace
 
 TEST_CASE("backend numerics: fast in ring mode with the eager commit plans the fast outputs",
@@ -203,34 +251,8 @@ TEST_CASE("backend numerics: kda::ops takes the numerics from its DispatchFlags"
   verify_all(h, batch, 60);
   const DispatchDecision backend_decision = decisions(h)[0];
 
-  const KdaStatePool& pool = h.pool();
-  ops::StateTensors state;
-  state.conv_state = pool.conv_state(0);
-  state.ssm_state = pool.ssm_state(0);
-  state.conv_window = pool.conv_window(0);
-  state.ring_rawv = pool.ring_rawv(0);
-  state.ring_rawk = pool.ring_rawk(0);
-  state.ring_g = pool.ring_g(0);
-  state.ring_beta = pool.ring_beta(0);
-  state.qkv_act = pool.qkv_act();
-  const Buffer slots = device_i32(batch.slots);
-  const Buffer rows = device_i32({0});
-  Activations x = make_activations(h.model, batch.slots, kT, 61);
-  ops::VerifyArgs a;
-  a.mixed_qkv = x.in.mixed_qkv;
-  a.a = x.in.a;
-  a.b = x.in.b;
-  a.out = x.out_view;
-  a.weights = h.weights[0].views;
-  a.state = state;
-  a.batch.T = kT;
-  a.batch.slots = slots.view(DType::kI32, {1});
-  a.batch.rows = rows.view(DType::kI32, {1});
-  a.options.gate = h.model.gate;
-  a.options.dispatch = h.backend->flags().dispatch_flags();
-  a.options.platform = h.backend->platform();
-  const std::unique_ptr<KernelSet> kernels = make_kernel_set(kTestDevice);
-  const DispatchDecision d = ops::verify(*kernels, a, nullptr);
+  const DispatchDecision d =
+      ops_verify(h, layer0_state(h, /*deferred=*/false), batch.slots[0], request, 61);
   CAPTURE(d.describe());
   CHECK(d.numerics == backend_decision.numerics);
   CHECK(d.numerics_reason == backend_decision.numerics_reason);
@@ -246,43 +268,13 @@ TEST_CASE("backend numerics: kda::ops with a deferred state's u records runs exa
   // decision says why. Without ring_u (u-free) the same call is fast, its pending fold first.
   Harness h(kGqaCase, numerics_flags(true, true, NumericsRequest::kExact), fake_platform(9, 0));
   REQUIRE(h.pool().ring_u_all().defined());
-  const KdaStatePool& pool = h.pool();
   const bool with_u = GENERATE(true, false);
   CAPTURE(with_u);
-  ops::StateTensors state;
-  state.conv_state = pool.conv_state(0);
-  state.ssm_state = pool.ssm_state(0);
-  state.conv_window = pool.conv_window(0);
-  state.ring_rawv = pool.ring_rawv(0);
-  state.ring_rawk = pool.ring_rawk(0);
-  state.ring_g = pool.ring_g(0);
-  state.ring_beta = pool.ring_beta(0);
-  state.ring_cursor = pool.ring_cursor();
-  state.ring_pending = pool.ring_pending(0);
-  if (with_u) {
-    state.ring_u = pool.ring_u(0);
+  ops::StateTensors state = layer0_state(h, /*deferred=*/true);
+  if (!with_u) {
+    state.ring_u = TensorView();
   }
-  state.qkv_act = pool.qkv_act();
-  const BatchSpec batch{kT, {2}};
-  const Buffer slots = device_i32(batch.slots);
-  const Buffer rows = device_i32({0});
-  Activations x = make_activations(h.model, batch.slots, kT, 62);
-  ops::VerifyArgs a;
-  a.mixed_qkv = x.in.mixed_qkv;
-  a.a = x.in.a;
-  a.b = x.in.b;
-  a.out = x.out_view;
-  a.weights = h.weights[0].views;
-  a.state = state;
-  a.batch.T = kT;
-  a.batch.slots = slots.view(DType::kI32, {1});
-  a.batch.rows = rows.view(DType::kI32, {1});
-  a.options.gate = h.model.gate;
-  a.options.dispatch = h.backend->flags().dispatch_flags();
-  a.options.dispatch.numerics = NumericsRequest::kFast;
-  a.options.platform = h.backend->platform();
-  const std::unique_ptr<KernelSet> kernels = make_kernel_set(kTestDevice);
-  const DispatchDecision d = ops::verify(*kernels, a, nullptr);
+  const DispatchDecision d = ops_verify(h, state, 2, NumericsRequest::kFast, 62);
   CAPTURE(d.describe());
   CHECK(d.fused());
   CHECK((d.plan.features & kernels::kDeferredFold) != 0);

@@ -434,13 +434,11 @@ struct CommitParams {
 
 KDA_HD int32_t qkv_dim(const CommitParams& p) { return 2 * p.H * p.K + p.HV * p.V; }
 
-/// The pending fold of a u-free deferred verify call `v` (ring_pending given, ring_u null) as a
-/// one-layer fold of the kMaterialize kind: the batch's slots, the layer's records, cursors and
-/// pending counts, the folded state to v.ssm_fold_out. It reads the pending counts and never
-/// writes them (a verify's fold leaves them to the next commit, contract §7).
-inline CommitParams pending_fold_params(const VerifyParams& v) {
+/// A one-layer commit over what verify call `v` recorded: its sizes, batch (slots, rows, draft
+/// shape), windows, snapshots and rings (layer strides 0). The caller sets the kind, the state,
+/// the accepted lengths and what else its commit reads.
+inline CommitParams one_layer_commit_params(const VerifyParams& v) {
   CommitParams c;
-  c.kind = CommitKind::kMaterialize;
   c.num_layers = 1;
   c.B = v.B;
   c.T = v.T;
@@ -452,11 +450,15 @@ inline CommitParams pending_fold_params(const VerifyParams& v) {
   c.L = v.L;
   c.num_slots = v.num_slots;
   c.num_rows = v.num_rows;
-  c.mode = RecordMode::kRing;
+  c.mode = v.mode;
   c.slots = v.slots;
   c.rows = v.rows;
-  c.ssm_state = v.ssm_fold_out;
   c.ssm_slot_stride = v.ssm_slot_stride;
+  c.conv_state_slot_stride = v.conv_state_slot_stride;
+  c.conv_window = v.conv_window;
+  c.conv_window_row_stride = v.conv_window_row_stride;
+  c.snapshots = v.snapshots;
+  c.snapshot_row_stride = v.snapshot_row_stride;
   c.ring_rawv = v.ring_rawv;
   c.ring_rawv_slot_stride = v.ring_rawv_slot_stride;
   c.ring_rawk = v.ring_rawk;
@@ -465,6 +467,19 @@ inline CommitParams pending_fold_params(const VerifyParams& v) {
   c.ring_g_slot_stride = v.ring_g_slot_stride;
   c.ring_beta = v.ring_beta;
   c.ring_beta_slot_stride = v.ring_beta_slot_stride;
+  c.token_offsets = v.token_offsets;
+  c.parents = v.parents;
+  return c;
+}
+
+/// The pending fold of a u-free deferred verify call `v` (ring_pending given, ring_u null) as a
+/// one-layer fold of the kMaterialize kind: the batch's slots, the layer's records, cursors and
+/// pending counts, the folded state to v.ssm_fold_out. It reads the pending counts and never
+/// writes them (a verify's fold leaves them to the next commit, contract §7).
+inline CommitParams pending_fold_params(const VerifyParams& v) {
+  CommitParams c = one_layer_commit_params(v);
+  c.kind = CommitKind::kMaterialize;
+  c.ssm_state = v.ssm_fold_out;
   // The fold kernels read cursors and pending counts through CommitParams' mutable pointers;
   // this fold writes neither.
   c.ring_cursor = const_cast<int32_t*>(v.ring_cursor);

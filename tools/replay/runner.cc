@@ -325,43 +325,12 @@ void run_verify(KernelSet& kernels, const VerifyParams& v, const Device& dev, in
 }
 
 // The commit of one layer over the buffers `v` verified into (the capture has accepted lengths).
-CommitParams make_commit_params(const ReplayProblem& p, const VerifyParams& v,
-                                const DeviceTensors& t) {
-  CommitParams c;
-  c.num_layers = 1;
-  c.B = p.B;
-  c.T = p.T;
-  c.T_max = p.T_max;
-  c.H = p.H;
-  c.HV = p.HV;
-  c.K = p.K;
-  c.V = p.V;
-  c.L = p.L;
-  c.num_slots = p.S;
-  c.num_rows = p.R;
-  c.mode = p.mode;
-  c.slots = v.slots;
-  c.rows = v.rows;
+CommitParams make_commit_params(const VerifyParams& v, const DeviceTensors& t) {
+  CommitParams c = one_layer_commit_params(v);
   c.accepted = static_cast<const int32_t*>(t.accepted.data());
   c.ssm_state = static_cast<float*>(t.ssm_state.data());
-  c.ssm_slot_stride = v.ssm_slot_stride;
   c.conv_state = static_cast<bf16_t*>(t.conv_state.data());
-  c.conv_state_slot_stride = v.conv_state_slot_stride;
-  c.conv_window = v.conv_window;
-  c.conv_window_row_stride = v.conv_window_row_stride;
-  c.snapshots = v.snapshots;
-  c.snapshot_row_stride = v.snapshot_row_stride;
-  c.ring_rawv = v.ring_rawv;
-  c.ring_rawv_slot_stride = v.ring_rawv_slot_stride;
-  c.ring_rawk = v.ring_rawk;
-  c.ring_rawk_slot_stride = v.ring_rawk_slot_stride;
-  c.ring_g = v.ring_g;
-  c.ring_g_slot_stride = v.ring_g_slot_stride;
-  c.ring_beta = v.ring_beta;
-  c.ring_beta_slot_stride = v.ring_beta_slot_stride;
   c.error_flag = static_cast<int32_t*>(t.error_flag.data());
-  c.token_offsets = v.token_offsets;
-  c.parents = v.parents;
   c.accepted_paths = static_cast<const int32_t*>(t.accepted_paths.data());
   if (v.token_offsets != nullptr || v.parents != nullptr) {
     c.checked_accepted = static_cast<int32_t*>(t.checked_accepted.data());
@@ -430,7 +399,7 @@ RunResult run_replay(const ReplayProblem& p, const RunOptions& options) {
   run_verify(*kernels, v, dev, options.repeat, r);
 
   if (p.accepted) {  // commit (one layer), if the capture has accepted lengths
-    const CommitParams c = make_commit_params(p, v, t);
+    const CommitParams c = make_commit_params(v, t);
     start = Clock::now();
     kernels->commit(c, nullptr);
     sync(dev);
