@@ -93,6 +93,7 @@ CommitParams commit_params(const Dims& dims, const StateTensors& state, const Co
     c.ring_u = static_cast<const float*>(u.data());
     c.ring_u_layer_stride = u.defined() ? u.stride(0) : 0;
     c.ring_u_slot_stride = u.defined() ? u.stride(1) : 0;
+    c.u_free = dims.u_records ? 0 : 1;
   }
   c.error_flag = call.error_flag;
   c.checked_accepted = call.checked_accepted;
@@ -163,10 +164,9 @@ VerifyParams verify_params(const Dims& dims, const StateTensors& state, const Ve
     p.ring_cursor = static_cast<const int32_t*>(state.ring_cursor.data());
     p.ring_pending = static_cast<const int32_t*>(state.ring_pending.data());
     p.ssm_fold_out = static_cast<float*>(state.ssm_state.data());
-    if (dims.u_records) {
-      p.ring_u = static_cast<float*>(state.ring_u.data());
-      p.ring_u_slot_stride = state.ring_u.stride(0);
-    }
+    p.ring_u = static_cast<float*>(state.ring_u.data());
+    p.ring_u_slot_stride = state.ring_u.stride(0);
+    p.u_free = dims.u_records ? 0 : 1;
     p.fold_before_wait = call.fold_before_wait;
   }
   return p;
@@ -328,12 +328,12 @@ Dims read_dims(const char* op, const StateTensors& state, bool stacked) {
     KDA_CHECK(d.mode == RecordMode::kRing,
               "{}: given in snapshot mode (the deferred commit is ring mode only)",
               arg(op, "state.ring_pending"));
-    KDA_CHECK(state.ring_cursor.defined(),
-              "{}: missing: the deferred commit (state.ring_pending given) needs ring_cursor too",
-              arg(op, "state.ring_cursor"));
+    KDA_CHECK(state.ring_cursor.defined() && state.ring_u.defined(),
+              "{}: missing: the deferred commit (state.ring_pending given) needs ring_cursor and "
+              "ring_u too",
+              arg(op, state.ring_cursor.defined() ? "state.ring_u" : "state.ring_cursor"));
     d.deferred = true;
-    // Without ring_u: the u-free deferred commit (every fold computes u).
-    d.u_records = state.ring_u.defined();
+    d.u_records = true;  // the ops' deferred state replays its u records (not u-free)
   }
   return d;
 }

@@ -18,9 +18,9 @@
 // T_max = conv_window's row and step dims, L = the rings' length dim, HV, V, K = ssm_state's
 // inner dims, D = conv_state's last dim, H = rawk's head dim (ring mode) or (D - HV*V) / (2K).
 // The record mode is what the state holds: the four rings (ring mode) or snapshots (snapshot
-// mode); the deferred commit (contract §7) is on when ring_pending is given (then ring_cursor
-// too; with ring_u the folds replay its u records, without it the commit is u-free: every fold
-// computes u, and the verify's outputs may be fast, contract §10). State tensors obey
+// mode); the deferred commit (contract §7) is on when ring_pending is given (then ring_cursor and
+// ring_u too; the ops' deferred folds replay the u records, so its verifies' outputs are exact;
+// the backend's u-free form, for fast outputs, is Dims::u_records false). State tensors obey
 // pool_storage.h's rules (padded slot / row / layer pitches, 16-byte aligned f32 state, no overlap)
 // with S' = S, R' = R: verify takes one layer's views (no [layers] dim; ring_pending [S]), commit
 // and materialize all layers' ([layers, ...]; ring_cursor [S] has no layer dim). Index tensors:
@@ -75,7 +75,7 @@ struct VerifyArgs {
   TensorView out;        ///< [N, HV, V] bf16, contiguous
   LayerWeights weights;  ///< A_log, dt_bias, conv_weight (f32 or bf16), conv_bias (or none)
   /// One layer: conv_state, ssm_state, conv_window, the snapshots or the four rings; deferred:
-  /// ring_cursor, ring_pending [S] (this layer's), ring_u (u-free: none); qkv_act [>= N, D] bf16
+  /// ring_cursor, ring_pending [S] (this layer's), ring_u; qkv_act [>= N, D] bf16
   /// contiguous when the unfused path runs (a tree, fused off, ring mode above the fused batch
   /// limit).
   StateTensors state;
@@ -90,7 +90,7 @@ DispatchDecision verify(KernelSet& kernels, const VerifyArgs& args, cudaStream_t
 
 struct CommitArgs {
   /// All layers: conv_state, ssm_state, conv_window, the snapshots or the four rings; deferred:
-  /// ring_cursor [S], ring_pending [layers, S], ring_u or none (then the commit only records the
+  /// ring_cursor [S], ring_pending [layers, S], ring_u (then the commit only records the
   /// accepted counts and commits the conv state, contract §7).
   StateTensors state;
   BatchTensors batch;           ///< the verified batch (rows required)
@@ -117,7 +117,7 @@ struct CommitDecision {
 CommitDecision commit(KernelSet& kernels, const CommitArgs& args, cudaStream_t stream);
 
 struct MaterializeArgs {
-  StateTensors state;  ///< all layers, deferred (ring_cursor, ring_pending; ring_u or none)
+  StateTensors state;  ///< all layers, deferred (ring_cursor, ring_pending, ring_u given)
   TensorView slots;    ///< [n] int32: distinct slots in [0, S)
 };
 
@@ -132,7 +132,9 @@ struct Dims {
   int H = 0, HV = 0, K = 0, V = 0;
   RecordMode mode = RecordMode::kSnapshot;
   bool deferred = false;
-  bool u_records = false;  ///< deferred with u records (ring_u given); false: u-free
+  /// Deferred: the folds replay the u records; false: u-free (VerifyParams::u_free: every fold
+  /// computes u; ring_u is still given and written, never read).
+  bool u_records = false;
 };
 
 /// What a commit-family launch needs beyond the state: device index pointers of B requests.

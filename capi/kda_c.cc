@@ -391,10 +391,7 @@ TensorView pool_tensor(const KdaStatePool& pool, const std::string& name, int la
     }
     KDA_CHECK(v.defined(), "pool_view: {} is absent in {} mode{}", name,
               pool.ring_mode() ? "ring" : "snapshot",
-              !pool.ring_mode()                   ? ""
-              : !pool.config().deferred_commit    ? " (eager commit)"
-              : !pool.config().deferred_u_records ? " (u-free deferred commit)"
-                                                  : "");
+              pool.ring_mode() && !pool.config().deferred_commit ? " (eager commit)" : "");
     return v;
   }
   KDA_FAIL(

@@ -13,8 +13,8 @@
 //                                                     ring position (c + t) mod L (contract §7)
 //     ring_pending [layers, S]                  i32   deferred commit: steps of the ring that
 //                                                     the next verify (or materialize) folds
-//     ring_u       [layers, S, HV, L, V]        f32   deferred commit with u records only
-//     (config.deferred_commit && deferred_u_records):
+//     ring_u       [layers, S, HV, L, V]        f32   deferred commit only
+//     (config.deferred_commit):
 //                                                     each step's u, which those folds replay
 //   indexed by scratch row (the batch position by default; valid between verify and commit):
 //     conv_window  [layers, R, T_max, W-1, D]   bf16  window after consuming token t
@@ -136,8 +136,7 @@ class KdaStatePool {
   TensorView ring_g(int layer) const;        ///< [S, HV, L, K] f32
   TensorView ring_beta(int layer) const;     ///< [S, HV, L] f32
   TensorView ring_pending(int layer) const;  ///< [S] i32 pending steps; undefined in snapshot mode
-  /// [S, HV, L, V] f32; undefined without deferred_commit and deferred_u_records.
-  TensorView ring_u(int layer) const;
+  TensorView ring_u(int layer) const;  ///< [S, HV, L, V] f32; undefined without deferred_commit
   TensorView ring_cursor() const { return ring_cursor_; }  ///< [S] i32 ring base per slot
   TensorView qkv_act() const { return qkv_act_; }  ///< [R * T_max, D] bf16, shared by layers
 

@@ -51,13 +51,12 @@ PoolMemoryReport compute_memory_report(const PoolConfig& c) {
   r.ssm_state_per_slot = checked_product({layers, HV, V, K, kF32});
   // Ring record per slot and layer: rawv [HV, L, V] bf16, rawk [H, L, K] bf16 (one per k-head),
   // g [HV, L, K] f32, beta [HV, L] f32: about 1 KiB per head-step at K = V = 128; with the
-  // deferred commit's u records also u [HV, L, V] f32 (0.5 KiB more). Plus the slot's ring cursor
-  // (i32) and its pending count per layer (i32).
+  // deferred commit also u [HV, L, V] f32 (0.5 KiB more). Plus the slot's ring cursor (i32) and
+  // its pending count per layer (i32).
   r.ring_per_slot = checked_sum(
       {checked_product({layers, HV, L, V, kBf16}), checked_product({layers, H, L, K, kBf16}),
        checked_product({layers, HV, L, K, kF32}), checked_product({layers, HV, L, kF32}),
-       c.deferred_commit && c.deferred_u_records ? checked_product({layers, HV, L, V, kF32})
-                                                 : int64_t{0},
+       c.deferred_commit ? checked_product({layers, HV, L, V, kF32}) : int64_t{0},
        checked_product({layers + 1, kInt32})});
   r.conv_window_per_row = checked_product({layers, T, kPoolConvHistory, D, kBf16});
   r.snapshot_per_row = checked_product({layers, T, HV, V, K, kF32});

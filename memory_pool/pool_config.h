@@ -29,9 +29,10 @@ struct PoolConfig {
   /// Ring mode with the deferred commit (contract §7): also the u records ring_u [layers, S, HV,
   /// L, V] f32, which the deferred folds replay (kernels/kda_params.h VerifyParams::ring_u).
   bool deferred_commit = false;
-  /// With deferred_commit: keep the u records (the deferred verify replays them, a fold without a
-  /// key dot). false: the u-free deferred commit, no ring_u: every fold computes u from the raw
-  /// records as an eager fold does (contract §10: fast outputs record no exact u).
+  /// With deferred_commit: the folds replay the u records (a fold without the key dot). false: the
+  /// u-free deferred commit: every fold computes u from the raw records as an eager fold does,
+  /// and ring_u (still allocated: the exact verify kernels store into it) is never read (contract
+  /// §10: fast outputs record no exact u).
   bool deferred_u_records = true;
   Device device = Device::host();
   int64_t memory_budget_bytes = 0;  ///< 0: no budget; else the pool's total bytes must fit

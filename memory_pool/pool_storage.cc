@@ -97,8 +97,7 @@ const char* needs_text(Needs n) {
     case Needs::kRingMode:
       return "ring mode only (the pool is in snapshot mode)";
     case Needs::kDeferred:
-      return "ring mode with the deferred commit's u records only (the pool commits eagerly, or "
-             "u-free)";
+      return "ring mode with the deferred commit only (the pool commits eagerly)";
   }
   return "";
 }
@@ -112,7 +111,7 @@ bool applies(const PoolConfig& c, Needs n) {
     case Needs::kRingMode:
       return c.ring_mode;
     case Needs::kDeferred:
-      return c.ring_mode && c.deferred_commit && c.deferred_u_records;
+      return c.ring_mode && c.deferred_commit;
   }
   return false;
 }

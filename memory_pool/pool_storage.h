@@ -15,7 +15,7 @@
 //   ring_beta    [layers, S', HV, L]           f32   ring mode only
 //   ring_cursor  [S']                          i32   ring mode only, contiguous
 //   ring_pending [layers, S']                  i32   ring mode only, slot stride 1
-//   ring_u       [layers, S', HV, L, V]        f32   ring mode, deferred commit, u records only
+//   ring_u       [layers, S', HV, L, V]        f32   ring mode with the deferred commit only
 //   qkv_act      [R'' >= R * T_max, D]         bf16  contiguous
 // Strides (elements): the dims after the slot / row dim packed row-major; the slot / row pitch
 // stride(1) at least one packed slot (padding allowed: SGLang's pools, a slice of a bigger

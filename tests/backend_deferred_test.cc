@@ -33,8 +33,9 @@ EngineFlags pair_flags(bool deferred, NumericsRequest numerics) {
 }
 
 // `numerics` on both: exact keeps the deferred backend's u records; fast makes its commit u-free
-// (no ring_u: the pending steps fold first, computing u), its B = 1 calls fast and its unfused
-// ones (B > --kda-fused-ring-max-batch = 1) exact, each bitwise the eager backend's same call.
+// (no fold reads ring_u: the pending steps fold first, computing u), its B = 1 calls fast and its
+// unfused ones (B > --kda-fused-ring-max-batch = 1) exact, each bitwise the eager backend's same
+// call.
 struct Pair {
   Harness eager, deferred;
   explicit Pair(const ModelCase& mc, NumericsRequest numerics = NumericsRequest::kExact)
@@ -149,7 +150,7 @@ TEST_CASE("backend deferred: random rounds equal the eager commit bitwise", "[ba
   Pair p(mc, numerics);
   REQUIRE(p.deferred.backend->deferred_commit());
   REQUIRE_FALSE(p.eager.backend->deferred_commit());
-  REQUIRE(p.deferred.pool().ring_u_all().defined() == (numerics == NumericsRequest::kExact));
+  REQUIRE(p.deferred.pool().config().deferred_u_records == (numerics == NumericsRequest::kExact));
   bool saw_fast = false, saw_exact = false;  // u-free: both kinds of call ran
   std::mt19937 rng(7);
   const int S = p.eager.pool().num_slots();

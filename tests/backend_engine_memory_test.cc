@@ -584,8 +584,7 @@ TEST_CASE("engine memory: bad external tensors are named, allocate and write not
        "external_pool.snapshots: given, but it is snapshot mode only"},
       {"deferred tensor on an eager pool", true,
        [](ExternalPool& e) { e.tensors.ring_u = e.tensors.ring_g; },
-       "external_pool.ring_u: given, but it is ring mode with the deferred commit's u records "
-       "only"},
+       "external_pool.ring_u: given, but it is ring mode with the deferred commit only"},
   };
   for (const Bad& bad : cases) {
     CAPTURE(bad.what);

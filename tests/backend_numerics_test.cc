@@ -60,7 +60,7 @@ void check_round(const Harness& h, NumericsReason want) {
 }
 
 // Layer 0's ring state of the harness's pool as kda::ops takes it (an engine's own views);
-// `deferred`: with ring_cursor and ring_pending, and ring_u where the pool keeps it.
+// `deferred`: with ring_cursor, ring_pending and ring_u.
 ops::StateTensors layer0_state(const Harness& h, bool deferred) {
   const KdaStatePool& pool = h.pool();
   ops::StateTensors state;
@@ -75,9 +75,7 @@ ops::StateTensors layer0_state(const Harness& h, bool deferred) {
   if (deferred) {
     state.ring_cursor = pool.ring_cursor();
     state.ring_pending = pool.ring_pending(0);
-    if (pool.ring_u_all().defined()) {
-      state.ring_u = pool.ring_u(0);
-    }
+    state.ring_u = pool.ring_u(0);
   }
   return state;
 }
@@ -174,14 +172,13 @@ TEST_CASE("backend numerics: fast in ring mode with the eager commit plans the f
 
 TEST_CASE("backend numerics: a deferred commit with fast outputs is u-free and folds first",
           "[backend][numerics]") {
-  // --kda-verify-numerics fast with the deferred commit: the pool keeps no u records (the chunked
+  // --kda-verify-numerics fast with the deferred commit: no fold reads u records (the chunked
   // outputs compute no exact per-step u), each verify's plan folds the pending steps first
   // (the fold kernel, computing u) and the fast kernel writes the records at the cursor.
   Harness h(kGqaCase, numerics_flags(/*ring=*/true, /*deferred=*/true, NumericsRequest::kFast),
             fake_platform(9, 0));
   REQUIRE(h.pool().config().deferred_commit);
   REQUIRE_FALSE(h.pool().config().deferred_u_records);
-  REQUIRE_FALSE(h.pool().ring_u_all().defined());
   for (int round = 0; round < 2; ++round) {
     verify_all(h, BatchSpec{kT, {1}}, 40 + round);
     check_round(h, NumericsReason::kFastRequested);
@@ -196,7 +193,6 @@ TEST_CASE("backend numerics: a deferred commit with fast outputs is u-free and f
     for (const NumericsRequest r : {NumericsRequest::kExact, NumericsRequest::kAuto}) {
       Harness e(kGqaCase, numerics_flags(true, true, r), fake_platform(9, 0));
       CHECK(e.pool().config().deferred_u_records);
-      CHECK(e.pool().ring_u_all().defined());
       verify_all(e, BatchSpec{kT, {1}}, 45);
       for (const DispatchDecision& d : decisions(e)) {
         CHECK_FALSE(d.fast_outputs());
@@ -263,28 +259,16 @@ TEST_CASE("backend numerics: kda::ops takes the numerics from its DispatchFlags"
 
 TEST_CASE("backend numerics: kda::ops with a deferred state's u records runs exact outputs",
           "[backend][numerics]") {
-  // An engine's deferred state with u records (ring_u given) asking for fast outputs: the verify
-  // folds from the u records in its kernel and records exact u, so its outputs stay exact and the
-  // decision says why. Without ring_u (u-free) the same call is fast, its pending fold first.
+  // An engine's deferred state (kda::ops replays its u records) asking for fast outputs: the
+  // verify folds from the u records in its kernel and records exact u, so its outputs stay exact
+  // and the decision says why.
   Harness h(kGqaCase, numerics_flags(true, true, NumericsRequest::kExact), fake_platform(9, 0));
-  REQUIRE(h.pool().ring_u_all().defined());
-  const bool with_u = GENERATE(true, false);
-  CAPTURE(with_u);
-  ops::StateTensors state = layer0_state(h, /*deferred=*/true);
-  if (!with_u) {
-    state.ring_u = TensorView();
-  }
-  const DispatchDecision d = ops_verify(h, state, 2, NumericsRequest::kFast, 62);
+  const DispatchDecision d =
+      ops_verify(h, layer0_state(h, /*deferred=*/true), 2, NumericsRequest::kFast, 62);
   CAPTURE(d.describe());
   CHECK(d.fused());
   CHECK((d.plan.features & kernels::kDeferredFold) != 0);
-  if (with_u) {
-    CHECK(d.numerics_reason == NumericsReason::kExactDeferredFold);
-    CHECK_FALSE(d.plan.pending_fold_first);
-    CHECK_THAT(d.describe(), Catch::Contains("outputs exact: the deferred commit keeps u records"));
-  } else {
-    CHECK(d.numerics_reason == NumericsReason::kFastRequested);
-    CHECK(d.plan.pending_fold_first);
-    CHECK(d.plan.schedule == kernels::VerifySchedule::kFastChunk);
-  }
+  CHECK(d.numerics_reason == NumericsReason::kExactDeferredFold);
+  CHECK_FALSE(d.plan.pending_fold_first);
+  CHECK_THAT(d.describe(), Catch::Contains("outputs exact: the deferred commit keeps u records"));
 }

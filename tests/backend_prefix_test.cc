@@ -55,7 +55,7 @@ Harness make_harness(Mode m) {
     f.verify_numerics = static_cast<int>(NumericsRequest::kFast);
   }
   Harness h(kGqaCase, f, fake_platform(9, 0));
-  REQUIRE(h.pool().ring_u_all().defined() == (m == Mode::kRingDeferred));
+  REQUIRE(h.pool().config().deferred_u_records == (m != Mode::kRingDeferredUFree));
   return h;
 }
 

@@ -948,7 +948,8 @@ TEST_CASE("dispatch: a fast decision is what the plan can run (kernels::fast_out
   int fast = 0, exact = 0;
   for (const bool ring : {false, true}) {
     for (const bool tree : {false, true}) {
-      for (const bool deferred : {false, true}) {
+      for (const int deferred_kind : {0, 1, 2}) {  // eager, deferred with u records, u-free
+        const bool deferred = deferred_kind != 0;
         for (const int T : {1, 4, 8, 17}) {
           for (const int B : {1, 2, 8}) {
             for (const int block_v : {0, 8, 16, 32, 64, 128}) {
@@ -956,11 +957,12 @@ TEST_CASE("dispatch: a fast decision is what the plan can run (kernels::fast_out
               DispatchProblem p = fixture().problem(B, mode, T);
               p.plain_chain = !tree;
               p.deferred = deferred;
+              p.u_records = deferred_kind == 1;
               DispatchFlags flags = fast_flags();
               flags.fused_ring_max_batch = 2;
               flags.block_v = block_v;
               const DispatchDecision d = choose_verify_path(p, sm90, flags);
-              CAPTURE(ring, tree, deferred, T, B, block_v, d.describe());
+              CAPTURE(ring, tree, deferred_kind, T, B, block_v, d.describe());
               VerifyParams params;
               params.B = B;
               params.T = T;
@@ -968,6 +970,7 @@ TEST_CASE("dispatch: a fast decision is what the plan can run (kernels::fast_out
               params.numerics = d.numerics;
               params.parents = tree ? &kSomeIndex : nullptr;
               params.ring_pending = deferred ? &kSomeIndex : nullptr;
+              params.u_free = deferred_kind == 2 ? 1 : 0;
               CHECK(kernels::fast_outputs_plannable(params, d.path, d.block_v) == d.fast_outputs());
               // Asked for fast, never planned exact by the gates alone: plannable with kFast.
               params.numerics = VerifyNumerics::kFast;

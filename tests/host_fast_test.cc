@@ -382,8 +382,8 @@ TEST_CASE("host fast outputs: outside the domain kda::Error names the field, wri
           q.ring_u = u_rec.data();
           q.ring_u_slot_stride = int64_t{c.HV} * c.L * c.V;
         }) ==
-        "kda::host::verify_fused_fast: ring_u given: fast outputs record no u (a deferred commit "
-        "with fast outputs is u-free, ring_u null)");
+        "kda::host::verify_fused_fast: ring_pending given with u records (u_free=0): fast "
+        "outputs record no u (a deferred commit with fast outputs is u-free)");
   CHECK(fast_error([](VerifyParams& q) {
           q.T = 17;
           q.T_max = 17;

@@ -599,14 +599,13 @@ TEST_CASE("host reference: invalid params throw kda::Error naming the field, wri
         "kda::host::verify_fused: ssm_fold_out is null, expected a pointer ([S, HV, V, K] f32 "
         "(the committed state), with ring_pending)");
   std::vector<float> u_rec(static_cast<size_t>(8 * 64 * 16 * 64), 0.5f);
-  // ring_u null with ring_pending: the u-free deferred commit (the folds compute u), accepted.
-  SECTION("u-free deferred fields: accepted") {
-    VerifyParams q = good;
-    q.ring_pending = pending;
-    q.ring_cursor = cursor;
-    q.ssm_fold_out = const_cast<float*>(q.ssm_state);
-    CHECK_NOTHROW(host::verify_fused(q));
-  }
+  CHECK(fused_error([&](VerifyParams& q) {
+          q.ring_pending = pending;
+          q.ring_cursor = cursor;
+          q.ssm_fold_out = const_cast<float*>(q.ssm_state);
+        }) ==
+        "kda::host::verify_fused: ring_u is null, expected a pointer ([S, HV, L, V] f32 u "
+        "records, with ring_pending)");
   CHECK(
       fused_error([&](VerifyParams& q) {
         q.ring_pending = pending;
@@ -619,6 +618,9 @@ TEST_CASE("host reference: invalid params throw kda::Error naming the field, wri
   CHECK(fused_error([&](VerifyParams& q) { q.ring_u = u_rec.data(); }) ==
         "kda::host::verify_fused: ring_u is given without ring_pending (u records belong to the "
         "deferred commit)");
+  CHECK(fused_error([&](VerifyParams& q) { q.u_free = 1; }) ==
+        "kda::host::verify_fused: u_free=1 without ring_pending (the u-free deferred commit's "
+        "calls have pending counts)");
   CHECK(fused_error([&](VerifyParams& q) {
           q.ring_cursor = cursor;
           q.L = 4;
@@ -642,13 +644,16 @@ TEST_CASE("host reference: invalid params throw kda::Error naming the field, wri
         "kda::host::commit: an eager commit takes no ring_cursor / ring_pending (deferred state)");
   CHECK(commit_error([&](CommitParams& q) { q.ring_u = u_rec.data(); }) ==
         "kda::host::commit: an eager commit takes no ring_u (u records are the deferred commit's)");
+  CHECK(commit_error([&](CommitParams& q) { q.u_free = 1; }) ==
+        "kda::host::commit: u_free=1 with an eager commit (the u-free form is the deferred "
+        "commit's)");
   CHECK(commit_error([&](CommitParams& q) {
           q.kind = CommitKind::kMaterialize;
           q.ring_cursor = cursor;
           q.ring_pending = pending;
-          q.ring_u = u_rec.data();
-          q.ring_u_slot_stride = 1;
-        }).rfind("kda::host::fold: ring_u_slot_stride=1 is smaller than HV x L x V = ", 0) == 0);
+        }) ==
+        "kda::host::fold: ring_u is null, expected a pointer ([layers, S, HV, L, V] f32 u "
+        "records (deferred folds))");
   CHECK(commit_error([](CommitParams& q) { q.kind = static_cast<CommitKind>(7); }) ==
         "kda::host::commit: kind=7 unknown, expected kEager (0), kDeferred (1), kMaterialize (2) "
         "or kDropPending (3)");

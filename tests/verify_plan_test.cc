@@ -49,9 +49,9 @@ VerifyPlan plan(const VerifyParams& p, VerifyPath path, int bv, const LaunchOver
   return kernels::plan_verify(p, path, bv, caps, o, kTwoPerSm);
 }
 
-// A deferred call without u records (the u-free deferred commit).
+// A deferred call of the u-free deferred commit.
 VerifyParams u_free_fast(VerifyParams p) {
-  p.ring_u = nullptr;
+  p.u_free = 1;
   p.numerics = VerifyNumerics::kFast;
   return p;
 }
@@ -222,7 +222,7 @@ TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 ap
   CHECK_FALSE(plan(deferred, VerifyPath::kFused, 128).pending_fold_first);
   // u-free (no u records): fast, the pending steps folded first by the fold kernel.
   VerifyParams u_free = deferred;
-  u_free.ring_u = nullptr;
+  u_free.u_free = 1;
   const VerifyPlan first = plan(u_free, VerifyPath::kFused, 128);
   CHECK(first.schedule == VerifySchedule::kFastChunk);
   CHECK(first.pending_fold_first);

@@ -12,11 +12,13 @@
 namespace kda::kernels {
 
 /// x rounded to TF32 (10 explicit mantissa bits, round to nearest, ties away), as the bits of an
-/// f32 whose low 13 mantissa bits are zero.
+/// f32 whose low 13 mantissa bits are zero: half a TF32 ulp added to the magnitude's bits (a
+/// carry moves to the next binade), then the low 13 bits cleared. For finite x this is
+/// cvt.rna.tf32.f32 bit for bit, in two integer instructions (sm_90 expands cvt.rna.tf32 into a
+/// longer sequence with inf / NaN checks); the operands here are finite (state values and decayed
+/// normalised keys and queries).
 __device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
+  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
 }
 
 /// x = big + small to 2 x 11 significant bits: big = tf32(x), small = tf32(x - big).
@@ -31,8 +33,9 @@ __device__ __forceinline__ Tf32Split split_tf32(float x) {
 /// c += A(16 x 8) * B(8 x 8), TF32 inputs, f32 accumulation.
 __device__ __forceinline__ void mma_tf32_16x8x8(float (&c)[4], const uint32_t (&a)[4],
                                                 const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+  // Not volatile: the accumulator's in/out operands order the products that share it, and the
+  // compiler may interleave independent ones.
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));

@@ -568,7 +568,7 @@ template void launch_fold<64>(const CommitParams&, cudaStream_t, bool, const Lau
 template void launch_fold<128>(const CommitParams&, cudaStream_t, bool, const LaunchOverrides&);
 
 /// fold_kernel<K, kRole> alone, one CTA per item (the wrapping roles: records at any ring
-/// position), with u records where the call gives them.
+/// position), with u records where the call replays them (not u-free).
 template <int K, FoldRole kRole>
 void launch_fold_per_item(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o) {
   static_assert(role_wraps(kRole), "the eager folds launch through launch_fold_as");
@@ -578,7 +578,7 @@ void launch_fold_per_item(const CommitParams& p, cudaStream_t stream, const Laun
       FastDivisor(static_cast<uint32_t>(p.HV)), FastDivisor(static_cast<uint32_t>(p.HV / p.H))};
   const dim3 grid3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.B),
                    static_cast<unsigned>(p.num_layers * p.HV));
-  if (p.ring_u != nullptr) {
+  if (p.ring_u != nullptr && p.u_free == 0) {
     launch_pdl(fold_kernel<K, kRole, true>, grid3, dim3(kCopyThreads), 0, stream, o.pdl, p, div,
                false);
   } else {

@@ -220,6 +220,14 @@ struct VerifyParams {
   /// wait), since a round verifies each layer once and the backend refuses commit, materialize,
   /// copy_slot and extend of a batch slot during a round.
   int32_t fold_before_wait = 0;
+  /// Nonzero, with ring_pending: the u-free deferred commit (contract §10: fast outputs record no
+  /// exact u). No fold reads ring_u: the plan folds the pending steps first with the fold kernel
+  /// (computing u, kernels::VerifyPlan::pending_fold_first), then runs the verify without pending
+  /// steps; an exact kernel still stores its u into ring_u (never read), a fast one stores none.
+  /// The kernels never read this field (the launcher and the host reference do).
+  /// (It sits in fold_before_wait's padding: the struct keeps its size and every field its
+  /// offset.)
+  int32_t u_free = 0;
 
   // ---- unfused path only: conv output handed from the conv kernel to the recurrence ----
   bf16_t* qkv_act = nullptr;  ///< [N, D] bf16 q|k|v after conv + SiLU, packed rows
@@ -365,6 +373,10 @@ struct CommitParams {
   int32_t H = 0, HV = 0, K = 0, V = 0, L = 0;
   int32_t num_slots = 0, num_rows = 0;
   RecordMode mode = RecordMode::kRing;
+  /// Nonzero: the u-free deferred commit (VerifyParams::u_free): the folds of deferred records
+  /// compute u as an eager fold does and ignore ring_u. (In the padding before `slots`: the struct
+  /// keeps its size and every field its offset.)
+  int32_t u_free = 0;
 
   const int32_t* slots = nullptr;     ///< [B]
   const int32_t* rows = nullptr;      ///< [B]
@@ -390,7 +402,7 @@ struct CommitParams {
   int64_t ring_beta_layer_stride = 0, ring_beta_slot_stride = 0;
   /// [layers, S, HV, L, V] f32 u records (VerifyParams::ring_u): required by the folds of
   /// deferred records (kMaterialize, kDeferred with tracks), which replay them as decay + rank-1
-  /// update; an eager commit takes none (its records have no u).
+  /// update, unless u_free; an eager commit takes none (its records have no u).
   const float* ring_u = nullptr;
   int64_t ring_u_layer_stride = 0, ring_u_slot_stride = 0;
 
@@ -472,7 +484,7 @@ inline CommitParams one_layer_commit_params(const VerifyParams& v) {
   return c;
 }
 
-/// The pending fold of a u-free deferred verify call `v` (ring_pending given, ring_u null) as a
+/// The pending fold of a u-free deferred verify call `v` (ring_pending given, u_free set) as a
 /// one-layer fold of the kMaterialize kind: the batch's slots, the layer's records, cursors and
 /// pending counts, the folded state to v.ssm_fold_out. It reads the pending counts and never
 /// writes them (a verify's fold leaves them to the next commit, contract §7).
@@ -485,6 +497,7 @@ inline CommitParams pending_fold_params(const VerifyParams& v) {
   c.ring_cursor = const_cast<int32_t*>(v.ring_cursor);
   c.ring_pending = const_cast<int32_t*>(v.ring_pending);
   c.ring_pending_layer_stride = v.num_slots;
+  c.u_free = 1;  // computes u; ring_u stays null
   return c;
 }
 

@@ -148,11 +148,9 @@ void check_verify(const VerifyParams& p, const char* op, uint32_t needs) {
     check_present(p.ring_cursor, op, "ring_cursor", "[S] ring base per slot, with ring_pending");
     check_present(p.ssm_fold_out, op, "ssm_fold_out",
                   "[S, HV, V, K] f32 (the committed state), with ring_pending");
-    // ring_u null: the u-free deferred commit (every fold computes u from the raw records).
-    if (p.ring_u != nullptr) {
-      check_pitch(p.ring_u_slot_stride, p.HV * static_cast<int64_t>(p.L) * p.V, op,
-                  "ring_u_slot_stride", "HV x L x V");
-    }
+    check_present(p.ring_u, op, "ring_u", "[S, HV, L, V] f32 u records, with ring_pending");
+    check_pitch(p.ring_u_slot_stride, p.HV * static_cast<int64_t>(p.L) * p.V, op,
+                "ring_u_slot_stride", "HV x L x V");
   }
   if (p.parents != nullptr) {
     KDA_CHECK(p.token_offsets == nullptr,
@@ -166,6 +164,10 @@ void check_verify(const VerifyParams& p, const char* op, uint32_t needs) {
     KDA_CHECK(p.ring_u == nullptr || p.ring_pending != nullptr,
               "{}: ring_u is given without ring_pending (u records belong to the deferred commit)",
               op);
+    KDA_CHECK(p.u_free == 0 || p.ring_pending != nullptr,
+              "{}: u_free={} without ring_pending (the u-free deferred commit's calls have pending "
+              "counts)",
+              op, p.u_free);
   }
 }
 
@@ -240,12 +242,15 @@ void check_commit(const CommitParams& p, const char* op, uint32_t needs) {
     check_layer_pitch(p.num_layers, p.ring_pending_layer_stride, p.num_slots, 1, op,
                       "ring_pending_layer_stride");
   }
-  // The folds of deferred records (from the cursor) replay their u records where the pool keeps
-  // them (ring_u null: the u-free deferred commit, every fold computes u); an eager fold computes
-  // u (its records have none).
+  // The folds of deferred records (from the cursor) replay their u records; an eager fold
+  // computes u (its records have none).
   const bool folds_deferred = p.kind == CommitKind::kMaterialize ||
                               (p.kind == CommitKind::kDeferred && p.track_slots != nullptr);
-  if (folds_deferred && p.ring_u != nullptr) {
+  KDA_CHECK(p.u_free == 0 || p.kind != CommitKind::kEager,
+            "{}: u_free={} with an eager commit (the u-free form is the deferred commit's)", op,
+            p.u_free);
+  if (folds_deferred && p.u_free == 0) {
+    check_present(p.ring_u, op, "ring_u", "[layers, S, HV, L, V] f32 u records (deferred folds)");
     check_pitch(p.ring_u_slot_stride, p.HV * static_cast<int64_t>(p.L) * p.V, op,
                 "ring_u_slot_stride", "HV x L x V");
     check_layer_pitch(p.num_layers, p.ring_u_layer_stride, p.num_slots, p.ring_u_slot_stride, op,

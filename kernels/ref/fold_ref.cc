@@ -47,7 +47,7 @@ detail::RingView layer_rings(const CommitParams& p, int layer) {
           p.ring_g_slot_stride,
           p.ring_beta_slot_stride,
           p.L,
-          p.ring_u != nullptr ? p.ring_u + layer * p.ring_u_layer_stride : nullptr,
+          p.ring_u != nullptr && p.u_free == 0 ? p.ring_u + layer * p.ring_u_layer_stride : nullptr,
           p.ring_u_slot_stride};
 }
 

@@ -154,9 +154,9 @@ void check_fast_domain(const VerifyParams& p, const char* op) {
             "{}: mode=kSnapshot: fast outputs are ring mode only (contract §10)", op);
   KDA_CHECK(p.parents == nullptr,
             "{}: parents given (a tree batch): fast outputs verify chains (dense or ragged)", op);
-  KDA_CHECK(p.ring_u == nullptr,
-            "{}: ring_u given: fast outputs record no u (a deferred commit with fast outputs is "
-            "u-free, ring_u null)",
+  KDA_CHECK(p.ring_pending == nullptr || p.u_free != 0,
+            "{}: ring_pending given with u records (u_free=0): fast outputs record no u (a "
+            "deferred commit with fast outputs is u-free)",
             op);
   KDA_CHECK(p.T >= 1 && p.T <= kernels::kFastMaxTokens,
             "{}: T={} unsupported, expected 1..{} (one fast chunk)", op, p.T,
@@ -170,10 +170,12 @@ void run_fused_fast(const VerifyParams& p, ChunkFault fault, const char* op) {
       params::kConv | params::kWindows | params::kRecurrence | params::kOut | params::kRecords);
   Chunk<float> chunk(p.K, p.V, p.T);
   std::vector<float> o;
+  VerifyParams records = p;  // the chunked form computes no per-step u: it stores none
+  records.ring_u = nullptr;
   detail::fused_walk(
       p,
       [&](const detail::FusedToken& at, detail::HeadStep<float>& w) {
-        detail::write_record(p, at.slot, at.row, at.t, at.hv, w);
+        detail::write_record(records, at.slot, at.row, at.t, at.hv, w);
         chunk.add(at.t, w);
       },
       [&](int n, int hv, detail::HeadStep<float>& w) {

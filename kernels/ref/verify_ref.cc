@@ -45,7 +45,7 @@ void fold_pending(const VerifyParams& p, int32_t slot, int hv, std::vector<float
                        p.ring_g_slot_stride,
                        p.ring_beta_slot_stride,
                        p.L,
-                       p.ring_u,
+                       p.u_free != 0 ? nullptr : p.ring_u,  // u-free: the fold computes u
                        p.ring_u_slot_stride};
   fold_steps(rings, slot, hv / (p.HV / p.H), hv, p.K, p.V, ring_cursor_of(p, slot) - n, n,
              S.data());

@@ -111,8 +111,8 @@ struct ItemSteps : ItemPrologue<Traits> {
   /// stands for them; passed as run's array, it makes the unfused ring kernel spill at its
   /// register cap.
   /// kDeferred: the u of each step goes to its ring position (cursor + t) mod L of `u_row` (the
-  /// u records of the item's (slot, v-head), column col0; null: none, the u-free deferred
-  /// commit), stored by the lanes that store the outputs.
+  /// u records of the item's (slot, v-head), column col0), stored by the lanes that store the
+  /// outputs.
   template <typename Src>
   __device__ __forceinline__ void steps_ring_persistent(const TileSmem<Cfg>& sm,
                                                         ColRegs<Slice> (&S)[CPT], bool cols_ok,
@@ -135,7 +135,7 @@ struct ItemSteps : ItemPrologue<Traits> {
       u[0] = __fmul_rn(__fsub_rn(v, kv), sm.beta[tt]);
       if constexpr (kDeferred) {
         // L >= 2 * T_max (launcher-checked with ring_pending): every step has a ring position.
-        if (c % (P / CPT) == 0 && cols_ok && u_row != nullptr) {
+        if (c % (P / CPT) == 0 && cols_ok) {
           u_row[((cursor + t0 + tt) & (p.L - 1)) * p.V + this->template column_swizzle_of<Src>()] =
               u[0];
         }
@@ -248,7 +248,7 @@ struct ItemSteps : ItemPrologue<Traits> {
       float u[CPT];
       delta_rule_step<Slice>(S, sm.qk[tt][1], sm.decay[tt], vv, sm.beta[tt], c, u);
       if constexpr (kDeferred) {
-        if (c == 0 && u_row != nullptr) {
+        if (c == 0) {
           float* dst = u_row + ((cursor + t0 + tt) & (p.L - 1)) * p.V;
 #pragma unroll
           for (int j = 0; j < CPT; ++j) {

@@ -206,7 +206,7 @@ void check_plan(const VerifyParams& p, const VerifyPlan& plan, const char* who) 
       persistent_snapshot ? kNoFeatures : verify_features(p, (plan.features & kExtendTracks) != 0);
   KDA_CHECK(plan.K == p.K && plan.weight == (fused ? p.conv_weight_type : ConvWeightType::kF32) &&
                 plan.features == want && plan.items == ceil_div(p.V, plan.block_v) * p.HV * p.B &&
-                plan.pending_fold_first == (p.ring_pending != nullptr && p.ring_u == nullptr) &&
+                plan.pending_fold_first == (p.ring_pending != nullptr && p.u_free != 0) &&
                 (fused || plan.block_v == kRecurrentBlockV),
             "{}: the plan ({}) is not this call's (K={}, HV={}, V={}, B={}): plan each call with "
             "plan_verify_on_device",

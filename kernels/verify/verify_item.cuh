@@ -281,12 +281,10 @@ struct VerifyItem : ItemSteps<Traits> {
       }
 
       // 4. The recurrence. kDeferred: its u records at the slot's ring (formed here: held from
-      // the item's start, the address costs registers through the prologue); none in the u-free
-      // deferred commit (ring_u null: every fold computes u).
-      float* const u_row =
-          kDeferred && p.ring_u != nullptr
-              ? p.ring_u + slot * p.ring_u_slot_stride + static_cast<int64_t>(hv) * p.L * p.V + col0
-              : nullptr;
+      // the item's start, the address costs registers through the prologue).
+      float* const u_row = kDeferred ? p.ring_u + slot * p.ring_u_slot_stride +
+                                           static_cast<int64_t>(hv) * p.L * p.V + col0
+                                     : nullptr;
       if constexpr (is_staged(Src::kSource)) {
         if constexpr (is_persistent_ring(Src::kSource)) {
           this->template steps_ring_persistent<Src>(sm, S, col_ok[0], T, t0, tc, u_row, cursor);

@@ -39,8 +39,9 @@ VerifyFeatures verify_features(const VerifyParams& p, bool tracked_extend) {
 
 bool fast_outputs_plannable(const VerifyParams& p, VerifyPath path, int block_v) {
   return p.numerics == VerifyNumerics::kFast && path == VerifyPath::kFused &&
-         p.mode == RecordMode::kRing && p.parents == nullptr && p.ring_u == nullptr && p.T >= 1 &&
-         p.T <= kFastMaxTokens && is_fast_block_v(block_v);
+         p.mode == RecordMode::kRing && p.parents == nullptr &&
+         (p.ring_pending == nullptr || p.u_free != 0) && p.T >= 1 && p.T <= kFastMaxTokens &&
+         is_fast_block_v(block_v);
 }
 
 bool persistent_layout_ok(const VerifyParams& p, VerifyPath path) {
@@ -68,7 +69,7 @@ VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v, cons
   plan.features = verify_features(p, extend && tracked_extend);
   plan.pdl = o.pdl;
   const int bv = plan.block_v;
-  plan.pending_fold_first = !extend && p.ring_pending != nullptr && p.ring_u == nullptr;
+  plan.pending_fold_first = !extend && p.ring_pending != nullptr && p.u_free != 0;
   plan.items = ceil_div(p.V, bv) * p.HV * p.B;
   plan.grid = plan.items;
   if (!extend && fast_outputs_plannable(p, path, block_v)) {

@@ -34,9 +34,9 @@ struct VerifyPlan {
   VerifyFeatures features = kNoFeatures;
   /// The numerics that run (contract §10): kFast only with schedule kFastChunk.
   VerifyNumerics numerics = VerifyNumerics::kExact;
-  /// A u-free deferred call (ring_pending given, ring_u null: no u records to replay in the
-  /// kernel): the fold kernel folds the pending steps into the committed state first (§3's eager
-  /// arithmetic, computing u), then the planned kernel runs as a call without pending steps
+  /// A u-free deferred call (ring_pending given, VerifyParams::u_free: no u records to replay in
+  /// the kernel): the fold kernel folds the pending steps into the committed state first (§3's
+  /// eager arithmetic, computing u), then the planned kernel runs as a call without pending steps
   /// (its kDeferredFold instantiation still writes the records at the slot's cursor). The launcher
   /// strips ring_pending and ssm_fold_out.
   bool pending_fold_first = false;
@@ -68,9 +68,9 @@ VerifyFeatures verify_features(const VerifyParams& p, bool tracked_extend = fals
 
 /// Whether a verify call on `path` with tile `block_v` can take the fast outputs (contract §10:
 /// VerifySchedule::kFastChunk): p.numerics == kFast, the fused path, ring mode, a dense or ragged
-/// chain (no parents), no u records (a deferred call's are exact per-step u, which the chunked form
-/// does not compute: its pending steps are folded first), T <= 16 and a fast tile (tile_policy.h
-/// kFastBlockVs).
+/// chain (no parents), no deferred call with u records (exact per-step u, which the chunked form
+/// does not compute; a u-free one's pending steps are folded first), T <= 16 and a fast tile
+/// (tile_policy.h kFastBlockVs).
 bool fast_outputs_plannable(const VerifyParams& p, VerifyPath path, int block_v);
 
 /// Whether a verify call's layout lets its BV = 128 tile run persistent: T within one token chunk,
