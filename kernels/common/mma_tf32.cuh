@@ -9,17 +9,15 @@
 
 #include <cstdint>
 
+#include "kernels/common/tf32_round.h"
+
 namespace kda::kernels {
 
 /// x rounded to TF32 (10 explicit mantissa bits, round to nearest, ties away), as the bits of an
-/// f32 whose low 13 mantissa bits are zero: half a TF32 ulp added to the magnitude's bits (a
-/// carry moves to the next binade), then the low 13 bits cleared. For finite x this is
-/// cvt.rna.tf32.f32 bit for bit, in two integer instructions (sm_90 expands cvt.rna.tf32 into a
-/// longer sequence with inf / NaN checks); the operands here are finite (state values and decayed
-/// normalised keys and queries).
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-}
+/// f32 whose low 13 mantissa bits are zero: tf32_rna_bits, cvt.rna.tf32.f32 bit for bit for finite
+/// x in two integer instructions (sm_90 expands cvt.rna.tf32 into a longer sequence with inf / NaN
+/// checks); the operands here are finite (state values, decayed normalised keys and queries).
+__device__ __forceinline__ uint32_t to_tf32(float x) { return tf32_rna_bits(__float_as_uint(x)); }
 
 /// x = big + small to 2 x 11 significant bits: big = tf32(x), small = tf32(x - big).
 struct Tf32Split {
