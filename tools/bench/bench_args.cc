@@ -167,18 +167,13 @@ std::string fast_skip_reason(const BenchArgs& args, Variant v, int T, int bv, bo
   p.mode = RecordMode::kRing;
   p.numerics = VerifyNumerics::kFast;
   p.T = T;
-  // Only their presence matters: the predicate reads no memory. The bench's deferred problems
-  // keep u records (the deferred commit's exact form).
+  // Only its presence matters: the predicate reads no memory. A fast deferred run is u-free
+  // (DeferredState::deferred): its pending steps fold first.
   int32_t pending = 0;
-  float u_record = 0.0f;
   p.ring_pending = deferred ? &pending : nullptr;
-  p.ring_u = deferred ? &u_record : nullptr;
+  p.u_free = deferred ? 1 : 0;
   if (kernels::fast_outputs_plannable(p, VerifyPath::kFused, bv)) {
     return "";
-  }
-  if (deferred) {
-    return "a deferred verify replays u records in its fold and records exact u: its plan runs "
-           "exact";
   }
   if (T > kernels::kFastMaxTokens) {
     return fmt::format("T={} exceeds the fast chunk ({} tokens)", T, kernels::kFastMaxTokens);
@@ -217,8 +212,8 @@ Sweep:
                          in the verify, round and step phases; a row's numerics column says what
                          its plan ran, its kernel column which kernel (fast: fast-chunk). Fast
                          rows: fused+ring only (the other variants run exact whatever is asked:
-                         no row, a note), eager verifies only (a deferred verify folds its
-                         pending steps and plans exact: no row, a note), T <= {2}, the fast tiles
+                         no row, a note), a deferred round or step u-free (its pending steps
+                         folded first by the fold kernel, computing u), T <= {2}, the fast tiles
                          {1} (auto: kernels::default_fast_block_v per B; --sweep-bv: each;
                          --block-v outside them: no fast rows, a note). Every fast row carries
                          its outputs against exact's on the same inputs (contract §10 (b)):

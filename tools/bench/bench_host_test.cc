@@ -580,7 +580,8 @@ TEST_CASE("kda_bench args: the fast tiles and which rows take fast outputs", "[t
   CHECK(fast_skip_reason(d, Variant::kFusedRing, 16, 32, false).empty());
   CHECK(fast_skip_reason(d, Variant::kFusedRing, 17, 32, false).find("exceeds the fast chunk") !=
         std::string::npos);
-  CHECK(fast_skip_reason(d, Variant::kFusedRing, 4, 64, true).find("deferred") !=
+  CHECK(fast_skip_reason(d, Variant::kFusedRing, 4, 64, true).empty());  // u-free: folds first
+  CHECK(fast_skip_reason(d, Variant::kFusedRing, 17, 64, true).find("exceeds the fast chunk") !=
         std::string::npos);
   CHECK(fast_skip_reason(d, Variant::kFused, 4, 64, false).find("exact only") != std::string::npos);
   const BenchArgs narrow = parse({"--numerics", "exact,fast", "--block-v", "16"});

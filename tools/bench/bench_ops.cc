@@ -74,17 +74,18 @@ void DeferredState::reset(cudaStream_t stream) const {
       cudaMemsetAsync(pending_.data(), 0, static_cast<size_t>(pending_.bytes()), stream));
 }
 
-VerifyParams DeferredState::deferred(VerifyParams p, int layer) const {
+VerifyParams DeferredState::deferred(VerifyParams p, int layer, bool u_free) const {
   p.ring_cursor = cursor();
   p.ring_pending = pending(layer);
   p.ssm_fold_out = const_cast<float*>(p.ssm_state);
   p.ring_u = u(layer);
   p.ring_u_slot_stride = u_slot_;
   p.fold_before_wait = layer > 0 ? 1 : 0;
+  p.u_free = u_free ? 1 : 0;
   return p;
 }
 
-CommitParams DeferredState::deferred(CommitParams p) const {
+CommitParams DeferredState::deferred(CommitParams p, bool u_free) const {
   p.kind = CommitKind::kDeferred;
   p.ring_cursor = cursor();
   p.ring_pending = pending(0);
@@ -92,6 +93,7 @@ CommitParams DeferredState::deferred(CommitParams p) const {
   p.ring_u = u(0);
   p.ring_u_layer_stride = slots_ * u_slot_;
   p.ring_u_slot_stride = u_slot_;
+  p.u_free = u_free ? 1 : 0;
   return p;
 }
 

@@ -74,10 +74,12 @@ class DeferredState {
   /// `p` (a ring-mode verify of layer `layer`) as a deferred verify over these counts.
   /// Layers after the first fold before their PDL wait (VerifyParams::fold_before_wait): a round
   /// or a step verifies its layers in order after the commit, and nothing between two verifies
-  /// writes what a fold reads.
-  VerifyParams deferred(VerifyParams p, int layer) const;
-  /// `p` (a ring-mode commit of every layer) as the kDeferred commit over these counts.
-  CommitParams deferred(CommitParams p) const;
+  /// writes what a fold reads. `u_free`: the u-free deferred commit (VerifyParams::u_free, what
+  /// fast outputs need: the plan folds the pending steps first, computing u).
+  VerifyParams deferred(VerifyParams p, int layer, bool u_free = false) const;
+  /// `p` (a ring-mode commit of every layer) as the kDeferred commit over these counts (`u_free`
+  /// as above: its track folds and a materialize compute u).
+  CommitParams deferred(CommitParams p, bool u_free = false) const;
 
  private:
   int64_t slots_, u_slot_;

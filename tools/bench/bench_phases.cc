@@ -700,22 +700,23 @@ std::optional<Row> run_deferred_round(BenchContext& ctx, const Problem& problem,
                                       int T, int B, const Row& eager, VerifyNumerics nm) {
   const BenchArgs& a = ctx.args;
   const DeferredState state(ctx, problem);
+  const bool fast = nm == VerifyNumerics::kFast;  // then u-free: fast outputs record no u
   std::vector<VerifyParams> params;
   for (int l = 0; l < a.layers; ++l) {
-    params.push_back(
-        state.deferred(with_numerics(problem.verify_params(l, T, RecordMode::kRing), nm), l));
+    params.push_back(state.deferred(
+        with_numerics(problem.verify_params(l, T, RecordMode::kRing), nm), l, /*u_free=*/fast));
   }
-  const bool fast = nm == VerifyNumerics::kFast;
   if (fast) {
     const PlannedLayers plan = planned_layers(v, bv, params, a.launch);
     if (plan.numerics != VerifyNumerics::kFast) {
-      note(ctx, fmt::format("{}+deferred (round, step) T={} BV={}: a deferred verify folds its "
-                            "pending steps first and its plan runs exact ({})",
+      note(ctx, fmt::format("{}+deferred (round, step) T={} BV={}: the u-free deferred verify's "
+                            "plan runs exact ({})",
                             variant_name(v), T, bv, plan.kernel));
       return std::nullopt;
     }
   }
-  const CommitParams cp = state.deferred(problem.commit_params(T, RecordMode::kRing, a.layers));
+  const CommitParams cp =
+      state.deferred(problem.commit_params(T, RecordMode::kRing, a.layers), /*u_free=*/fast);
   Row r = eager;
   r.what = eager.what + "+deferred";
   r.bv = bv;

@@ -201,10 +201,12 @@ StepKda make_kda(const BenchContext& ctx, const Problem& problem, const StepMode
   }
   for (int l = 0; l < a.layers; ++l) {
     VerifyParams p = with_numerics(m.on_projection(problem.verify_params(l, T, mode)), nm);
-    k.verifies.push_back(deferred != nullptr ? deferred->deferred(p, l) : p);
+    // Fast outputs record no u: their deferred commit is u-free.
+    k.verifies.push_back(deferred != nullptr ? deferred->deferred(p, l, nm == VerifyNumerics::kFast)
+                                             : p);
   }
   const CommitParams cp = problem.commit_params(T, mode, a.layers);
-  k.commit = deferred != nullptr ? deferred->deferred(cp) : cp;
+  k.commit = deferred != nullptr ? deferred->deferred(cp, nm == VerifyNumerics::kFast) : cp;
   return k;
 }
 
@@ -273,12 +275,11 @@ FastSteps fast_steps(BenchContext& ctx, const Problem& problem, const StepModel&
     const PlannedLayers plan = planned_layers(kda.variant, kda.bv, kda.verifies, a.launch);
     const bool runs = plan.numerics == VerifyNumerics::kFast;
     if (!runs) {
-      note(ctx, defer
-                    ? fmt::format("fused+ring+deferred (round, step) T={} BV={}: a deferred verify "
-                                  "folds its pending steps first and its plan runs exact ({})",
-                                  T, kda.bv, plan.kernel)
-                    : fmt::format("fused+ring (step) T={} BV={}: the plan runs exact ({})", T,
-                                  kda.bv, plan.kernel));
+      note(ctx, defer ? fmt::format("fused+ring+deferred (step) T={} BV={}: the u-free deferred "
+                                    "verify's plan runs exact ({})",
+                                    T, kda.bv, plan.kernel)
+                      : fmt::format("fused+ring (step) T={} BV={}: the plan runs exact ({})", T,
+                                    kda.bv, plan.kernel));
     }
     (defer ? f.deferred : f.eager) = runs;
     if (!runs) {
