@@ -5,6 +5,10 @@
 //   B (8 x 8):  b0 (k = tig, n = g), b1 (k = tig + 4, n = g)
 //   C (16 x 8): c0 (g, 2 tig), c1 (g, 2 tig + 1), c2 (g + 8, 2 tig), c3 (g + 8, 2 tig + 1)
 // A k-step's eight k slots may stand for any eight k values, provided A and B agree on the map.
+// 3xTF32: with x = big + small (split_tf32), a b ~ a_big b_big + a_small b_big + a_big b_small
+// (the dropped small x small term is below 2^-22 of the product); the products are exact in f32,
+// but the instruction's f32 accumulation truncates toward zero, so a caller that needs f32-grade
+// sums keeps the large partials out of long in-instruction accumulations (fast_item.cuh).
 #pragma once
 
 #include <cstdint>
@@ -28,27 +32,16 @@ __device__ __forceinline__ Tf32Split split_tf32(float x) {
   return {big, to_tf32(__fsub_rn(x, __uint_as_float(big)))};
 }
 
-/// c += A(16 x 8) * B(8 x 8), TF32 inputs, f32 accumulation.
-__device__ __forceinline__ void mma_tf32_16x8x8(float (&c)[4], const uint32_t (&a)[4],
-                                                const uint32_t (&b)[2]) {
+/// c += A(16 x 8) * B(8 x 8), TF32 inputs, f32 accumulation; a = {a0, a1, a2, a3},
+/// b = {b0, b1} (the header's fragment layout: a uint4 loaded from shared memory in that order is
+/// the instruction's register quad as it is).
+__device__ __forceinline__ void mma_tf32_16x8x8(float (&c)[4], const uint4& a, const uint2& b) {
   // Not volatile: the accumulator's in/out operands order the products that share it, and the
   // compiler may interleave independent ones.
   asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-/// c += A * B at fp32-grade precision (3xTF32): a_small * b_big, a_big * b_small, then
-/// a_big * b_big (the small terms first, so they are not lost against the large one). The
-/// dropped a_small * b_small term is below 2^-22 of the product.
-__device__ __forceinline__ void mma_3xtf32_16x8x8(float (&c)[4], const uint32_t (&a_big)[4],
-                                                  const uint32_t (&a_small)[4],
-                                                  const uint32_t (&b_big)[2],
-                                                  const uint32_t (&b_small)[2]) {
-  mma_tf32_16x8x8(c, a_small, b_big);
-  mma_tf32_16x8x8(c, a_big, b_small);
-  mma_tf32_16x8x8(c, a_big, b_big);
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y));
 }
 
 }  // namespace kda::kernels

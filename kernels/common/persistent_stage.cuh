@@ -172,6 +172,20 @@ __device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
 #endif
 }
 
+/// A 16-byte cp.async that copies `gmem` when `valid` and fills the 16 bytes with zeros when not
+/// (src-size 0: nothing is read, but `gmem` must still be an address of the tensor).
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0)
+               : "memory");
+#else
+  (void)smem;
+  (void)gmem;
+  (void)valid;
+#endif
+}
+
 /// Waits for all of this thread's cp.async copies (before another thread reads them, a
 /// __syncthreads must follow).
 __device__ __forceinline__ void cp_async_wait_all() {

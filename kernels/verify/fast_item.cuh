@@ -19,9 +19,13 @@
 // Reads ssm_state, never writes it (the committed state stays the exact fold's, §10).
 // Shared memory (dynamic, FastSmem): the state stage, one TileSmem per 8-token chunk, the split
 // operand rows (aliased by the contraction results once the mma is done), the T x T terms.
-// Layout invariant of every [rows][K] f32 array read by the mma: the 16-byte chunk q of row r sits
-// at chunk q ^ (4 * (r & 1)), so a warp's 16-byte fragment loads (rows r, r + 1 per phase) hit 32
-// distinct banks.
+// Layout invariants of the mma operands (the k-step pair j covers k = 16 j .. 16 j + 15; in its
+// step s, k slot tig stands for k = 16 j + 4 tig + 2 s and slot tig + 4 for the k after it):
+//   - the state stage [BV][K] f32: the 16-byte chunk q of row r sits at chunk q ^ (4 * (r & 1)),
+//     so a warp's 16-byte B loads (rows g = 0..7, four chunks each) take the ideal 4 wavefronts;
+//   - the split operand rows in fragment order (FastSmem::frag_word): per row tile, part (big,
+//     small), k-step pair and step, lane l's A fragment {a0, a1, a2, a3} is the uint4 at word
+//     4 l, so one conflict-free 16-byte load is the mma's register quad (no register moves).
 #pragma once
 
 #include <cstddef>
@@ -58,6 +62,17 @@ struct FastSmem {
   }
   KDA_HD static constexpr size_t term_offset(int T) { return operand_offset(T) + operand_bytes(T); }
   KDA_HD static constexpr size_t bytes(int T) { return term_offset(T) + kTermBytes; }
+  /// 32-bit words of one row tile's operand rows: [part][K / 16][step][lane][4].
+  static constexpr int kTileWords = 2 * kRowsPerTile * K;
+  /// The word of row r (0..15: key rows, then query rows) and key k of `part` (0: big, 1: small)
+  /// in a row tile's operand rows, in fragment order (the header's layout invariant): lane
+  /// 4 (r % 8) + (k / 4) % 4, register 2 (k % 2) + r / 8, step (k / 2) % 2, pair k / 16.
+  KDA_HD static constexpr int frag_word(int part, int r, int k) {
+    return (((part * (K / 16) + (k >> 4)) * 2 + ((k >> 1) & 1)) * 32 + 4 * (r & 7) +
+            ((k >> 2) & 3)) *
+               4 +
+           2 * (k & 1) + (r >> 3);
+  }
 };
 
 /// Index of element (r, k) in a swizzled [rows][K] f32 array (the header's layout invariant).
@@ -95,6 +110,98 @@ struct FastItem : ItemPrologue<Traits> {
   static constexpr int E = K / 32;  ///< key elements per lane in the T x T terms
   static_assert(Cfg::kThreads == 256 && BV % 8 == 0 && BV <= 2 * K, "fast tile shape");
 
+  /// W[t][c] = S0^T xk_t and QS[t][c] = S0^T xq_t for the kTiles row tiles of `operand`
+  /// (t < 8 kTiles, c < BV), 3xTF32 with fp32 accumulation, stored over the operand rows
+  /// (W at word t BV + c, QS after W's 8 kTiles rows). Warp w takes column tiles w, w + 8, ...;
+  /// ends with a __syncthreads.
+  template <int kTiles>
+  __device__ __forceinline__ void contract(uint32_t* operand, const float* stage) {
+    constexpr int kTileWords = Smem::kTileWords;
+    constexpr int kStepWords = 32 * 4;  // one step's fragments of one part
+    constexpr int kPartWords = (K / 16) * 2 * kStepWords;
+    constexpr bool kWarpsFull = kNTiles % kWarps == 0;  // every warp has every one of its tiles
+    const int g = lane >> 2;
+    const int tig = lane & 3;
+    // The tensor cores' f32 accumulation truncates (round toward zero) at every mma: summed
+    // into one accumulator, the 3 K / 8 mmas of a column would bias it by up to that many f32
+    // ulps of |W|. So the big x big products of a k-step pair go into a fresh accumulator (two
+    // truncations of a 16-term partial) that is added to `hi` in f32 round-to-nearest, and the
+    // cross terms (2^-11 of the products) accumulate in `lo`, whose truncations are as small.
+    float hi[kTiles][kTilesPerWarp][4] = {}, lo[kTiles][kTilesPerWarp][4] = {};
+    if (kWarpsFull || warp < kNTiles) {
+#pragma unroll(kTiles == 1 ? 2 : 1)
+      for (int j = 0; j < K / 16; ++j) {
+        uint4 a[kTiles][2][2];  // [row tile][big, small][step]: the mma's register quads
+#pragma unroll
+        for (int m = 0; m < kTiles; ++m) {
+#pragma unroll
+          for (int part = 0; part < 2; ++part) {
+#pragma unroll
+            for (int step = 0; step < 2; ++step) {
+              a[m][part][step] =
+                  *reinterpret_cast<const uint4*>(operand + m * kTileWords + part * kPartWords +
+                                                  (2 * j + step) * kStepWords + 4 * lane);
+            }
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < kTilesPerWarp; ++n) {
+          const int nt = warp + n * kWarps;
+          if (kWarpsFull || nt < kNTiles) {
+            const float4 s =
+                *reinterpret_cast<const float4*>(stage + swz<K>(nt * 8 + g, 16 * j + 4 * tig));
+            const Tf32Split sx = split_tf32(s.x), sy = split_tf32(s.y), sz = split_tf32(s.z),
+                            sw = split_tf32(s.w);
+            // step 0: slots (tig, tig + 4) = elements (x, y); step 1: (z, w)
+            const uint2 b_big[2] = {make_uint2(sx.big, sy.big), make_uint2(sz.big, sw.big)};
+            const uint2 b_small[2] = {make_uint2(sx.small, sy.small),
+                                      make_uint2(sz.small, sw.small)};
+#pragma unroll
+            for (int m = 0; m < kTiles; ++m) {
+              float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+              for (int step = 0; step < 2; ++step) {
+                if constexpr (kFault != FastFault::kOneTf32Product) {
+                  mma_tf32_16x8x8(lo[m][n], a[m][1][step], b_big[step]);
+                  mma_tf32_16x8x8(lo[m][n], a[m][0][step], b_small[step]);
+                }
+                mma_tf32_16x8x8(part, a[m][0][step], b_big[step]);
+              }
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                hi[m][n][e] = __fadd_rn(hi[m][n][e], part[e]);
+              }
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with the operand rows: W and QS alias them
+    float* const Wt = reinterpret_cast<float*>(operand);
+    float* const QSt = Wt + kTiles * 8 * BV;
+    if (kWarpsFull || warp < kNTiles) {
+#pragma unroll
+      for (int m = 0; m < kTiles; ++m) {
+        const int t = m * 8 + g;  // rows past T hold products of zero rows: stored, never read
+#pragma unroll
+        for (int n = 0; n < kTilesPerWarp; ++n) {
+          const int nt = warp + n * kWarps;
+          if (kWarpsFull || nt < kNTiles) {
+            const int c = nt * 8 + 2 * tig;
+            float r[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              r[e] = __fadd_rn(hi[m][n][e], lo[m][n][e]);
+            }
+            *reinterpret_cast<float2*>(Wt + t * BV + c) = make_float2(r[0], r[1]);
+            *reinterpret_cast<float2*>(QSt + t * BV + c) = make_float2(r[2], r[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
   /// Runs the item (the header's phases). `smem`: FastSmem<K, BV>::bytes(p.T) bytes.
   template <typename Src>
   __device__ __forceinline__ void run(unsigned char* smem, const Src& src) {
@@ -122,21 +229,25 @@ struct FastItem : ItemPrologue<Traits> {
       }
     }
 
-    // 1. The state tile in flight (zeros past V, so no column reads garbage).
+    // 1. The state tile in flight: thread tid copies the 16-byte chunk tid % (K / 4) of rows
+    // tid / (K / 4) + kRowsPerPass i (one cp.async each at a fixed offset: a row keeps its parity,
+    // so its swizzle); rows past V are zero-filled (no column reads garbage) and read nothing.
     float* const stage = reinterpret_cast<float*>(smem);
     {
+      constexpr int kChunksPerRow = K / 4;
+      constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
+      static_assert(BV % kRowsPerPass == 0 && kRowsPerPass % 2 == 0, "whole even passes");
       const float* head =
           p.ssm_state + slot * p.ssm_slot_stride + (static_cast<int64_t>(hv) * p.V + v0) * K;
-      constexpr int kChunksPerRow = K / 4;
-      for (int i = tid; i < BV * kChunksPerRow; i += Cfg::kThreads) {
-        const int r = i / kChunksPerRow;
-        const int k = (i % kChunksPerRow) * 4;
-        float* dst = stage + swz<K>(r, k);
-        if (r < cols) {
-          cp_async<16>(dst, head + static_cast<int64_t>(r) * K + k);
-        } else {
-          *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
+      const int r0 = tid / kChunksPerRow;
+      const int k = (tid % kChunksPerRow) * 4;
+      const float* src0 = head + r0 * K + k;
+      float* const dst0 = stage + swz<K>(r0, k);
+#pragma unroll
+      for (int i = 0; i < BV / kRowsPerPass; ++i) {
+        const bool valid = r0 + i * kRowsPerPass < cols;
+        cp_async16_zfill(dst0 + i * kRowsPerPass * K, valid ? src0 + i * kRowsPerPass * K : head,
+                         valid);
       }
     }
 
@@ -175,7 +286,7 @@ struct FastItem : ItemPrologue<Traits> {
     // 3a. The operand rows: xk_t (rows 0..7 of row tile t / 8) and xq_t (rows 8..15), split.
     uint32_t* const operand = reinterpret_cast<uint32_t*>(smem + Smem::operand_offset(p.T));
     const int tiles = Smem::row_tiles(T);
-    constexpr int kTileWords = 2 * Smem::kRowsPerTile * K;  // big rows, then small rows
+    constexpr int kTileWords = Smem::kTileWords;
     if (tid < 2 * K) {
       const int which = tid / K;  // 0: keys (kn), 1: queries (qs)
       const int k = tid % K;
@@ -187,16 +298,16 @@ struct FastItem : ItemPrologue<Traits> {
         const Tf32Split s = split_tf32(x);
         uint32_t* rows = operand + (t >> 3) * kTileWords;
         const int r = (t & 7) + 8 * which;
-        rows[swz<K>(r, k)] = s.big;
-        rows[Smem::kRowsPerTile * K + swz<K>(r, k)] = s.small;
+        rows[Smem::frag_word(0, r, k)] = s.big;
+        rows[Smem::frag_word(1, r, k)] = s.small;
       }
       // Rows of tokens past T in the last row tile: zeros (their products are never read, but
       // a NaN there must not exist to be read by a sanitizer or a future change).
       for (int t = T; t < tiles * 8; ++t) {
         uint32_t* rows = operand + (t >> 3) * kTileWords;
         const int r = (t & 7) + 8 * which;
-        rows[swz<K>(r, k)] = 0u;
-        rows[Smem::kRowsPerTile * K + swz<K>(r, k)] = 0u;
+        rows[Smem::frag_word(0, r, k)] = 0u;
+        rows[Smem::frag_word(1, r, k)] = 0u;
       }
     }
 
@@ -240,94 +351,14 @@ struct FastItem : ItemPrologue<Traits> {
     cp_async_wait_all();
     __syncthreads();
 
-    // 3c. W and QS on tensor cores: warp w takes column tiles w, w + 8, ...; k-step pair j
-    // covers k = 16 j .. 16 j + 15, k slot tig of step s standing for 16 j + 4 tig + 2 s and slot
-    // tig + 4 for the one after it (A and B agree: one 16-byte load per fragment row).
-    const int g = lane >> 2;
-    const int tig = lane & 3;
-    float acc[2][kTilesPerWarp][4];
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-#pragma unroll
-      for (int n = 0; n < kTilesPerWarp; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          acc[m][n][e] = 0.0f;
-        }
-      }
+    // 3c. W and QS on tensor cores (the operand rows' space then holds them: Wt, QSt).
+    if (tiles == 1) {
+      contract<1>(operand, stage);
+    } else {
+      contract<2>(operand, stage);
     }
-    if (warp < kNTiles) {
-#pragma unroll 2
-      for (int j = 0; j < K / 16; ++j) {
-        const int k = 16 * j + 4 * tig;
-        uint4 a_lo[2][2] = {}, a_hi[2][2] = {};  // [row tile][big, small]: rows g and g + 8
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          if (m < tiles) {
-            const uint32_t* rows = operand + m * kTileWords;
-#pragma unroll
-            for (int part = 0; part < 2; ++part) {
-              const uint32_t* base = rows + part * Smem::kRowsPerTile * K;
-              a_lo[m][part] = *reinterpret_cast<const uint4*>(base + swz<K>(g, k));
-              a_hi[m][part] = *reinterpret_cast<const uint4*>(base + swz<K>(g + 8, k));
-            }
-          }
-        }
-#pragma unroll
-        for (int n = 0; n < kTilesPerWarp; ++n) {
-          const int nt = warp + n * kWarps;
-          if (nt < kNTiles) {
-            const float4 s = *reinterpret_cast<const float4*>(stage + swz<K>(nt * 8 + g, k));
-            const Tf32Split sx = split_tf32(s.x), sy = split_tf32(s.y), sz = split_tf32(s.z),
-                            sw = split_tf32(s.w);
-            const uint32_t b_big[2][2] = {{sx.big, sy.big}, {sz.big, sw.big}};
-            const uint32_t b_small[2][2] = {{sx.small, sy.small}, {sz.small, sw.small}};
-#pragma unroll
-            for (int m = 0; m < 2; ++m) {
-              if (m < tiles) {
-                const uint4 lb = a_lo[m][0], hb = a_hi[m][0], ls = a_lo[m][1], hs = a_hi[m][1];
-                // step 0: slots (tig, tig + 4) = elements (0, 1); step 1: elements (2, 3)
-                const uint32_t big0[4] = {lb.x, hb.x, lb.y, hb.y};
-                const uint32_t small0[4] = {ls.x, hs.x, ls.y, hs.y};
-                const uint32_t big1[4] = {lb.z, hb.z, lb.w, hb.w};
-                const uint32_t small1[4] = {ls.z, hs.z, ls.w, hs.w};
-                if constexpr (kFault == FastFault::kOneTf32Product) {
-                  mma_tf32_16x8x8(acc[m][n], big0, b_big[0]);
-                  mma_tf32_16x8x8(acc[m][n], big1, b_big[1]);
-                } else {
-                  mma_3xtf32_16x8x8(acc[m][n], big0, small0, b_big[0], b_small[0]);
-                  mma_3xtf32_16x8x8(acc[m][n], big1, small1, b_big[1], b_small[1]);
-                }
-              }
-            }
-          }
-        }
-      }
-    }
-    __syncthreads();  // every warp is done with the operand rows: W and QS alias them
-
-    // W[t][c] and QS[t][c] (t < T, c < BV) over the operand rows.
     float* const Wt = reinterpret_cast<float*>(operand);
     float* const QSt = Wt + tiles * 8 * BV;
-    if (warp < kNTiles) {
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        const int t = m * 8 + g;
-        if (m < tiles && t < T) {
-#pragma unroll
-          for (int n = 0; n < kTilesPerWarp; ++n) {
-            const int nt = warp + n * kWarps;
-            if (nt < kNTiles) {
-              const int c = nt * 8 + 2 * tig;
-              *reinterpret_cast<float2*>(Wt + t * BV + c) = make_float2(acc[m][n][0], acc[m][n][1]);
-              *reinterpret_cast<float2*>(QSt + t * BV + c) =
-                  make_float2(acc[m][n][2], acc[m][n][3]);
-            }
-          }
-        }
-      }
-    }
-    __syncthreads();
 
     // 3d. Per column: the triangular solve for u, then the outputs.
     if (tid < cols) {
