@@ -383,8 +383,10 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
       // (behind their branches) between its arithmetic and the next token's, the tokens'
       // conv + SiLU chains run one after another.
       // BV = 128 at 128 registers (the fallback when the persistent kernel cannot run) keeps
-      // one token per group: with four, the fused tile spills far more.
-      constexpr int kGroup = BV <= 64 || kWide ? 4 : 1;
+      // one token per group: with four, the fused tile spills far more. The fast-output kernel
+      // holds no state in registers through its prologue.
+      constexpr int kGroup =
+          BV <= 64 || kWide || Traits::kSchedule == VerifySchedule::kFastChunk ? 4 : 1;
       static_assert(Cfg::kChunk % kGroup == 0, "whole groups per chunk");
 #pragma unroll
       for (int g = 0; g < Cfg::kChunk; g += kGroup) {
