@@ -110,6 +110,49 @@ struct FastItem : ItemPrologue<Traits> {
   static constexpr int E = K / 32;  ///< key elements per lane in the T x T terms
   static_assert(Cfg::kThreads == 256 && BV % 8 == 0 && BV <= 2 * K, "fast tile shape");
 
+  /// The T x T terms A[t][i] (t > i) and M[t][i] (t >= i) into termA / termM (row t, column i,
+  /// kFastMaxTokens wide): key token i on the warp `first` + i of `count` warps ...; lanes over k,
+  /// the two dots of a (t, i) pair through one §3 tree (level by level, each sum its own).
+  __device__ __forceinline__ void chunk_terms(unsigned char* smem, int T, int first, int count,
+                                              float* termA, float* termM) const {
+    auto chunk = [&](int t) -> const TileSmem<Cfg>& {
+      return reinterpret_cast<const TileSmem<Cfg>*>(smem + Smem::chunks_offset())[t >> 3];
+    };
+    for (int i = first; i < T; i += count) {
+      float kni[E], r[E];
+      load_vec<E>(kni, &chunk(i).qk[i & 7][1][lane * E]);
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        r[e] = 1.0f;
+      }
+      for (int t = i; t < T; ++t) {
+        const TileSmem<Cfg>& sm = chunk(t);
+        float d[E], w[E], kt[E], qt[E];
+        load_vec<E>(d, &sm.decay[t & 7][lane * E]);
+        load_vec<E>(kt, &sm.qk[t & 7][1][lane * E]);
+        load_vec<E>(qt, &sm.qk[t & 7][0][lane * E]);
+        if constexpr (kFault == FastFault::kDecayOffByOne) {
+          if (t > i + 1) {
+            load_vec<E>(d, &chunk(t - 1).decay[(t - 1) & 7][lane * E]);
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          if (t > i) {
+            r[e] = __fmul_rn(r[e], d[e]);
+          }
+          w[e] = __fmul_rn(kni[e], r[e]);
+        }
+        float sums[2] = {tree_partial<E>(w, qt), tree_partial<E>(w, kt)};
+        tree_across_lanes<32, 2>(sums);
+        if (lane == 0) {
+          termM[t * kFastMaxTokens + i] = sums[0];
+          termA[t * kFastMaxTokens + i] = t > i ? sums[1] : 0.0f;
+        }
+      }
+    }
+  }
+
   /// W[t][c] = S0^T xk_t and QS[t][c] = S0^T xq_t for the kTiles row tiles of `operand`
   /// (t < 8 kTiles, c < BV), 3xTF32 with fp32 accumulation, stored over the operand rows
   /// (W at word t BV + c, QS after W's 8 kTiles rows). Warp w takes column tiles w, w + 8, ...;
@@ -126,8 +169,9 @@ struct FastItem : ItemPrologue<Traits> {
     // into one accumulator, the 3 K / 8 mmas of a column would bias it by up to that many f32
     // ulps of |W|. So the big x big products of a k-step pair go into a fresh accumulator (two
     // truncations of a 16-term partial) that is added to `hi` in f32 round-to-nearest, and the
-    // cross terms (2^-11 of the products) accumulate in `lo`, whose truncations are as small.
-    float hi[kTiles][kTilesPerWarp][4] = {}, lo[kTiles][kTilesPerWarp][4] = {};
+    // cross terms (2^-11 of the products) accumulate in `lo` (two chains: a_small b_big and
+    // a_big b_small), whose truncations are as small.
+    float hi[kTiles][kTilesPerWarp][4] = {}, lo[kTiles][kTilesPerWarp][2][4] = {};
     if (kWarpsFull || warp < kNTiles) {
 #pragma unroll(kTiles == 1 ? 2 : 1)
       for (int j = 0; j < K / 16; ++j) {
@@ -162,8 +206,8 @@ struct FastItem : ItemPrologue<Traits> {
 #pragma unroll
               for (int step = 0; step < 2; ++step) {
                 if constexpr (kFault != FastFault::kOneTf32Product) {
-                  mma_tf32_16x8x8(lo[m][n], a[m][1][step], b_big[step]);
-                  mma_tf32_16x8x8(lo[m][n], a[m][0][step], b_small[step]);
+                  mma_tf32_16x8x8(lo[m][n][0], a[m][1][step], b_big[step]);
+                  mma_tf32_16x8x8(lo[m][n][1], a[m][0][step], b_small[step]);
                 }
                 mma_tf32_16x8x8(part, a[m][0][step], b_big[step]);
               }
@@ -191,7 +235,7 @@ struct FastItem : ItemPrologue<Traits> {
             float r[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              r[e] = __fadd_rn(hi[m][n][e], lo[m][n][e]);
+              r[e] = __fadd_rn(hi[m][n][e], __fadd_rn(lo[m][n][0][e], lo[m][n][1][e]));
             }
             *reinterpret_cast<float2*>(Wt + t * BV + c) = make_float2(r[0], r[1]);
             *reinterpret_cast<float2*>(QSt + t * BV + c) = make_float2(r[2], r[3]);
@@ -311,45 +355,20 @@ struct FastItem : ItemPrologue<Traits> {
       }
     }
 
-    // 3b. The T x T terms, warp i % kWarps for key token i, lanes over k as the §3 tree.
+    // 3b. The T x T terms: before the state tile is needed where every warp has mma tiles, else
+    // on the warps without mma tiles while the others contract.
     float* const termA = reinterpret_cast<float*>(smem + Smem::term_offset(p.T));
     float* const termM = termA + kFastMaxTokens * kFastMaxTokens;
-    for (int i = warp; i < T; i += kWarps) {
-      float kni[1][E], r[E];
-      const TileSmem<Cfg>& smi = chunk(i);
-      load_vec<E>(kni[0], &smi.qk[i & 7][1][lane * E]);
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        r[e] = 1.0f;
-      }
-      for (int t = i; t < T; ++t) {
-        const TileSmem<Cfg>& sm = chunk(t);
-        float d[E], w[1][E], kt[1][E], qt[1][E];
-        load_vec<E>(d, &sm.decay[t & 7][lane * E]);
-        load_vec<E>(kt[0], &sm.qk[t & 7][1][lane * E]);
-        load_vec<E>(qt[0], &sm.qk[t & 7][0][lane * E]);
-        if constexpr (kFault == FastFault::kDecayOffByOne) {
-          if (t > i + 1) {
-            load_vec<E>(d, &chunk(t - 1).decay[(t - 1) & 7][lane * E]);
-          }
-        }
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-          if (t > i) {
-            r[e] = __fmul_rn(r[e], d[e]);
-          }
-          w[0][e] = __fmul_rn(kni[0][e], r[e]);
-        }
-        const float m = tree_dot<32, 1, E>(w, qt);
-        const float a = t > i ? tree_dot<32, 1, E>(w, kt) : 0.0f;
-        if (lane == 0) {
-          termM[t * kFastMaxTokens + i] = m;
-          termA[t * kFastMaxTokens + i] = a;
-        }
-      }
+    if constexpr (kNTiles >= kWarps) {
+      chunk_terms(smem, T, warp, kWarps, termA, termM);
     }
     cp_async_wait_all();
     __syncthreads();
+    if constexpr (kNTiles < kWarps) {
+      if (warp >= kNTiles) {
+        chunk_terms(smem, T, warp - kNTiles, kWarps - kNTiles, termA, termM);
+      }
+    }
 
     // 3c. W and QS on tensor cores (the operand rows' space then holds them: Wt, QSt).
     if (tiles == 1) {
