@@ -107,6 +107,10 @@ struct FastItem : ItemPrologue<Traits> {
   static constexpr int kWarps = Cfg::kWarps;
   static constexpr int kNTiles = BV / 8;  ///< 8-column mma tiles
   static constexpr int kTilesPerWarp = (kNTiles + kWarps - 1) / kWarps;
+  /// The narrow form (contract_narrow): up to 4 tokens, the state as the 16-row A operand.
+  static constexpr int kNarrowTokens = 4;
+  static constexpr int kNarrowRows = 2 * kNarrowTokens;  ///< the B operand's 8 columns
+  static constexpr int kMTiles = BV / 16;                ///< 16-row state tiles, one per warp
   static constexpr int E = K / 32;  ///< key elements per lane in the T x T terms
   static_assert(Cfg::kThreads == 256 && BV % 8 == 0 && BV <= 2 * K, "fast tile shape");
 
@@ -151,6 +155,64 @@ struct FastItem : ItemPrologue<Traits> {
         }
       }
     }
+  }
+
+  /// The narrow form of the contraction (T <= kNarrowTokens): the mma's 8 columns are the
+  /// T <= 4 keys and queries (operand rows [part][8][K], swizzled as the stage), its 16 rows a
+  /// state tile (warp w: rows 16 w .. 16 w + 15), so a state tile takes half the wide form's
+  /// mmas. Accumulation as in contract<>. W[t][c] at word t BV + c, QS 8 BV words after W;
+  /// ends with a __syncthreads.
+  __device__ __forceinline__ void contract_narrow(uint32_t* operand, const float* stage) {
+    const int g = lane >> 2;
+    const int tig = lane & 3;
+    float hi[4] = {}, lo[2][4] = {};
+    const int mt = warp;
+    if (mt < kMTiles) {
+#pragma unroll 2
+      for (int j = 0; j < K / 16; ++j) {
+        const int k = 16 * j + 4 * tig;
+        const uint4 xb = *reinterpret_cast<const uint4*>(operand + swz<K>(g, k));
+        const uint4 xs = *reinterpret_cast<const uint4*>(operand + kNarrowRows * K + swz<K>(g, k));
+        const float4 r0 = *reinterpret_cast<const float4*>(stage + swz<K>(mt * 16 + g, k));
+        const float4 r1 = *reinterpret_cast<const float4*>(stage + swz<K>(mt * 16 + g + 8, k));
+        const Tf32Split a0 = split_tf32(r0.x), a1 = split_tf32(r0.y), a2 = split_tf32(r0.z),
+                        a3 = split_tf32(r0.w), c0 = split_tf32(r1.x), c1 = split_tf32(r1.y),
+                        c2 = split_tf32(r1.z), c3 = split_tf32(r1.w);
+        // step 0: k slots (tig, tig + 4) = elements (x, y); step 1: (z, w)
+        const uint4 a_big[2] = {make_uint4(a0.big, c0.big, a1.big, c1.big),
+                                make_uint4(a2.big, c2.big, a3.big, c3.big)};
+        const uint4 a_small[2] = {make_uint4(a0.small, c0.small, a1.small, c1.small),
+                                  make_uint4(a2.small, c2.small, a3.small, c3.small)};
+        const uint2 b_big[2] = {make_uint2(xb.x, xb.y), make_uint2(xb.z, xb.w)};
+        const uint2 b_small[2] = {make_uint2(xs.x, xs.y), make_uint2(xs.z, xs.w)};
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int step = 0; step < 2; ++step) {
+          if constexpr (kFault != FastFault::kOneTf32Product) {
+            mma_tf32_16x8x8(lo[0], a_small[step], b_big[step]);
+            mma_tf32_16x8x8(lo[1], a_big[step], b_small[step]);
+          }
+          mma_tf32_16x8x8(part, a_big[step], b_big[step]);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          hi[e] = __fadd_rn(hi[e], part[e]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with the operand rows: W and QS alias them
+    if (mt < kMTiles) {
+      // c0, c1: state row g, columns 2 tig, 2 tig + 1; c2, c3: row g + 8. Columns 0..3 are the
+      // keys' (W), 4..7 the queries' (QS).
+      float* const dst = reinterpret_cast<float*>(operand) + (tig >= 2 ? kNarrowRows * BV : 0);
+      const int t = 2 * (tig & 1);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float r = __fadd_rn(hi[e], __fadd_rn(lo[0][e], lo[1][e]));
+        dst[(t + (e & 1)) * BV + mt * 16 + g + 8 * (e >> 1)] = r;
+      }
+    }
+    __syncthreads();
   }
 
   /// W[t][c] = S0^T xk_t and QS[t][c] = S0^T xq_t for the kTiles row tiles of `operand`
@@ -327,31 +389,34 @@ struct FastItem : ItemPrologue<Traits> {
     }
     __syncthreads();
 
-    // 3a. The operand rows: xk_t (rows 0..7 of row tile t / 8) and xq_t (rows 8..15), split.
+    // 3a. The operand rows xk_t and xq_t, split: up to kNarrowTokens tokens the narrow form's
+    // [part][8][K] rows (keys 0..3, queries 4..7, swizzled as the stage); else, per row tile t / 8,
+    // keys in rows 0..7 and queries in rows 8..15, in fragment order (Smem::frag_word).
     uint32_t* const operand = reinterpret_cast<uint32_t*>(smem + Smem::operand_offset(p.T));
+    const bool narrow = T <= kNarrowTokens;
     const int tiles = Smem::row_tiles(T);
     constexpr int kTileWords = Smem::kTileWords;
     if (tid < 2 * K) {
       const int which = tid / K;  // 0: keys (kn), 1: queries (qs)
       const int k = tid % K;
+      const auto word = [&](int part, int t) {
+        return narrow ? part * kNarrowRows * K + swz<K>(t + kNarrowTokens * which, k)
+                      : (t >> 3) * kTileWords + Smem::frag_word(part, (t & 7) + 8 * which, k);
+      };
       float P = 1.0f;
       for (int t = 0; t < T; ++t) {
         const TileSmem<Cfg>& sm = chunk(t);
         P = __fmul_rn(P, sm.decay[t & 7][k]);
         const float x = __fmul_rn(sm.qk[t & 7][1 - which][k], P);
         const Tf32Split s = split_tf32(x);
-        uint32_t* rows = operand + (t >> 3) * kTileWords;
-        const int r = (t & 7) + 8 * which;
-        rows[Smem::frag_word(0, r, k)] = s.big;
-        rows[Smem::frag_word(1, r, k)] = s.small;
+        operand[word(0, t)] = s.big;
+        operand[word(1, t)] = s.small;
       }
       // Rows of tokens past T in the last row tile: zeros (their products are never read, but
       // a NaN there must not exist to be read by a sanitizer or a future change).
-      for (int t = T; t < tiles * 8; ++t) {
-        uint32_t* rows = operand + (t >> 3) * kTileWords;
-        const int r = (t & 7) + 8 * which;
-        rows[Smem::frag_word(0, r, k)] = 0u;
-        rows[Smem::frag_word(1, r, k)] = 0u;
+      for (int t = T; t < (narrow ? kNarrowTokens : tiles * 8); ++t) {
+        operand[word(0, t)] = 0u;
+        operand[word(1, t)] = 0u;
       }
     }
 
@@ -359,25 +424,26 @@ struct FastItem : ItemPrologue<Traits> {
     // on the warps without mma tiles while the others contract.
     float* const termA = reinterpret_cast<float*>(smem + Smem::term_offset(p.T));
     float* const termM = termA + kFastMaxTokens * kFastMaxTokens;
-    if constexpr (kNTiles >= kWarps) {
+    const int mma_warps = narrow ? kMTiles : min(kNTiles, kWarps);
+    if (mma_warps >= kWarps) {
       chunk_terms(smem, T, warp, kWarps, termA, termM);
     }
     cp_async_wait_all();
     __syncthreads();
-    if constexpr (kNTiles < kWarps) {
-      if (warp >= kNTiles) {
-        chunk_terms(smem, T, warp - kNTiles, kWarps - kNTiles, termA, termM);
-      }
+    if (mma_warps < kWarps && warp >= mma_warps) {
+      chunk_terms(smem, T, warp - mma_warps, kWarps - mma_warps, termA, termM);
     }
 
     // 3c. W and QS on tensor cores (the operand rows' space then holds them: Wt, QSt).
-    if (tiles == 1) {
+    if (narrow) {
+      contract_narrow(operand, stage);
+    } else if (tiles == 1) {
       contract<1>(operand, stage);
     } else {
       contract<2>(operand, stage);
     }
     float* const Wt = reinterpret_cast<float*>(operand);
-    float* const QSt = Wt + tiles * 8 * BV;
+    float* const QSt = Wt + (narrow ? kNarrowRows : tiles * 8) * BV;
 
     // 3d. Per column: the triangular solve for u, then the outputs.
     if (tid < cols) {
