@@ -19,13 +19,13 @@
 // Reads ssm_state, never writes it (the committed state stays the exact fold's, §10).
 // Shared memory (dynamic, FastSmem): the state stage, one TileSmem per 8-token chunk, the split
 // operand rows (aliased by the contraction results once the mma is done), the T x T terms.
-// Layout invariants of the mma operands (the k-step pair j covers k = 16 j .. 16 j + 15; in its
-// step s, k slot tig stands for k = 16 j + 4 tig + 2 s and slot tig + 4 for the k after it):
-//   - the state stage [BV][K] f32: the 16-byte chunk q of row r sits at chunk q ^ (4 * (r & 1)),
-//     so a warp's 16-byte B loads (rows g = 0..7, four chunks each) take the ideal 4 wavefronts;
-//   - the split operand rows in fragment order (FastSmem::frag_word): per row tile, part (big,
-//     small), k-step pair and step, lane l's A fragment {a0, a1, a2, a3} is the uint4 at word
-//     4 l, so one conflict-free 16-byte load is the mma's register quad (no register moves).
+// The contraction takes one of two forms (fast_layout.h states and tests every operand map):
+//   - wide (T > 4): per 8-token row tile, the keys' and queries' split rows are the 16-row A
+//     operand (stored in fragment order: one conflict-free 16-byte load is a register quad), an
+//     8-column state tile the B operand;
+//   - narrow (T <= 4): a 16-row state tile is the A operand, the 4 keys and 4 queries the 8
+//     columns of B: half the wide form's mmas, where the wide form's rows would be half zeros.
+// The state stage [BV][K] f32 keeps the 16-byte chunk q of row r at chunk q ^ (4 * (r & 1)).
 #pragma once
 
 #include <cstddef>
@@ -33,6 +33,7 @@
 
 #include "kernels/common/mma_tf32.cuh"
 #include "kernels/common/persistent_stage.cuh"
+#include "kernels/verify/fast_layout.h"
 #include "kernels/verify/item_prologue.cuh"
 #include "kernels/verify/per_item.cuh"
 #include "kernels/verify/tile_policy.h"
@@ -62,24 +63,11 @@ struct FastSmem {
   }
   KDA_HD static constexpr size_t term_offset(int T) { return operand_offset(T) + operand_bytes(T); }
   KDA_HD static constexpr size_t bytes(int T) { return term_offset(T) + kTermBytes; }
-  /// 32-bit words of one row tile's operand rows: [part][K / 16][step][lane][4].
-  static constexpr int kTileWords = 2 * kRowsPerTile * K;
-  /// The word of row r (0..15: key rows, then query rows) and key k of `part` (0: big, 1: small)
-  /// in a row tile's operand rows, in fragment order (the header's layout invariant): lane
-  /// 4 (r % 8) + (k / 4) % 4, register 2 (k % 2) + r / 8, step (k / 2) % 2, pair k / 16.
-  KDA_HD static constexpr int frag_word(int part, int r, int k) {
-    return (((part * (K / 16) + (k >> 4)) * 2 + ((k >> 1) & 1)) * 32 + 4 * (r & 7) +
-            ((k >> 2) & 3)) *
-               4 +
-           2 * (k & 1) + (r >> 3);
-  }
+  /// 32-bit words of one row tile's operand rows (fast_layout.h, the wide form).
+  static constexpr int kTileWords = fast_layout::kWideTileWords<K>;
 };
 
-/// Index of element (r, k) in a swizzled [rows][K] f32 array (the header's layout invariant).
-template <int K>
-__device__ __forceinline__ int swz(int r, int k) {
-  return r * K + (k ^ ((r & 1) << 4));
-}
+using fast_layout::swz;
 
 /// Faults a test plants in the fast form to see its checks fail (tests/fast_faults_gpu.cu); the
 /// library instantiates kNone alone.
@@ -171,8 +159,10 @@ struct FastItem : ItemPrologue<Traits> {
 #pragma unroll 2
       for (int j = 0; j < K / 16; ++j) {
         const int k = 16 * j + 4 * tig;
-        const uint4 xb = *reinterpret_cast<const uint4*>(operand + swz<K>(g, k));
-        const uint4 xs = *reinterpret_cast<const uint4*>(operand + kNarrowRows * K + swz<K>(g, k));
+        const uint4 xb =
+            *reinterpret_cast<const uint4*>(operand + fast_layout::narrow_word<K>(0, g, k));
+        const uint4 xs =
+            *reinterpret_cast<const uint4*>(operand + fast_layout::narrow_word<K>(1, g, k));
         const float4 r0 = *reinterpret_cast<const float4*>(stage + swz<K>(mt * 16 + g, k));
         const float4 r1 = *reinterpret_cast<const float4*>(stage + swz<K>(mt * 16 + g + 8, k));
         const Tf32Split a0 = split_tf32(r0.x), a1 = split_tf32(r0.y), a2 = split_tf32(r0.z),
@@ -204,12 +194,11 @@ struct FastItem : ItemPrologue<Traits> {
     if (mt < kMTiles) {
       // c0, c1: state row g, columns 2 tig, 2 tig + 1; c2, c3: row g + 8. Columns 0..3 are the
       // keys' (W), 4..7 the queries' (QS).
-      float* const dst = reinterpret_cast<float*>(operand) + (tig >= 2 ? kNarrowRows * BV : 0);
-      const int t = 2 * (tig & 1);
+      float* const out = reinterpret_cast<float*>(operand);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float r = __fadd_rn(hi[e], __fadd_rn(lo[0][e], lo[1][e]));
-        dst[(t + (e & 1)) * BV + mt * 16 + g + 8 * (e >> 1)] = r;
+        out[fast_layout::narrow_out_word<BV>(e, g, tig, mt)] =
+            __fadd_rn(hi[e], __fadd_rn(lo[0][e], lo[1][e]));
       }
     }
     __syncthreads();
@@ -222,8 +211,6 @@ struct FastItem : ItemPrologue<Traits> {
   template <int kTiles>
   __device__ __forceinline__ void contract(uint32_t* operand, const float* stage) {
     constexpr int kTileWords = Smem::kTileWords;
-    constexpr int kStepWords = 32 * 4;  // one step's fragments of one part
-    constexpr int kPartWords = (K / 16) * 2 * kStepWords;
     constexpr bool kWarpsFull = kNTiles % kWarps == 0;  // every warp has every one of its tiles
     const int g = lane >> 2;
     const int tig = lane & 3;
@@ -244,9 +231,8 @@ struct FastItem : ItemPrologue<Traits> {
           for (int part = 0; part < 2; ++part) {
 #pragma unroll
             for (int step = 0; step < 2; ++step) {
-              a[m][part][step] =
-                  *reinterpret_cast<const uint4*>(operand + m * kTileWords + part * kPartWords +
-                                                  (2 * j + step) * kStepWords + 4 * lane);
+              a[m][part][step] = *reinterpret_cast<const uint4*>(
+                  operand + m * kTileWords + fast_layout::wide_a_word<K>(part, j, step, lane));
             }
           }
         }
@@ -391,7 +377,7 @@ struct FastItem : ItemPrologue<Traits> {
 
     // 3a. The operand rows xk_t and xq_t, split: up to kNarrowTokens tokens the narrow form's
     // [part][8][K] rows (keys 0..3, queries 4..7, swizzled as the stage); else, per row tile t / 8,
-    // keys in rows 0..7 and queries in rows 8..15, in fragment order (Smem::frag_word).
+    // keys in rows 0..7 and queries in rows 8..15, in fragment order (fast_layout::wide_word).
     uint32_t* const operand = reinterpret_cast<uint32_t*>(smem + Smem::operand_offset(p.T));
     const bool narrow = T <= kNarrowTokens;
     const int tiles = Smem::row_tiles(T);
@@ -400,8 +386,9 @@ struct FastItem : ItemPrologue<Traits> {
       const int which = tid / K;  // 0: keys (kn), 1: queries (qs)
       const int k = tid % K;
       const auto word = [&](int part, int t) {
-        return narrow ? part * kNarrowRows * K + swz<K>(t + kNarrowTokens * which, k)
-                      : (t >> 3) * kTileWords + Smem::frag_word(part, (t & 7) + 8 * which, k);
+        return narrow ? fast_layout::narrow_word<K>(part, t + kNarrowTokens * which, k)
+                      : (t >> 3) * kTileWords +
+                            fast_layout::wide_word<K>(part, (t & 7) + 8 * which, k);
       };
       float P = 1.0f;
       for (int t = 0; t < T; ++t) {
