@@ -205,7 +205,8 @@ void check_narrow(std::mt19937& rng) {
       for (int lane = 0; lane < 32; ++lane) {
         for (int reg = 0; reg < 4; ++reg) {
           const Elem e = c_elem(lane, reg);
-          const size_t at = static_cast<size_t>(fl::narrow_out_word<BV>(reg, lane / 4, lane % 4, mt));
+          const size_t at =
+              static_cast<size_t>(fl::narrow_out_word<BV>(reg, lane / 4, lane % 4, mt));
           REQUIRE(at < out.size());
           REQUIRE(std::isnan(out[at]));
           out[at] = C[e.row][e.col];

@@ -33,8 +33,7 @@ constexpr int kWideTileWords = 2 * 16 * K;
 /// {a0, a1, a2, a3} of (part, pair, step) is the uint4 at wide_a_word(part, pair, step, l).
 template <int K>
 KDA_HD constexpr int wide_word(int part, int r, int k) {
-  return (((part * (K / 16) + (k >> 4)) * 2 + ((k >> 1) & 1)) * 32 + 4 * (r & 7) +
-          ((k >> 2) & 3)) *
+  return (((part * (K / 16) + (k >> 4)) * 2 + ((k >> 1) & 1)) * 32 + 4 * (r & 7) + ((k >> 2) & 3)) *
              4 +
          2 * (k & 1) + (r >> 3);
 }
