@@ -67,16 +67,6 @@ std::vector<double> stage_of(const Mat& S) {
   return st;
 }
 
-// C (16 x 8) += A (16 x 8) B (8 x 8), every element of A and B set exactly once.
-void mma(double (&C)[16][8], const double (&A)[16][8], const double (&B)[8][8]) {
-  for (int r = 0; r < 16; ++r) {
-    for (int n = 0; n < 8; ++n) {
-      for (int s = 0; s < 8; ++s) {
-        C[r][n] += A[r][s] * B[s][n];
-      }
-    }
-  }
-}
 template <int R, int C>
 void fill_nan(double (&m)[R][C]) {
   for (auto& row : m) {
@@ -90,6 +80,40 @@ void require_full(const double (&m)[R][C]) {
   for (const auto& row : m) {
     for (const double x : row) {
       REQUIRE_FALSE(std::isnan(x));
+    }
+  }
+}
+
+// C (16 x 8) += A (16 x 8) B (8 x 8) once every element of A and B is set (none left NaN).
+void mma(double (&C)[16][8], const double (&A)[16][8], const double (&B)[8][8]) {
+  require_full(A);
+  require_full(B);
+  for (int r = 0; r < 16; ++r) {
+    for (int n = 0; n < 8; ++n) {
+      for (int s = 0; s < 8; ++s) {
+        C[r][n] += A[r][s] * B[s][n];
+      }
+    }
+  }
+}
+
+// One k-step's fragments, gathered lane by lane.
+struct Frags {
+  double A[16][8], B[8][8];
+};
+/// C += the product of every pair j and step's fragments, each gathered by
+/// gather(j, step, lane, frags) for lanes 0..31 (a lane sets the elements it holds).
+template <int K, typename Gather>
+void accumulate(double (&C)[16][8], const Gather& gather) {
+  for (int j = 0; j < K / 16; ++j) {
+    for (int step = 0; step < 2; ++step) {
+      Frags f;
+      fill_nan(f.A);
+      fill_nan(f.B);
+      for (int lane = 0; lane < 32; ++lane) {
+        gather(j, step, lane, f);
+      }
+      mma(C, f.A, f.B);
     }
   }
 }
@@ -116,31 +140,21 @@ void check_wide(int tiles, std::mt19937& rng) {
     for (int m = 0; m < tiles; ++m) {
       for (int nt = 0; nt < BV / 8; ++nt) {
         double C[16][8] = {};
-        for (int j = 0; j < K / 16; ++j) {
-          for (int step = 0; step < 2; ++step) {
-            double A[16][8], B[8][8];
-            fill_nan(A);
-            fill_nan(B);
-            for (int lane = 0; lane < 32; ++lane) {
-              const int g = lane / 4, tig = lane % 4;
-              for (int reg = 0; reg < 4; ++reg) {
-                const Elem e = a_elem(lane, reg);
-                A[e.row][e.col] = op[static_cast<size_t>(m) * fl::kWideTileWords<K> +
-                                     fl::wide_a_word<K>(part, j, step, lane) + reg];
-              }
-              const int chunk = fl::swz<K>(nt * 8 + g, 16 * j + 4 * tig);
-              for (int reg = 0; reg < 2; ++reg) {
-                const Elem e = b_elem(lane, reg);
-                B[e.row][e.col] = st[static_cast<size_t>(chunk + 2 * step + reg)];
-                // The slot's key is the header's map, for A and B alike.
-                REQUIRE(fl::slot_key(j, step, e.row) == 16 * j + 4 * tig + 2 * step + reg);
-              }
-            }
-            require_full(A);
-            require_full(B);
-            mma(C, A, B);
+        accumulate<K>(C, [&](int j, int step, int lane, Frags& f) {
+          const int g = lane / 4, tig = lane % 4;
+          for (int reg = 0; reg < 4; ++reg) {
+            const Elem e = a_elem(lane, reg);
+            f.A[e.row][e.col] = op[static_cast<size_t>(m) * fl::kWideTileWords<K> +
+                                   fl::wide_a_word<K>(part, j, step, lane) + reg];
           }
-        }
+          const int chunk = fl::swz<K>(nt * 8 + g, 16 * j + 4 * tig);
+          for (int reg = 0; reg < 2; ++reg) {
+            const Elem e = b_elem(lane, reg);
+            f.B[e.row][e.col] = st[static_cast<size_t>(chunk + 2 * step + reg)];
+            // The slot's key is the header's map, for A and B alike.
+            REQUIRE(fl::slot_key(j, step, e.row) == 16 * j + 4 * tig + 2 * step + reg);
+          }
+        });
         // c0, c1 -> W[m * 8 + g][nt * 8 + 2 tig + e], c2, c3 -> QS[...]: rows r < 8 keys, r >= 8
         // queries of the tile, so C[r][n] = X[16 m + r] . S[nt * 8 + n].
         for (int lane = 0; lane < 32; ++lane) {
@@ -174,34 +188,23 @@ void check_narrow(std::mt19937& rng) {
     std::vector<double> out(static_cast<size_t>(16) * BV, NAN);  // W: 8 BV words, then QS
     for (int mt = 0; mt < BV / 16; ++mt) {
       double C[16][8] = {};
-      for (int j = 0; j < K / 16; ++j) {
-        for (int step = 0; step < 2; ++step) {
-          double A[16][8], B[8][8];
-          fill_nan(A);
-          fill_nan(B);
-          for (int lane = 0; lane < 32; ++lane) {
-            const int g = lane / 4, tig = lane % 4;
-            const int k = 16 * j + 4 * tig;
-            const int x0 = fl::swz<K>(16 * mt + g, k), x1 = fl::swz<K>(16 * mt + g + 8, k);
-            const double quad[4] = {st[static_cast<size_t>(x0 + 2 * step)],
-                                    st[static_cast<size_t>(x1 + 2 * step)],
-                                    st[static_cast<size_t>(x0 + 2 * step + 1)],
-                                    st[static_cast<size_t>(x1 + 2 * step + 1)]};
-            for (int reg = 0; reg < 4; ++reg) {
-              const Elem e = a_elem(lane, reg);
-              A[e.row][e.col] = quad[reg];
-            }
-            const int xb = fl::narrow_word<K>(part, g, k);
-            for (int reg = 0; reg < 2; ++reg) {
-              const Elem e = b_elem(lane, reg);
-              B[e.row][e.col] = op[static_cast<size_t>(xb + 2 * step + reg)];
-            }
-          }
-          require_full(A);
-          require_full(B);
-          mma(C, A, B);
+      accumulate<K>(C, [&](int j, int step, int lane, Frags& f) {
+        const int g = lane / 4, tig = lane % 4;
+        const int k = 16 * j + 4 * tig;
+        const int x0 = fl::swz<K>(16 * mt + g, k), x1 = fl::swz<K>(16 * mt + g + 8, k);
+        const double quad[4] = {
+            st[static_cast<size_t>(x0 + 2 * step)], st[static_cast<size_t>(x1 + 2 * step)],
+            st[static_cast<size_t>(x0 + 2 * step + 1)], st[static_cast<size_t>(x1 + 2 * step + 1)]};
+        for (int reg = 0; reg < 4; ++reg) {
+          const Elem e = a_elem(lane, reg);
+          f.A[e.row][e.col] = quad[reg];
         }
-      }
+        const int xb = fl::narrow_word<K>(part, g, k);
+        for (int reg = 0; reg < 2; ++reg) {
+          const Elem e = b_elem(lane, reg);
+          f.B[e.row][e.col] = op[static_cast<size_t>(xb + 2 * step + reg)];
+        }
+      });
       for (int lane = 0; lane < 32; ++lane) {
         for (int reg = 0; reg < 4; ++reg) {
           const Elem e = c_elem(lane, reg);
