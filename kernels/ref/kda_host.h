@@ -107,8 +107,9 @@ struct Fp64Verify {
 /// (taps, SiLU, bf16 rounding) is the f32 one: q/k/v entering the recurrence as bf16 values
 /// is part of the model, so both runs see identical q/k/v and the comparison measures the
 /// recurrence alone. Reads the verify inputs and ssm_state; ignores mode, rows, every output,
-/// scratch and ring pointer, and writes nothing.
-Fp64Verify verify_fp64(const VerifyParams& p);
+/// scratch and ring pointer, and writes nothing. keep_states false: `states` is left empty (the
+/// outputs alone; B*T*HV*V*K doubles less to hold).
+Fp64Verify verify_fp64(const VerifyParams& p, bool keep_states = true);
 
 /// The chunked form of verify_fused_fast in double precision, with verify_fp64's conventions
 /// (the f32 conv and its bf16 rounding, then double everywhere: d_t = exp(g_t), the T x T system,

@@ -7,14 +7,16 @@
 
 namespace kda::host {
 
-Fp64Verify verify_fp64(const VerifyParams& p) {
+Fp64Verify verify_fp64(const VerifyParams& p, bool keep_states) {
   detail::validate_verify(p, "kda::host::verify_fp64", params::kConv | params::kRecurrence);
   const int64_t D = qkv_dim(p);
   const int64_t head = static_cast<int64_t>(p.V) * p.K;
   const int64_t token_out = static_cast<int64_t>(p.HV) * p.V;
   Fp64Verify r;
   r.out.assign(static_cast<size_t>(p.B) * p.T * token_out, 0.0);
-  r.states.assign(static_cast<size_t>(p.B) * p.T * p.HV * head, 0.0);
+  if (keep_states) {
+    r.states.assign(static_cast<size_t>(p.B) * p.T * p.HV * head, 0.0);
+  }
   std::vector<bf16_t> act(static_cast<size_t>(p.T * D));
   for (int n = 0; n < p.B; ++n) {
     const int32_t slot = p.slots[n];
@@ -29,7 +31,9 @@ Fp64Verify verify_fp64(const VerifyParams& p) {
         [&](int hv, int t, const detail::HeadStep<double>& w) {
           const int64_t r_row = detail::qkv_row(p, n, t);
           std::copy(w.o.begin(), w.o.end(), r.out.begin() + (r_row * p.HV + hv) * p.V);
-          std::copy(w.S.begin(), w.S.end(), r.states.begin() + (r_row * p.HV + hv) * head);
+          if (keep_states) {
+            std::copy(w.S.begin(), w.S.end(), r.states.begin() + (r_row * p.HV + hv) * head);
+          }
         },
         [](int, const detail::HeadStep<double>&) {});
   }

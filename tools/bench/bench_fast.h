@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,12 @@ class FastCheck {
 
   const OutputDiff& diff() const { return diff_; }
   const std::vector<std::string>& failures() const { return failures_; }
+  /// Contract §10 (c): the relative L2 errors of the last compare()'s fast and exact outputs
+  /// against the host fp64 oracle (host::verify_fp64) on the same inputs, downloaded from the
+  /// device. `call` is that compare()'s params (a dense chain: std::nullopt for a ragged one).
+  /// Host work of B*T*HV*V*K doubles; synchronises `stream`.
+  std::optional<Fp64Errors> fp64_errors(const VerifyParams& call, cudaStream_t stream) const;
+
   /// The last compare()'s fast outputs ([rows, HV, V] bf16).
   const std::vector<bf16_t>& fast_out() const { return fast_out_; }
   /// Forgets diff() and failures().

@@ -706,6 +706,11 @@ TEST_CASE("kda_bench report: the numerics column and the fast statistics", "[too
   f[0] = bf16_t{0x3f81};
   d.add(f.data(), e.data(), 1000, 100);
   rows[2].diff = d;
+  rows[2].fp64 = Fp64Errors{3.0e-3, 2.5e-3};
+  CHECK(rows[2].fp64->ratio() == Approx(1.2));
+  CHECK(rows[2].fp64->meets_contract());
+  CHECK_FALSE((Fp64Errors{3.2e-3, 2.5e-3}.meets_contract()));  // 1.28x: outside §10 (c)
+  CHECK(Fp64Errors{}.ratio() == 1.0);
   mark_best_bv(rows);
   CHECK(rows[0].best_bv);  // the exact group's best: the fast row is another group
   CHECK(rows[2].best_bv);
@@ -729,7 +734,8 @@ TEST_CASE("kda_bench report: the numerics column and the fast statistics", "[too
   REQUIRE(std::getline(in, fast_row));
   REQUIRE(std::getline(in, commit_row));
   // The new columns come after every existing one.
-  const std::string tail = ",kernel,numerics,equal_pct,max_ulp,rel_l2_vs_exact";
+  const std::string tail =
+      ",kernel,numerics,equal_pct,max_ulp,rel_l2_vs_exact,rel_l2_fast_vs_fp64,rel_l2_exact_vs_fp64";
   REQUIRE(header.size() > tail.size());
   CHECK(header.compare(header.size() - tail.size(), tail.size(), tail) == 0);
   CHECK(header.rfind("phase,T,B,variant,mode,fused,bv,best_bv,", 0) == 0);
@@ -741,9 +747,10 @@ TEST_CASE("kda_bench report: the numerics column and the fast statistics", "[too
   const auto ends = [](const std::string& l, const std::string& s) {
     return l.size() >= s.size() && l.compare(l.size() - s.size(), s.size(), s) == 0;
   };
-  CHECK(ends(exact_row, ",exact,,,"));
-  CHECK(ends(fast_row, "fused fast-chunk>,fast,99.9000,1,2.4705e-04"));  // 2^-7 / sqrt(1000)
-  CHECK(ends(commit_row, ",,,,"));
+  CHECK(ends(exact_row, ",exact,,,,,"));
+  // 2^-7 / sqrt(1000)
+  CHECK(ends(fast_row, "fused fast-chunk>,fast,99.9000,1,2.4705e-04,3.0000e-03,2.5000e-03"));
+  CHECK(ends(commit_row, ",,,,,,"));
 
   const std::string json = std::string(dir != nullptr ? dir : "/tmp") + "/kda_bench_numerics.json";
   write_rows(json, RunInfo{}, rows, rec);
@@ -751,6 +758,8 @@ TEST_CASE("kda_bench report: the numerics column and the fast statistics", "[too
   const std::string text((std::istreambuf_iterator<char>(j)), std::istreambuf_iterator<char>());
   CHECK(text.find("\"numerics\": \"fast\", \"equal_pct\": 99.9, \"max_ulp\": 1, "
                   "\"rel_l2_vs_exact\": ") != std::string::npos);
+  CHECK(text.find("\"rel_l2_fast_vs_fp64\": 0.003, \"rel_l2_exact_vs_fp64\": 0.0025}") !=
+        std::string::npos);
   CHECK(text.find("\"numerics\": \"exact\", \"equal_pct\": null") != std::string::npos);
 }
 

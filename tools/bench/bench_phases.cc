@@ -274,11 +274,14 @@ std::vector<int> guarded_block_vs(const BenchArgs& a, int B, int T, RecordMode m
 /// The fast rows' untimed comparison with exact of one (T, B) (contract §10): per fast tile of
 /// `configs` whose plan runs fast, a FastCheck on copy 0 (its statistics into `diffs`, by tile);
 /// the fast outputs must be bitwise equal at every fast tile ((a), with more than one). Returns
-/// the configurations to time (fast ones whose plan runs exact left out, with a note).
+/// the configurations to time (fast ones whose plan runs exact left out, with a note). The first
+/// fast tile's outputs and their exact twin's also go against the fp64 oracle (§10 (c)) into
+/// *fp64: the other tiles' are bitwise the same.
 std::vector<VerifyConfig> check_fast_rows(BenchContext& ctx, const Problem& problem,
                                           FastCheck& check,
                                           const std::vector<VerifyConfig>& configs, int T, int B,
-                                          std::map<int, OutputDiff>* diffs) {
+                                          std::map<int, OutputDiff>* diffs,
+                                          std::optional<Fp64Errors>* fp64) {
   const BenchArgs& a = ctx.args;
   std::vector<VerifyConfig> timed;
   std::vector<bf16_t> first_out;
@@ -303,6 +306,15 @@ std::vector<VerifyConfig> check_fast_rows(BenchContext& ctx, const Problem& prob
     if (first_out.empty()) {
       first_out = check.fast_out();
       first_bv = c.bv;
+      try {
+        *fp64 = check.fp64_errors(p, ctx.stream);
+      } catch (const std::exception& e) {  // a statistic: the timings go on without it
+        note(ctx, fmt::format("verify T={} B={}: no fp64 oracle ({})", T, B, e.what()));
+      }
+      if (*fp64) {
+        fmt::print(stderr, "fp64 rel L2 fast {:.2e} / exact {:.2e} = {:.2f}x; ", (*fp64)->fast,
+                   (*fp64)->exact, (*fp64)->ratio());
+      }
     } else if (a.guard && !std::equal(first_out.begin(), first_out.end(), check.fast_out().begin(),
                                       check.fast_out().end(),
                                       [](bf16_t x, bf16_t y) { return x.bits == y.bits; })) {
@@ -364,8 +376,9 @@ void run_verify_phase(BenchContext& ctx) {
         note(ctx, n);
       }
       std::map<int, OutputDiff> fast_diffs;  // by fast tile
+      std::optional<Fp64Errors> fp64;
       if (check) {
-        configs = check_fast_rows(ctx, problem, *check, configs, T, B, &fast_diffs);
+        configs = check_fast_rows(ctx, problem, *check, configs, T, B, &fast_diffs, &fp64);
       }
       fmt::print(stderr, "timing\n");
 
@@ -381,6 +394,7 @@ void run_verify_phase(BenchContext& ctx) {
         Row r = verify_row(ctx, Phase::kVerify, c.variant, c.bv, T, B);
         if (c.numerics == VerifyNumerics::kFast) {
           r.diff = fast_diffs.at(c.bv);
+          r.fp64 = fp64;
         }
         time_verify_row(ctx, r, c.variant, c.bv, params, calls);
         group.push_back(r);

@@ -72,8 +72,14 @@ std::string numerics_cells(const Row& r) {
     return fmt::format("  {:<5} {:>8} {:>3} {:>8}", numerics_name(r.numerics), "-", "-", "-");
   }
   const OutputDiff& d = *r.diff;
-  return fmt::format("  {:<5} {:>7.3f}% {:>3} {:>8.1e}{}", numerics_name(r.numerics), d.equal_pct(),
-                     d.max_ulp, d.rel_l2(), d.meets_contract() ? "" : " MISS");
+  std::string cells =
+      fmt::format("  {:<5} {:>7.3f}% {:>3} {:>8.1e}{}", numerics_name(r.numerics), d.equal_pct(),
+                  d.max_ulp, d.rel_l2(), d.meets_contract() ? "" : " MISS");
+  if (r.fp64) {
+    cells += fmt::format("  fp64 {:.1e}/{:.1e} = {:.2f}x{}", r.fp64->fast, r.fp64->exact,
+                         r.fp64->ratio(), r.fp64->meets_contract() ? "" : " MISS");
+  }
+  return cells;
 }
 
 std::string numerics_header() {
@@ -107,6 +113,11 @@ std::string diff_csv(const std::optional<OutputDiff>& d) {
     return ",,";
   }
   return fmt::format("{:.4f},{},{:.4e}", d->equal_pct(), d->max_ulp, d->rel_l2());
+}
+
+/// The CSV's rel_l2_fast_vs_fp64,rel_l2_exact_vs_fp64 cells (empty without the oracle).
+std::string fp64_csv(const std::optional<Fp64Errors>& e) {
+  return e ? fmt::format("{:.4e},{:.4e}", e->fast, e->exact) : ",";
 }
 
 std::string opt_int(const std::optional<int>& x) { return x ? fmt::format("{}", *x) : "null"; }
@@ -583,11 +594,11 @@ void write_rows(const std::string& path, const RunInfo& info, const std::vector<
                "phase,T,B,variant,mode,fused,bv,best_bv,layers,copies,calls_per_graph,median_us,"
                "min_us,max_us,model_bytes,moved_bytes,floor_us,gbps,pct,target_us,target_ok,"
                "draft_shape,gemm_us,share_us,H,HV,K,V,hidden,kernel,numerics,equal_pct,max_ulp,"
-               "rel_l2_vs_exact\n");
+               "rel_l2_vs_exact,rel_l2_fast_vs_fp64,rel_l2_exact_vs_fp64\n");
     for (const Row& r : rows) {
       fmt::print(f.get(),
                  "{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.4f},{},{},{:.4f},{:.2f},"
-                 "{:.2f},{},{},{},{:.4f},{:.4f},{},{},{},{},{},{},{},{}\n",
+                 "{:.2f},{},{},{},{:.4f},{:.4f},{},{},{},{},{},{},{},{},{}\n",
                  phase_name(r.phase), r.T, r.B, r.what, mode_name(r.mode), r.fused ? 1 : 0, r.bv,
                  r.best_bv ? 1 : 0, r.layers, r.copies, r.timing.calls_per_graph,
                  r.timing.median_us, r.timing.min_us, r.timing.max_us, r.model_bytes, r.moved_bytes,
@@ -595,7 +606,8 @@ void write_rows(const std::string& path, const RunInfo& info, const std::vector<
                  r.target_us ? (r.target_ok() ? "pass" : "miss") : "",
                  draft_shape_name(r.draft_shape), r.gemm_us, r.share_us, info.H, info.HV, info.K,
                  info.V, r.phase == Phase::kStep ? info.hidden : 0, r.kernel,
-                 runs_verify(r) ? numerics_name(r.numerics) : "", diff_csv(r.diff));
+                 runs_verify(r) ? numerics_name(r.numerics) : "", diff_csv(r.diff),
+                 fp64_csv(r.fp64));
     }
   } else {
     fmt::print(f.get(), "{{\n  \"device\": {},\n  \"shape\": {},\n  \"command\": {},\n",
@@ -615,7 +627,8 @@ void write_rows(const std::string& path, const RunInfo& info, const std::vector<
                  "\"floor_us\": {}, \"gbps\": {}, \"pct\": {}, \"target_us\": {}, "
                  "\"target_ok\": {}, \"draft_shape\": \"{}\", \"gemm_us\": {}, "
                  "\"share_us\": {}, \"kernel\": {}, \"numerics\": {}, \"equal_pct\": {}, "
-                 "\"max_ulp\": {}, \"rel_l2_vs_exact\": {}}}",
+                 "\"max_ulp\": {}, \"rel_l2_vs_exact\": {}, \"rel_l2_fast_vs_fp64\": {}, "
+                 "\"rel_l2_exact_vs_fp64\": {}}}",
                  i == 0 ? "" : ",", phase_name(r.phase), r.T, r.B, json_str(r.what),
                  mode_name(r.mode), r.fused, r.bv, r.best_bv, r.layers, r.copies,
                  r.timing.calls_per_graph, json_num(r.timing.median_us), json_num(r.timing.min_us),
@@ -626,7 +639,9 @@ void write_rows(const std::string& path, const RunInfo& info, const std::vector<
                  json_str(r.kernel), runs_verify(r) ? json_str(numerics_name(r.numerics)) : "null",
                  r.diff ? json_num(r.diff->equal_pct()) : "null",
                  r.diff ? fmt::format("{}", r.diff->max_ulp) : "null",
-                 r.diff ? json_num(r.diff->rel_l2()) : "null");
+                 r.diff ? json_num(r.diff->rel_l2()) : "null",
+                 r.fp64 ? json_num(r.fp64->fast) : "null",
+                 r.fp64 ? json_num(r.fp64->exact) : "null");
     }
     fmt::print(f.get(), "\n  ],\n  \"recommendation\": {{\n    \"dispatch\": [");
     for (size_t i = 0; i < rec.entries.size(); ++i) {

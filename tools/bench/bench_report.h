@@ -53,6 +53,9 @@ struct Row {
   /// fast rows: the outputs against exact's on the same inputs (contract §10 (b)); verify: the
   /// call's, round and step: every layer's. Empty on exact rows.
   std::optional<OutputDiff> diff;
+  /// verify fast rows of a dense chain: the fast and exact outputs against the fp64 oracle
+  /// (contract §10 (c)); empty elsewhere.
+  std::optional<Fp64Errors> fp64;
 
   bool target_ok() const { return target_us && timing.median_us <= *target_us; }
 };
