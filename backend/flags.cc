@@ -22,8 +22,8 @@ enum class FlagKind {
 };
 
 // The names of the kChoice flags' values, indexed by the enum value each stands for.
-constexpr const char* kDeferredCommitNames[] = {"auto", "on", "off"};      // DeferredCommit
-constexpr const char* kVerifyNumericsNames[] = {"auto", "exact", "fast"};  // NumericsRequest
+constexpr const char* kDeferredCommitNames[] = {"auto", "on", "off", "lazy"};  // DeferredCommit
+constexpr const char* kVerifyNumericsNames[] = {"auto", "exact", "fast"};      // NumericsRequest
 
 struct FlagSpec {
   const char* name;
@@ -53,11 +53,18 @@ constexpr FlagSpec kFlags[] = {
      nullptr, "N", "largest batch that takes the fused kernel in ring mode (SM90/SM100)", nullptr},
     {"--kda-verify-block-v", FlagKind::kBlockV, 0, 0, &EngineFlags::verify_block_v, nullptr,
      "auto|N", "fused verify V tile", nullptr},
-    {"--kda-deferred-commit", FlagKind::kChoice, 0, 2, &EngineFlags::deferred_commit, nullptr,
-     "auto|on|off",
+    {"--kda-deferred-commit", FlagKind::kChoice, 0, 3, &EngineFlags::deferred_commit, nullptr,
+     "auto|on|off|lazy",
      "ring mode: fold the accepted steps inside the next verify (auto: where the step "
-     "benchmark measured it faster on the nearest measured card, dispatch/commit_policy.h)",
+     "benchmark measured it faster on the nearest measured card, dispatch/commit_policy.h); "
+     "lazy: verifies fold nothing (fast outputs over the pending steps), the commit folds when "
+     "the ring is full (L <= 16)",
      kDeferredCommitNames},
+    {"--kda-lazy-fold-interval", FlagKind::kInt, 0, 16, &EngineFlags::lazy_fold_interval, nullptr,
+     "N",
+     "with --kda-deferred-commit lazy: also fold a slot once it holds N pending steps (0: only "
+     "when the ring is full)",
+     nullptr},
     {"--kda-verify-numerics", FlagKind::kChoice, 0, 2, &EngineFlags::verify_numerics, nullptr,
      "exact|fast|auto",
      "verify outputs: exact, or fast (tensor cores; ring-mode chains on the fused path without a "
@@ -241,10 +248,31 @@ void EngineFlags::validate() const {
             "(tree drafts: expected at most {} nodes per request)",
             num_draft_tokens, eagle_topk, kMaxTreeNodes);
   // A tree's accepted path is not a contiguous ring range: trees commit eagerly.
-  KDA_CHECK(!tree_drafts() || deferred_commit != static_cast<int>(DeferredCommit::kOn),
-            "--kda-deferred-commit: invalid value 'on' with --speculative-eagle-topk {} (tree "
+  KDA_CHECK(!tree_drafts() ||
+                (deferred_commit != static_cast<int>(DeferredCommit::kOn) && !lazy_write_back()),
+            "--kda-deferred-commit: invalid value '{}' with --speculative-eagle-topk {} (tree "
             "drafts commit eagerly: expected auto or off)",
-            eagle_topk);
+            kDeferredCommitNames[deferred_commit], eagle_topk);
+  if (lazy_write_back()) {
+    // The lazy verify's outputs are the fast chunk's over the pending steps and the draft.
+    KDA_CHECK(replayssm_spec,
+              "--kda-deferred-commit: invalid value 'lazy' without "
+              "--enable-linear-replayssm-spec (the lazy write-back replays ring records)");
+    KDA_CHECK(replayssm_cache_len <= kFastMaxChunk,
+              "--linear-replayssm-cache-len: invalid value '{}' with --kda-deferred-commit lazy "
+              "(expected at most {}: the pending steps and the next draft share one fast chunk)",
+              replayssm_cache_len, kFastMaxChunk);
+    KDA_CHECK(numerics_request() != NumericsRequest::kExact,
+              "--kda-verify-numerics: invalid value 'exact' with --kda-deferred-commit lazy (the "
+              "lazy verify computes fast outputs: expected fast or auto)");
+    KDA_CHECK(fused_verify,
+              "--kda-fused-verify: invalid value 'off' with --kda-deferred-commit lazy (the fast "
+              "outputs run on the fused path)");
+  }
+  KDA_CHECK(lazy_fold_interval == 0 || lazy_write_back(),
+            "--kda-lazy-fold-interval: invalid value '{}' without --kda-deferred-commit lazy "
+            "(expected 0)",
+            lazy_fold_interval);
 }
 
 EngineFlags parse_engine_flags(std::vector<std::string>& args, const EngineFlags& defaults) {

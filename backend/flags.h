@@ -12,10 +12,18 @@
 //                                      default_deferred_block_v with the deferred commit,
 //                                      default_snapshot_block_v in snapshot mode) or
 //                                      8|16|32|64|128
-//   --kda-deferred-commit auto|on|off  ring mode: commit only records the accepted length and
-//                                      the next verify folds it (contract §7); auto (default):
-//                                      dispatch/commit_policy.h's measured rule (the step
-//                                      table of the measured card nearest to the device)
+//   --kda-deferred-commit auto|on|off|lazy  ring mode: commit only records the accepted length
+//                                      and the next verify folds it (contract §7); auto
+//                                      (default): dispatch/commit_policy.h's measured rule (the
+//                                      step table of the measured card nearest to the device);
+//                                      lazy: the lazy write-back (contract §11): verifies fold
+//                                      nothing (their fast outputs take the pending steps as
+//                                      history), the commit folds a slot's pending steps when
+//                                      the next draft would not fit the ring (L <= 16; needs
+//                                      --kda-verify-numerics fast or auto, the fused verify,
+//                                      chains)
+//   --kda-lazy-fold-interval N         0..16 (default 0): with lazy, also fold a slot once it
+//                                      holds N pending steps (0: only when the ring is full)
 //   --kda-verify-numerics exact|fast|auto  the verify's outputs (contract §10): exact (§3), or
 //                                      fast (the chunked form on tensor cores) where a call can
 //                                      take it: ring mode, a dense or ragged chain, T <= 16, the
@@ -38,7 +46,7 @@
 namespace kda {
 
 /// --kda-deferred-commit (stored as its int value in EngineFlags::deferred_commit).
-enum class DeferredCommit : int { kAuto = 0, kOn = 1, kOff = 2 };
+enum class DeferredCommit : int { kAuto = 0, kOn = 1, kOff = 2, kLazy = 3 };
 
 /// Parsed engine flags (defaults = the flags' defaults). A plain value.
 struct EngineFlags {
@@ -51,10 +59,15 @@ struct EngineFlags {
   int verify_block_v = 0;         ///< --kda-verify-block-v; 0 = auto
   int deferred_commit = 0;        ///< --kda-deferred-commit: a DeferredCommit value
   int verify_numerics = 0;        ///< --kda-verify-numerics: a NumericsRequest value
+  int lazy_fold_interval = 0;     ///< --kda-lazy-fold-interval (0: fold only when the ring is full)
   int eagle_topk = 1;             ///< --speculative-eagle-topk: 1 = chains, > 1 = tree drafts
 
   /// Tree drafts (contract §8): prepare() takes BatchSpec::parents.
   bool tree_drafts() const { return eagle_topk > 1; }
+  /// --kda-deferred-commit lazy (contract §11).
+  bool lazy_write_back() const {
+    return deferred_commit == static_cast<int>(DeferredCommit::kLazy);
+  }
 
   RecordMode record_mode() const {
     return replayssm_spec ? RecordMode::kRing : RecordMode::kSnapshot;
@@ -75,7 +88,9 @@ struct EngineFlags {
   }
 
   /// Checks every field against its flag's range and the cross-flag rules (ring mode:
-  /// L >= 2*T; tree drafts: T <= kMaxTreeNodes and no --kda-deferred-commit on). Throws
+  /// L >= 2*T; tree drafts: T <= kMaxTreeNodes and no --kda-deferred-commit on or lazy; lazy:
+  /// ring mode, L <= kFastMaxChunk, numerics fast or auto, the fused verify on; a fold interval
+  /// only with lazy). Throws
   /// kda::Error(kInvalidArgument) naming the flag, the value and the allowed range, exactly as the
   /// parser does.
   void validate() const;

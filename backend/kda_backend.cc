@@ -27,6 +27,7 @@ bool defers_commit(const ModelConfig& m, const EngineFlags& f, const Platform& p
   }
   switch (static_cast<DeferredCommit>(f.deferred_commit)) {
     case DeferredCommit::kOn:
+    case DeferredCommit::kLazy:
       return true;
     case DeferredCommit::kOff:
       return false;
@@ -41,6 +42,9 @@ bool defers_commit(const ModelConfig& m, const EngineFlags& f, const Platform& p
 // the outputs may be fast (--kda-verify-numerics fast, or auto on a card whose table picks fast
 // for this model) the commit is u-free: the chunked outputs compute no exact per-step u.
 bool keeps_u_records(const ModelConfig& m, const EngineFlags& f, const Platform& platform) {
+  if (f.lazy_write_back()) {
+    return false;  // the lazy verify's outputs are fast (contract §11)
+  }
   switch (f.numerics_request()) {
     case NumericsRequest::kExact:
       return true;
@@ -72,6 +76,7 @@ PoolConfig make_pool_config(const ModelConfig& m, const EngineFlags& f, const De
   c.ring_len = f.replayssm_cache_len;
   c.deferred_commit = defers_commit(m, f, platform);
   c.deferred_u_records = keeps_u_records(m, f, platform);  // ring_u (kda_state_pool.h)
+  c.lazy_commit = c.deferred_commit && f.lazy_write_back();
   c.device = device;
   c.memory_budget_bytes = o.memory_budget_bytes;
   return c;
@@ -130,6 +135,7 @@ ops::detail::Dims dims_of(const KdaStatePool& pool, bool deferred) {
   d.mode = c.ring_mode ? RecordMode::kRing : RecordMode::kSnapshot;
   d.deferred = deferred;
   d.u_records = deferred && c.deferred_u_records;
+  d.lazy = deferred && c.lazy_commit;
   return d;
 }
 
@@ -183,10 +189,15 @@ KdaAttentionBackend::KdaAttentionBackend(const ModelConfig& model, const EngineF
       error_flag_(zeroed_flag(device_, options)),
       round_(model.num_layers),
       deferred_(defers_commit(model_, flags_, platform_)),
+      lazy_(pool_.config().lazy_commit),
       verify_ran_(static_cast<size_t>(model.num_layers), 0),
       checked_accepted_(device_, int64_t{flags.max_running_requests} * 4, options.allocator,
                         options.allocation_stream),
       last_decision_(static_cast<size_t>(model.num_layers)) {
+  KDA_CHECK_CODE(!lazy_ || kernels_->runs_lazy_write_back(), ErrorCode::kUnsupported,
+                 "--kda-deferred-commit lazy: the {} kernel set does not run the lazy write-back "
+                 "(contract §11; the host kernel set does; on CUDA use --kda-deferred-commit on)",
+                 kernels_->name());
   batch_slots_.reserve(static_cast<size_t>(flags.max_running_requests));
   upload_rows_.reserve(static_cast<size_t>(flags.max_running_requests));
   logger().info(
@@ -194,9 +205,11 @@ KdaAttentionBackend::KdaAttentionBackend(const ModelConfig& model, const EngineF
       "numerics {}, kernels {} on {}, dispatch platform {}",
       model_.num_layers, model_.H, model_.HV, model_.K, model_.V,
       flags_.replayssm_spec ? "ring" : "snapshot", flags_.replayssm_cache_len,
-      deferred_ ? "deferred" : "eager", flags_.num_draft_tokens,
-      numerics_request_name(flags_.numerics_request()), kernels_->name(), device_name(device_),
-      platform_.describe());
+      lazy_       ? "lazy"
+      : deferred_ ? "deferred"
+                  : "eager",
+      flags_.num_draft_tokens, numerics_request_name(flags_.numerics_request()), kernels_->name(),
+      device_name(device_), platform_.describe());
 }
 
 KdaAttentionBackend::~KdaAttentionBackend() = default;
@@ -555,7 +568,7 @@ VerifyParams KdaAttentionBackend::make_verify_params(int layer, const VerifyInpu
   if (deferred_) {
     state.ring_cursor = pool_.ring_cursor();
     state.ring_pending = pool_.ring_pending(layer);
-    state.ring_u = pool_.ring_u(layer);
+    state.ring_u = pool_.ring_u(layer);  // undefined with the lazy write-back
   }
   ops::detail::VerifyCall call;
   call.B = batch_B_;
@@ -614,8 +627,9 @@ DispatchDecision KdaAttentionBackend::verify(int layer, const VerifyInputs& in,
       ops::detail::run_verify(*kernels_, params, make_dispatch_problem(layer, in), platform_,
                               flags_.dispatch_flags(), stream);
   record_decision(layer, decision);
-  // Only a deferred backend needs it (abort_round); the query is a driver call per verify.
-  verify_ran_[static_cast<size_t>(layer)] = deferred_ && !capturing(device_, stream);
+  // Only a deferred backend whose verifies fold needs it (abort_round); the query is a driver
+  // call per verify.
+  verify_ran_[static_cast<size_t>(layer)] = deferred_ && !lazy_ && !capturing(device_, stream);
   round_.on_layer_done(layer);
   return decision;
 }
@@ -691,7 +705,12 @@ void KdaAttentionBackend::enqueue_commit(const TensorView& accepted_lengths,
   } catch (const Error& e) {
     KDA_THROW(e.code(), "{}: {}", call, e.message());
   }
-  CommitParams c = make_commit_params(deferred_ ? CommitKind::kDeferred : CommitKind::kEager);
+  CommitParams c = make_commit_params(lazy_       ? CommitKind::kLazy
+                                      : deferred_ ? CommitKind::kDeferred
+                                                  : CommitKind::kEager);
+  if (lazy_) {
+    c.lazy_fold_interval = flags_.lazy_fold_interval;
+  }
   c.B = batch_B_;
   c.T = batch_T_;
   c.accepted = static_cast<const int32_t*>(accepted_lengths.data());
@@ -784,7 +803,7 @@ void KdaAttentionBackend::record_graph_verify_round() {
 void KdaAttentionBackend::abort_round(cudaStream_t stream) {
   // The verifies that ran folded their layer's pending steps and wrote them back: those layers'
   // counts go (the others keep theirs for the next verify).
-  if (deferred_ && round_.kind() == RoundKind::kVerify) {
+  if (deferred_ && !lazy_ && round_.kind() == RoundKind::kVerify) {
     CommitParams c = make_commit_params(CommitKind::kDropPending);
     c.B = batch_B_;
     c.T = batch_T_;

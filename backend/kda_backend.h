@@ -243,7 +243,9 @@ class KdaAttentionBackend {
   /// Deferred (deferred_commit(), contract §7): records n per (layer, slot) and commits the conv
   /// state; each layer's next verify of the slot folds the n steps first (exactly the eager
   /// fold), and until then the pool's ssm_state of the slot is the state before them
-  /// (materialize() folds them without a verify).
+  /// (materialize() folds them without a verify). Lazy (lazy_write_back(), contract §11): adds n
+  /// to the slot's pending steps and folds them all (exactly the eager folds) where the next
+  /// draft would not fit the ring.
   void commit(const TensorView& accepted_lengths, cudaStream_t stream);
   /// The same, and the prefix-cache tracks (CommitTrack): once the commit's work has run on
   /// `stream`, every valid track slot holds its state in the pool's views (materialized, also
@@ -277,7 +279,8 @@ class KdaAttentionBackend {
   void record_graph_verify_round();
   /// Drops the current round (e.g. the engine abandons a batch). Safe for verify rounds: the
   /// committed state stays what it was (with the deferred commit, the layers that ran have
-  /// folded their pending steps into it, and their pending counts are cleared on `stream`;
+  /// folded their pending steps into it, and their pending counts are cleared on `stream`; the
+  /// lazy write-back's verifies folded nothing;
   /// verifies captured into a graph have not run and clear nothing, so the capture idiom
   /// "prepare, capture every verify, abort_round" keeps the counts for the replays); layers an
   /// unfinished extend round already ran keep their advanced state.
@@ -291,6 +294,12 @@ class KdaAttentionBackend {
   void materialize(const std::vector<int32_t>& slots, cudaStream_t stream);
   /// Whether commits are deferred (--kda-deferred-commit and ring mode; fixed at construction).
   bool deferred_commit() const { return deferred_; }
+  /// Whether the deferred commit is the lazy write-back (--kda-deferred-commit lazy, contract
+  /// §11): verifies fold nothing and write no state (their fast outputs take a slot's pending
+  /// steps as history); the commit folds a slot's pending steps when the next draft would not fit
+  /// its ring (or at --kda-lazy-fold-interval). materialize() and prepare_extend fold them as with
+  /// the deferred commit; abort_round() has nothing to undo.
+  bool lazy_write_back() const { return lazy_; }
 
   RoundKind round_kind() const { return round_.kind(); }
   /// e.g. "verify round, 1 of 2 layers verified (0)".
@@ -340,7 +349,8 @@ class KdaAttentionBackend {
   BatchIndices indices_;
   Buffer error_flag_;  // [1] int32 on the device; CommitParams::error_flag
   RoundTracker round_;
-  bool deferred_ = false;  // ring mode with --kda-deferred-commit on (or auto, measured)
+  bool deferred_ = false;  // ring mode with --kda-deferred-commit on (or auto, measured) or lazy
+  bool lazy_ = false;      // --kda-deferred-commit lazy (with deferred_)
   // Per layer of the round: its verify was enqueued for execution (not captured into a graph),
   // so it folds the layer's pending steps; abort_round drops those layers' counts only.
   std::vector<uint8_t> verify_ran_;

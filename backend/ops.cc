@@ -25,6 +25,8 @@ const char* commit_reason(CommitKind kind, RecordMode mode) {
       return "materialize";
     case CommitKind::kDropPending:
       return "drop_pending";
+    case CommitKind::kLazy:
+      return "lazy_record";
   }
   return "?";
 }
@@ -94,6 +96,11 @@ CommitParams commit_params(const Dims& dims, const StateTensors& state, const Co
     c.ring_u_layer_stride = u.defined() ? u.stride(0) : 0;
     c.ring_u_slot_stride = u.defined() ? u.stride(1) : 0;
     c.u_free = dims.u_records ? 0 : 1;
+    if (dims.lazy) {
+      c.ring_u = nullptr;  // the lazy write-back's folds compute u (it keeps no u records)
+      c.ring_u_layer_stride = 0;
+      c.ring_u_slot_stride = 0;
+    }
   }
   c.error_flag = call.error_flag;
   c.checked_accepted = call.checked_accepted;
@@ -163,11 +170,14 @@ VerifyParams verify_params(const Dims& dims, const StateTensors& state, const Ve
   if (dims.deferred) {
     p.ring_cursor = static_cast<const int32_t*>(state.ring_cursor.data());
     p.ring_pending = static_cast<const int32_t*>(state.ring_pending.data());
-    p.ssm_fold_out = static_cast<float*>(state.ssm_state.data());
-    p.ring_u = static_cast<float*>(state.ring_u.data());
-    p.ring_u_slot_stride = state.ring_u.stride(0);
     p.u_free = dims.u_records ? 0 : 1;
-    p.fold_before_wait = call.fold_before_wait;
+    p.lazy = dims.lazy ? 1 : 0;
+    if (!dims.lazy) {  // lazy: no fold destination, no u records (kda_params.h ring_pending)
+      p.ssm_fold_out = static_cast<float*>(state.ssm_state.data());
+      p.ring_u = static_cast<float*>(state.ring_u.data());
+      p.ring_u_slot_stride = state.ring_u.stride(0);
+      p.fold_before_wait = call.fold_before_wait;
+    }
   }
   return p;
 }
@@ -201,6 +211,7 @@ DispatchProblem dispatch_problem(const Dims& dims, int B, int T, bool plain_chai
   d.num_slots = dims.S;
   d.deferred = dims.deferred;
   d.u_records = dims.u_records;
+  d.lazy = dims.lazy;
   return d;
 }
 

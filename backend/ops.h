@@ -135,6 +135,10 @@ struct Dims {
   /// Deferred: the folds replay the u records; false: u-free (VerifyParams::u_free: every fold
   /// computes u; ring_u is still given and written, never read).
   bool u_records = false;
+  /// Deferred, the lazy write-back (contract §11; no u records, ring_u absent): a verify folds
+  /// nothing (VerifyParams::ssm_fold_out null: its pending steps are its fast chunk's history);
+  /// the commit is CommitKind::kLazy.
+  bool lazy = false;
 };
 
 /// What a commit-family launch needs beyond the state: device index pointers of B requests.
@@ -195,7 +199,8 @@ DispatchDecision run_verify(KernelSet& kernels, const VerifyParams& params,
                             const DispatchProblem& problem, const Platform& platform,
                             const DispatchFlags& flags, cudaStream_t stream);
 
-/// The "ring_fold" / "snapshot_copy" / "deferred_record" / "materialize" of a commit kind.
+/// The "ring_fold" / "snapshot_copy" / "deferred_record" / "materialize" / "drop_pending" /
+/// "lazy_record" of a commit kind.
 const char* commit_reason(CommitKind kind, RecordMode mode);
 
 }  // namespace detail

@@ -173,6 +173,8 @@ const char* numerics_reason_name(NumericsReason reason) noexcept {
       return "exact_deferred_fold";
     case NumericsReason::kExactBlockV:
       return "exact_block_v";
+    case NumericsReason::kLazyHistory:
+      return "lazy_history";
   }
   return "?";
 }
@@ -284,7 +286,7 @@ DispatchDecision choose_path(const DispatchProblem& p, const Platform& platform,
   }
   // Ring mode: fused+ring is only a measured win for small batches on SM90/SM100
   // (upstream §8.1: at B >= 4 it regressed 1.9-5.6x on H20), hence the explicit gates.
-  if (p.B > flags.fused_ring_max_batch) {
+  if (p.B > flags.fused_ring_max_batch && !p.lazy) {
     d.reason = R::kRingBatchAboveLimit;
     return d;
   }
@@ -348,7 +350,9 @@ void choose_numerics(DispatchDecision& d, const DispatchProblem& p, const Platfo
   if (fast_outputs_gated(d, p, flags, d.numerics_reason)) {
     return;
   }
-  if (flags.numerics == NumericsRequest::kFast) {
+  if (p.lazy) {
+    d.numerics_reason = N::kLazyHistory;
+  } else if (flags.numerics == NumericsRequest::kFast) {
     d.numerics_reason = N::kFastRequested;
   } else {
     const NumericsPolicyCard& card = flags.numerics_table != nullptr
@@ -423,6 +427,9 @@ std::string DispatchDecision::describe_numerics() const {
     case N::kExactBlockV:
       return fmt::format("outputs exact: --kda-verify-block-v = {} is not a fast tile ({})",
                          block_v, fmt::join(kernels::kFastBlockVs, ", "));
+    case N::kLazyHistory:
+      return "outputs fast (tensor cores): the lazy write-back (the pending steps are the fast "
+             "chunk's history)";
   }
   return "?";
 }

@@ -9,8 +9,9 @@
 //   3. unfused if shapes, dtypes, strides, devices or index tensors are outside what the
 //      fused kernel supports (see kFusedMaxTokens below), or block_v is not a fused tile;
 //   4. snapshot mode: fused (no batch or platform gate);
-//   5. ring mode: fused only if B <= fused_ring_max_batch (default 1) AND the platform is
-//      SM90 or SM100-family AND the ring views pass check_ring_layout; else unfused.
+//   5. ring mode: fused only if B <= fused_ring_max_batch (default 1; the lazy write-back,
+//      whose verify runs the fast outputs only, skips this gate) AND the platform is SM90 or
+//      SM100-family AND the ring views pass check_ring_layout; else unfused.
 // Both paths produce bitwise-identical results (contract §3), so the choice is a speed
 // decision only; the reason records why, for logs and tests.
 //
@@ -21,6 +22,9 @@
 // (dense or ragged; no tree); 1 <= T <= kernels::kFastMaxTokens; the fused path; no deferred fold
 // (the fold reads exact u records); a fast tile (kernels::kFastBlockVs) when
 // --kda-verify-block-v forces one. A fast call's auto tile is kernels::default_fast_block_v's.
+// The lazy write-back (contract §11) takes fast outputs whatever auto's table says (its pending
+// steps exist only as the fast chunk's history); where a gate fails its plan is refused
+// (kernels::check_lazy_plan).
 // These gates are kernels::fast_outputs_plannable's, so the plan of a fast decision is
 // VerifySchedule::kFastChunk.
 #pragma once
@@ -90,6 +94,7 @@ enum class NumericsReason : uint8_t {
   kExactUnfused,       ///< the unfused path was chosen
   kExactDeferredFold,  ///< the deferred commit keeps u records (exact per-step u; not u-free)
   kExactBlockV,        ///< --kda-verify-block-v forces a tile outside kernels::kFastBlockVs
+  kLazyHistory,        ///< the lazy write-back: fast whatever auto's table says (contract §11)
 };
 /// Short stable name ("fast_requested", "auto_unmeasured", "exact_deferred_fold", ...).
 const char* numerics_reason_name(NumericsReason reason) noexcept;
@@ -131,6 +136,10 @@ struct DispatchProblem {
   /// u-free deferred commit, a pool built for fast outputs) the pending steps are folded first
   /// and the outputs may be fast.
   bool u_records = false;
+  /// Ring mode with the lazy write-back (contract §11; with `deferred`, no u records): the
+  /// verify's pending steps are its fast chunk's history, so it runs fused with fast outputs
+  /// (rule 5's batch gate and auto's table do not apply).
+  bool lazy = false;
 };
 
 /// The outcome: path, reason and what the reason refers to. A value; describe() builds the

@@ -21,6 +21,9 @@ class CudaKernelSet final : public KernelSet {
               cudaStream_t stream) override {
     kernels::invoke_verify(p, plan, stream);
   }
+  /// The CUDA fast kernel takes no pending history yet (plan_verify_on_device refuses a lazy
+  /// verify, invoke_commit a kLazy commit).
+  bool runs_lazy_write_back() const override { return false; }
   void extend(const ExtendParams& p, cudaStream_t stream) override {
     kernels::invoke_extend(p, stream, overrides_);
   }

@@ -38,6 +38,8 @@ class KernelSet {
   void verify_fused(const VerifyParams& p, int block_v, cudaStream_t stream) {
     verify(p, plan_verify(p, VerifyPath::kFused, block_v), stream);
   }
+  /// Whether this set runs the lazy write-back (contract §11: lazy verifies, CommitKind::kLazy).
+  virtual bool runs_lazy_write_back() const = 0;
   virtual void extend(const ExtendParams& p, cudaStream_t stream) = 0;
   /// Fold or snapshot copy (by p.mode) and the conv commit; all layers.
   virtual void commit(const CommitParams& p, cudaStream_t stream) = 0;

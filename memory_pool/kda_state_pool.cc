@@ -151,7 +151,7 @@ KdaStatePool::KdaStatePool(const PoolConfig& config, const PoolStorage& storage)
     ring_beta_ = take(ext.ring_beta, "ring_beta", DType::kF32, {layers, S, HV, L});
     ring_cursor_ = take(ext.ring_cursor, "ring_cursor", DType::kI32, {S});
     ring_pending_ = take(ext.ring_pending, "ring_pending", DType::kI32, {layers, S});
-    if (config.deferred_commit) {
+    if (config.deferred_commit && !config.lazy_commit) {
       ring_u_ = take(ext.ring_u, "ring_u", DType::kF32, {layers, S, HV, L, V});
     }
   } else {

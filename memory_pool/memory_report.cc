@@ -56,8 +56,9 @@ PoolMemoryReport compute_memory_report(const PoolConfig& c) {
   r.ring_per_slot = checked_sum(
       {checked_product({layers, HV, L, V, kBf16}), checked_product({layers, H, L, K, kBf16}),
        checked_product({layers, HV, L, K, kF32}), checked_product({layers, HV, L, kF32}),
-       c.deferred_commit ? checked_product({layers, HV, L, V, kF32}) : int64_t{0},
+       c.deferred_commit && !c.lazy_commit ? checked_product({layers, HV, L, V, kF32}) : int64_t{0},
        checked_product({layers + 1, kInt32})});
+  r.lazy_pending_capacity = c.ring_mode && c.lazy_commit ? L - T : 0;
   r.conv_window_per_row = checked_product({layers, T, kPoolConvHistory, D, kBf16});
   r.snapshot_per_row = checked_product({layers, T, HV, V, K, kF32});
   r.qkv_act_per_row = checked_product({T, D, kBf16});
@@ -82,6 +83,12 @@ std::string PoolMemoryReport::to_string() const {
   s += fmt::format("  per slot {}: conv_state {}, ssm_state {}{}\n", mib(bytes_per_slot),
                    mib(conv_state_per_slot), mib(ssm_state_per_slot),
                    ring_mode ? ", rings " + mib(ring_per_slot) : std::string());
+  if (lazy_pending_capacity > 0) {
+    s += fmt::format(
+        "  lazy write-back: a slot's ring holds up to {} pending steps beside the next draft; the "
+        "commit folds them when more would not fit\n",
+        lazy_pending_capacity);
+  }
   s += fmt::format("  per scratch row {}: conv_window {}, qkv_act {}{}\n", mib(bytes_per_row),
                    mib(conv_window_per_row), mib(qkv_act_per_row),
                    ring_mode ? std::string() : ", snapshots " + mib(snapshot_per_row));

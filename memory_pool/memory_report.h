@@ -23,6 +23,10 @@ struct PoolMemoryReport {
   /// rawv + rawk + g + beta (+ u, deferred) + cursor and pending counts: ring mode's cost per slot
   int64_t ring_per_slot = 0;
 
+  /// The lazy write-back (PoolConfig::lazy_commit): pending steps a slot's ring holds before the
+  /// commit folds them (L - T_max: the ring's capacity beside the next draft); 0 otherwise.
+  int64_t lazy_pending_capacity = 0;
+
   // Per scratch row, all layers.
   int64_t conv_window_per_row = 0;  ///< [T_max, W-1, D] bf16
   int64_t snapshot_per_row = 0;     ///< [T_max, HV, V, K] f32; what snapshot mode costs per row

@@ -41,6 +41,17 @@ void validate_pool_config(const PoolConfig& c) {
   }
   KDA_CHECK(c.ring_mode || !c.deferred_commit,
             "PoolConfig.deferred_commit: the deferred commit is ring mode only (ring_mode is off)");
+  if (c.lazy_commit) {
+    KDA_CHECK(c.deferred_commit && !c.deferred_u_records,
+              "PoolConfig.lazy_commit: the lazy write-back keeps the deferred commit's cursors and "
+              "pending counts without u records (expected deferred_commit on and "
+              "deferred_u_records off, got {} and {})",
+              c.deferred_commit, c.deferred_u_records);
+    KDA_CHECK(c.ring_len <= kPoolLazyMaxRing,
+              "PoolConfig.ring_len: {} for the lazy write-back, expected at most {} (the pending "
+              "history and the next draft share one fast chunk)",
+              c.ring_len, kPoolLazyMaxRing);
+  }
 }
 
 }  // namespace kda

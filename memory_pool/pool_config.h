@@ -13,6 +13,8 @@ namespace kda {
 /// kConvWidth in kernels/kda_params.h (the pool does not depend on the kernels).
 constexpr int kPoolConvWidth = 4;
 constexpr int kPoolConvHistory = kPoolConvWidth - 1;
+/// Longest ring of the lazy write-back: one fast chunk (kFastMaxChunk in kernels/kda_params.h).
+constexpr int kPoolLazyMaxRing = 16;
 
 /// What a KdaStatePool holds. Plain value; validate_pool_config() states every rule.
 struct PoolConfig {
@@ -34,6 +36,11 @@ struct PoolConfig {
   /// and ring_u (still allocated: the exact verify kernels store into it) is never read (contract
   /// §10: fast outputs record no exact u).
   bool deferred_u_records = true;
+  /// With deferred_commit (u-free: deferred_u_records false): the lazy write-back (contract §11).
+  /// A verify folds nothing; a slot keeps up to L - T_max pending steps (the ring's capacity: its
+  /// history and the next draft in one fast chunk, so L <= kPoolLazyMaxRing) and the commit folds
+  /// them when the next draft would not fit. No ring_u.
+  bool lazy_commit = false;
   Device device = Device::host();
   int64_t memory_budget_bytes = 0;  ///< 0: no budget; else the pool's total bytes must fit
 
@@ -45,7 +52,8 @@ struct PoolConfig {
 /// field, its value and the rule. Rules: layers, H, HV, K, V, num_slots, num_rows,
 /// T_max, ring_len all >= 1; K in {64, 128}; HV % H == 0; memory_budget_bytes >= 0; ring mode only:
 /// ring_len a power of two and ring_len >= 2 * T_max (the early-flush margin, contract §2);
-/// deferred_commit only in ring mode.
+/// deferred_commit only in ring mode; lazy_commit only with deferred_commit, u-free, and
+/// ring_len <= kPoolLazyMaxRing.
 /// The budget itself is checked by KdaStatePool (kOutOfMemory) against the memory report.
 void validate_pool_config(const PoolConfig& config);
 

@@ -22,7 +22,7 @@ enum class Lead : uint8_t {
   kActivation  ///< [>= R * T_max, D] contiguous
 };
 
-enum class Needs : uint8_t { kAlways, kSnapshotMode, kRingMode, kDeferred };
+enum class Needs : uint8_t { kAlways, kSnapshotMode, kRingMode, kURecords };
 
 struct Spec {
   const char* name;
@@ -47,7 +47,7 @@ std::vector<Spec> specs(const PoolConfig& c) {
       {"ring_beta", DType::kF32, Lead::kSlots, Needs::kRingMode, 4, {HV, L}},
       {"ring_cursor", DType::kI32, Lead::kCursor, Needs::kRingMode, 4, {}},
       {"ring_pending", DType::kI32, Lead::kPending, Needs::kRingMode, 4, {}},
-      {"ring_u", DType::kF32, Lead::kSlots, Needs::kDeferred, 4, {HV, L, V}},
+      {"ring_u", DType::kF32, Lead::kSlots, Needs::kURecords, 4, {HV, L, V}},
       {"qkv_act", DType::kBF16, Lead::kActivation, Needs::kAlways, 4, {D}},
   };
 }
@@ -96,8 +96,9 @@ const char* needs_text(Needs n) {
       return "snapshot mode only (the pool is in ring mode)";
     case Needs::kRingMode:
       return "ring mode only (the pool is in snapshot mode)";
-    case Needs::kDeferred:
-      return "ring mode with the deferred commit only (the pool commits eagerly)";
+    case Needs::kURecords:
+      return "ring mode with the deferred commit only, not the lazy write-back (the pool keeps "
+             "no u records)";
   }
   return "";
 }
@@ -110,8 +111,8 @@ bool applies(const PoolConfig& c, Needs n) {
       return !c.ring_mode;
     case Needs::kRingMode:
       return c.ring_mode;
-    case Needs::kDeferred:
-      return c.ring_mode && c.deferred_commit;
+    case Needs::kURecords:
+      return c.ring_mode && c.deferred_commit && !c.lazy_commit;
   }
   return false;
 }

@@ -69,6 +69,7 @@ TEST_CASE("backend: an odd head_v_dim is refused on CUDA before anything is allo
     Device device() const override { return Device::cuda(0); }
     kernels::VerifyPlan plan_verify(const VerifyParams&, VerifyPath, int) override { return {}; }
     void verify(const VerifyParams&, const kernels::VerifyPlan&, cudaStream_t) override {}
+    bool runs_lazy_write_back() const override { return false; }
     void extend(const ExtendParams&, cudaStream_t) override {}
     void commit(const CommitParams&, cudaStream_t) override {}
   };

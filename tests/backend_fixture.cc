@@ -52,6 +52,7 @@ class CountingKernelSet final : public KernelSet {
       counts_->last_block_v = plan.block_v;
     }
   }
+  bool runs_lazy_write_back() const override { return inner_->runs_lazy_write_back(); }
   void extend(const ExtendParams& p, cudaStream_t s) override {
     inner().extend(p, s);
     ++counts_->extend;

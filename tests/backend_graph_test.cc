@@ -42,6 +42,7 @@ class StubCudaKernelSet final : public KernelSet {
   void verify(const VerifyParams& p, const kernels::VerifyPlan&, cudaStream_t s) override {
     record_verify(p, s);
   }
+  bool runs_lazy_write_back() const override { return false; }
   void extend(const ExtendParams&, cudaStream_t) override {}
   void commit(const CommitParams& p, cudaStream_t s) override {
     log_->commit = p;

@@ -124,6 +124,11 @@ TEST_CASE("flags: every accepted spelling of each value", "[flags]") {
        [](auto& f) { return f.numerics_request() == NumericsRequest::kFast; }},
       {{"--kda-verify-numerics", "fast", "--speculative-eagle-topk", "4"},
        [](auto& f) { return f.numerics_request() == NumericsRequest::kFast; }},
+      {{"--enable-linear-replayssm-spec", "--kda-deferred-commit", "lazy"},
+       [](auto& f) { return f.lazy_write_back() && f.lazy_fold_interval == 0; }},
+      {{"--enable-linear-replayssm-spec", "--kda-deferred-commit=lazy", "--kda-verify-numerics",
+        "fast", "--kda-lazy-fold-interval", "6"},
+       [](auto& f) { return f.lazy_write_back() && f.lazy_fold_interval == 6; }},
   };
   for (const Good& c : cases) {
     Args args = c.args;
@@ -187,8 +192,33 @@ TEST_CASE("flags: bad values name the flag, the value and the range", "[flags]")
        "--kda-verify-numerics: invalid value '' (expected auto, exact or fast)"},
       {{"--kda-verify-numerics"},
        "--kda-verify-numerics: missing value (expected auto, exact or fast)"},
+      {{"--kda-deferred-commit", "eager"},
+       "--kda-deferred-commit: invalid value 'eager' (expected auto, on, off or lazy)"},
+      // The lazy write-back (contract §11): ring mode, one fast chunk, fast outputs, fused, chains.
       {{"--kda-deferred-commit", "lazy"},
-       "--kda-deferred-commit: invalid value 'lazy' (expected auto, on or off)"},
+       "--kda-deferred-commit: invalid value 'lazy' without --enable-linear-replayssm-spec (the "
+       "lazy write-back replays ring records)"},
+      {{"--enable-linear-replayssm-spec", "--kda-deferred-commit", "lazy",
+        "--linear-replayssm-cache-len", "32"},
+       "--linear-replayssm-cache-len: invalid value '32' with --kda-deferred-commit lazy "
+       "(expected at most 16: the pending steps and the next draft share one fast chunk)"},
+      {{"--enable-linear-replayssm-spec", "--kda-deferred-commit", "lazy", "--kda-verify-numerics",
+        "exact"},
+       "--kda-verify-numerics: invalid value 'exact' with --kda-deferred-commit lazy (the lazy "
+       "verify computes fast outputs: expected fast or auto)"},
+      {{"--enable-linear-replayssm-spec", "--kda-deferred-commit", "lazy", "--kda-fused-verify",
+        "off"},
+       "--kda-fused-verify: invalid value 'off' with --kda-deferred-commit lazy (the fast "
+       "outputs run on the fused path)"},
+      {{"--enable-linear-replayssm-spec", "--kda-deferred-commit", "lazy",
+        "--speculative-eagle-topk", "2"},
+       "--kda-deferred-commit: invalid value 'lazy' with --speculative-eagle-topk 2 (tree drafts "
+       "commit eagerly: expected auto or off)"},
+      {{"--enable-linear-replayssm-spec", "--kda-lazy-fold-interval", "4"},
+       "--kda-lazy-fold-interval: invalid value '4' without --kda-deferred-commit lazy (expected "
+       "0)"},
+      {{"--kda-lazy-fold-interval", "17"},
+       "--kda-lazy-fold-interval: invalid value '17' (expected an integer in [0, 16])"},
       {{"--enable-linear-replayssm-spec", "--speculative-num-draft-tokens", "16"},
        "--linear-replayssm-cache-len: invalid value '16' for --speculative-num-draft-tokens 16 "
        "with --enable-linear-replayssm-spec (expected a power of two >= 2 * 16 = 32)"},
@@ -263,15 +293,26 @@ TEST_CASE("flags: validate() checks programmatic values like the parser", "[flag
 
 TEST_CASE("flags: help lists every flag with range and default", "[flags]") {
   const std::string help = engine_flags_help();
-  for (const char* needle :
-       {"--speculative-num-draft-tokens N", "an integer in [1, 16] (default 4)",
-        "--enable-linear-replayssm-spec", "(default off)", "--linear-replayssm-cache-len N",
-        "a power of two in [2, 256] (default 16)", "--max-running-requests N", "(default 64)",
-        "--kda-fused-verify on|off", "(default on)", "--kda-fused-ring-max-batch N",
-        "an integer in [0, 4096] (default 1)", "--kda-verify-block-v auto|N",
-        "(default auto: per call, by grid and T", "--kda-deferred-commit auto|on|off",
-        "auto, on or off (default auto)", "--kda-verify-numerics exact|fast|auto",
-        "auto, exact or fast (default auto)"}) {
+  for (const char* needle : {"--speculative-num-draft-tokens N",
+                             "an integer in [1, 16] (default 4)",
+                             "--enable-linear-replayssm-spec",
+                             "(default off)",
+                             "--linear-replayssm-cache-len N",
+                             "a power of two in [2, 256] (default 16)",
+                             "--max-running-requests N",
+                             "(default 64)",
+                             "--kda-fused-verify on|off",
+                             "(default on)",
+                             "--kda-fused-ring-max-batch N",
+                             "an integer in [0, 4096] (default 1)",
+                             "--kda-verify-block-v auto|N",
+                             "(default auto: per call, by grid and T",
+                             "--kda-deferred-commit auto|on|off|lazy",
+                             "auto, on, off or lazy (default auto)",
+                             "--kda-lazy-fold-interval N",
+                             "an integer in [0, 16] (default 0)",
+                             "--kda-verify-numerics exact|fast|auto",
+                             "auto, exact or fast (default auto)"}) {
     CAPTURE(needle);
     CHECK_THAT(help, Catch::Contains(needle));
   }

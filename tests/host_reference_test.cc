@@ -655,8 +655,8 @@ TEST_CASE("host reference: invalid params throw kda::Error naming the field, wri
         "kda::host::fold: ring_u is null, expected a pointer ([layers, S, HV, L, V] f32 u "
         "records (deferred folds))");
   CHECK(commit_error([](CommitParams& q) { q.kind = static_cast<CommitKind>(7); }) ==
-        "kda::host::commit: kind=7 unknown, expected kEager (0), kDeferred (1), kMaterialize (2) "
-        "or kDropPending (3)");
+        "kda::host::commit: kind=7 unknown, expected kEager (0), kDeferred (1), kMaterialize (2), "
+        "kDropPending (3) or kLazy (4)");
   CHECK(commit_error([&](CommitParams& q) {
           q.kind = CommitKind::kDeferred;
           q.ring_cursor = cursor;

@@ -87,6 +87,11 @@ void invoke_commit(const CommitParams& p, cudaStream_t stream, const LaunchOverr
       check_commit_launch(p, "invoke_commit", 0u);
       launch_drop_pending(p, stream, o);
       return;
+    case CommitKind::kLazy:
+      check_commit_launch(p, "invoke_commit", params::commit_needs(p));
+      KDA_THROW(ErrorCode::kUnsupported,
+                "invoke_commit: the lazy commit (contract §11) has no CUDA kernels yet (the host "
+                "kernel set runs it; on CUDA use the deferred commit)");
   }
   // Both launches' checks before the first is enqueued: an error leaves the state untouched.
   const uint32_t state = p.mode == RecordMode::kRing ? params::kFold : params::kSnapshot;

@@ -23,6 +23,9 @@ constexpr float kSoftplusThreshold = 20.0f;   ///< softplus(x) = x above this (x
 /// Most nodes a tree draft request may have: the recurrence keeps a tree's inputs in one token
 /// chunk (TileConfig::kChunk) to replay a node's ancestors from the committed state.
 constexpr int kMaxTreeNodes = 8;
+/// Most tokens of one fast-output chunk (contract §10): the lazy verify's pending history plus
+/// its draft (§11), so a lazy ring holds at most this many records (L <= kFastMaxChunk).
+constexpr int kFastMaxChunk = 16;
 
 /// Conv weight / bias element type (contract §3 step 1 rounds differently for each).
 enum class ConvWeightType : uint8_t { kF32, kBF16 };
@@ -140,6 +143,9 @@ struct VerifyParams {
   float lower_bound = 0.0f;  ///< safe gate only
   RecordMode mode = RecordMode::kRing;
   VerifyNumerics numerics = VerifyNumerics::kExact;  ///< contract §10
+  /// The verify's own (not VerifySizes'; in the sizes' padding, so every field keeps its offset):
+  /// nonzero with ring_pending, the lazy verify (contract §11; see ring_pending).
+  uint8_t lazy = 0;
 
   // ---- token inputs (TokenInputs) ----
   const bf16_t* mixed_qkv =
@@ -193,12 +199,16 @@ struct VerifyParams {
   /// [S] ring base c of each slot: draft step t is recorded at ring position (c + t) mod L.
   /// Null: c = 0.
   const int32_t* ring_cursor = nullptr;
-  /// [S] this layer's pending count n of each slot (0..T_max): before its draft steps the verify
-  /// replays ring positions (c - n + j) mod L, j < n, with the fold's arithmetic and writes the
-  /// folded state to ssm_fold_out. Null: nothing pending.
+  /// [S] this layer's pending count n of each slot: ring positions (c - n + j) mod L, j < n, hold
+  /// steps the committed state does not have yet. Deferred (n <= T_max): before its draft steps
+  /// the verify replays them with the fold's arithmetic and writes the folded state to
+  /// ssm_fold_out. Lazy (`lazy` set, contract §11; n <= L - T_n, ssm_fold_out and ring_u null,
+  /// numerics kFast): the verify folds nothing and writes no state; the pending steps are the
+  /// history of its fast chunk, which computes the draft's outputs from the committed checkpoint.
+  /// Null: nothing pending.
   const int32_t* ring_pending = nullptr;
-  /// Where the folded state goes: the committed state itself (the same memory as ssm_state,
-  /// same strides). Required when ring_pending is set.
+  /// Where the deferred fold's state goes: the committed state itself (the same memory as
+  /// ssm_state, same strides). Required when ring_pending is set, but for a lazy verify (null).
   float* ssm_fold_out = nullptr;
   /// [S, HV, L, V] f32, with ring_pending (required there, null otherwise): the u record of each
   /// draft step, u = (v - sum_k S[k][v] kn[k]) * beta (contract §3 step 6), at the step's ring
@@ -236,6 +246,10 @@ static_assert(std::is_standard_layout_v<VerifyParams> && std::is_trivially_copya
               "VerifyParams is the kernels' flat parameter struct (no base classes with fields)");
 
 KDA_HD int32_t qkv_dim(const VerifySizes& p) { return 2 * p.H * p.K + p.HV * p.V; }
+/// A lazy verify (contract §11): VerifyParams::lazy with pending counts.
+KDA_HD bool is_lazy_verify(const VerifyParams& p) {
+  return p.lazy != 0 && p.ring_pending != nullptr;
+}
 KDA_HD int32_t qkv_dim(const VerifyParams& p) { return 2 * p.H * p.K + p.HV * p.V; }
 
 /// What extend writes besides its outputs: the committed state in place, and prefix-cache tracks.
@@ -341,6 +355,13 @@ enum class CommitKind : uint8_t {
   /// Ring mode only: zeroes ring_pending[layer][slot] of the batch's slots for layers
   /// 0..num_layers-1 (abort_round: those layers' verifies already folded them). Nothing else.
   kDropPending,
+  /// Ring mode only, the lazy write-back (contract §11; u-free, ring_u null): per layer, a
+  /// request's pending count becomes m = ring_pending[layer][slot] + n and its cursor advances by
+  /// n (mod L); where m + T_max > L (the next draft would not fit beside the pending steps) or
+  /// lazy_fold_interval > 0 and m >= lazy_fold_interval, the m steps (positions (c' - m + j) mod L,
+  /// j < m, c' the advanced cursor) are folded into the state and the count becomes 0. A bad
+  /// accepted length skips the request (its pending steps stay as they were). The conv commit.
+  kLazy,
 };
 
 /// Bits of CommitParams::error_flag (or-ed in; the backend reads and clears them).
@@ -356,13 +377,15 @@ enum CommitError : int32_t {
 /// outside [1, T] skips the request (its pending count becomes 0) and or-s kBadAcceptedLength
 /// into *error_flag (if given).
 ///
-/// Tracks (prefix caching, contract §9; kEager and kDeferred only; both pointers null: none):
+/// Tracks (prefix caching, contract §9; kEager, kDeferred and kLazy; both pointers null: none):
 /// request i with track_steps[i] = k >= 0 also writes the state and conv state after its
 /// accepted step k to slot track_slots[i], every layer: snapshot mode copies snapshot k and
 /// window k; ring mode eager writes it from inside the fold at step k; ring mode deferred folds
 /// steps 0..k of the ring (from the slot's cursor) straight into the track slot and zeroes its
 /// pending counts, so the track slot is complete (materialized) once the commit has run, while
-/// the request's own slot stays deferred. A track is valid when k < accepted[i] and
+/// the request's own slot stays deferred; lazy folds the slot's pending steps and then steps 0..k
+/// (positions (c - p + j) mod L, j <= p + k, p its pending count before this commit) into the
+/// track slot, likewise complete. A track is valid when k < accepted[i] and
 /// track_slots[i] is in [0, S), allocated (slot_allocated, when given), not a slot of the batch
 /// and no other valid request's track slot; an invalid one writes nothing and or-s kBadTrack into
 /// *error_flag.
@@ -442,6 +465,10 @@ struct CommitParams {
   /// null, and (snapshot mode) accepted_paths still set: its snapshot copies take node
   /// paths[i*T + k] for step k (accepted_paths without parents: the checked second stage).
   int32_t* checked_accepted = nullptr;
+
+  /// kLazy: fold a slot once it holds this many pending steps even if the next draft would fit
+  /// (an engine's bound on the history a verify recomputes); 0: only when it would not fit.
+  int32_t lazy_fold_interval = 0;
 };
 
 KDA_HD int32_t qkv_dim(const CommitParams& p) { return 2 * p.H * p.K + p.HV * p.V; }

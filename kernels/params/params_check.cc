@@ -146,11 +146,31 @@ void check_verify(const VerifyParams& p, const char* op, uint32_t needs) {
   }
   if (records && p.ring_pending != nullptr) {
     check_present(p.ring_cursor, op, "ring_cursor", "[S] ring base per slot, with ring_pending");
-    check_present(p.ssm_fold_out, op, "ssm_fold_out",
-                  "[S, HV, V, K] f32 (the committed state), with ring_pending");
-    check_present(p.ring_u, op, "ring_u", "[S, HV, L, V] f32 u records, with ring_pending");
-    check_pitch(p.ring_u_slot_stride, p.HV * static_cast<int64_t>(p.L) * p.V, op,
-                "ring_u_slot_stride", "HV x L x V");
+    if (p.lazy != 0) {
+      // The lazy verify (contract §11): the pending steps are its fast chunk's history.
+      KDA_CHECK(p.numerics == VerifyNumerics::kFast,
+                "{}: lazy={} with numerics=exact: the lazy write-back computes fast outputs "
+                "(numerics kFast expected)",
+                op, p.lazy);
+      KDA_CHECK(p.ssm_fold_out == nullptr,
+                "{}: ssm_fold_out given to a lazy verify (lazy={}): it folds nothing and writes "
+                "no state (expected null)",
+                op, p.lazy);
+      KDA_CHECK(p.ring_u == nullptr,
+                "{}: ring_u given to a lazy verify (lazy={}): fast outputs record no u (expected "
+                "null)",
+                op, p.lazy);
+      KDA_CHECK(p.L <= kFastMaxChunk,
+                "{}: L={} for a lazy verify, expected at most {} (the pending history and the "
+                "draft share one fast chunk)",
+                op, p.L, kFastMaxChunk);
+    } else {
+      check_present(p.ssm_fold_out, op, "ssm_fold_out",
+                    "[S, HV, V, K] f32 (the committed state), with ring_pending");
+      check_present(p.ring_u, op, "ring_u", "[S, HV, L, V] f32 u records, with ring_pending");
+      check_pitch(p.ring_u_slot_stride, p.HV * static_cast<int64_t>(p.L) * p.V, op,
+                  "ring_u_slot_stride", "HV x L x V");
+    }
   }
   if (p.parents != nullptr) {
     KDA_CHECK(p.token_offsets == nullptr,
@@ -160,6 +180,9 @@ void check_verify(const VerifyParams& p, const char* op, uint32_t needs) {
     KDA_CHECK(p.T <= kMaxTreeNodes, "{}: T={} for a tree batch, expected at most {} nodes", op, p.T,
               kMaxTreeNodes);
   }
+  KDA_CHECK(p.lazy == 0 || (records && p.ring_pending != nullptr),
+            "{}: lazy={} without ring_pending (the lazy verify's pending counts, contract §11)", op,
+            p.lazy);
   if (records) {
     KDA_CHECK(p.ring_u == nullptr || p.ring_pending != nullptr,
               "{}: ring_u is given without ring_pending (u records belong to the deferred commit)",
@@ -210,6 +233,8 @@ uint32_t commit_needs(const CommitParams& p) {
       return kFold;
     case CommitKind::kDropPending:
       return 0u;
+    case CommitKind::kLazy:
+      return kFold | kConvCommit;
   }
   return 0u;
 }
@@ -221,11 +246,13 @@ void check_commit(const CommitParams& p, const char* op, uint32_t needs) {
   check_mode(op, p.mode);
   check_present(p.slots, op, "slots", "[B] slot per request");
   KDA_CHECK(p.kind == CommitKind::kEager || p.kind == CommitKind::kDeferred ||
-                p.kind == CommitKind::kMaterialize || p.kind == CommitKind::kDropPending,
-            "{}: kind={} unknown, expected kEager (0), kDeferred (1), kMaterialize (2) or "
-            "kDropPending (3)",
+                p.kind == CommitKind::kMaterialize || p.kind == CommitKind::kDropPending ||
+                p.kind == CommitKind::kLazy,
+            "{}: kind={} unknown, expected kEager (0), kDeferred (1), kMaterialize (2), "
+            "kDropPending (3) or kLazy (4)",
             op, static_cast<int>(p.kind));
-  const bool reads_accepted = p.kind == CommitKind::kEager || p.kind == CommitKind::kDeferred;
+  const bool reads_accepted = p.kind == CommitKind::kEager || p.kind == CommitKind::kDeferred ||
+                              p.kind == CommitKind::kLazy;
   if (reads_accepted) {
     check_present(p.accepted, op, "accepted", "[B] accepted lengths");
   }
@@ -242,8 +269,26 @@ void check_commit(const CommitParams& p, const char* op, uint32_t needs) {
     check_layer_pitch(p.num_layers, p.ring_pending_layer_stride, p.num_slots, 1, op,
                       "ring_pending_layer_stride");
   }
+  if (p.kind == CommitKind::kLazy) {
+    KDA_CHECK(p.ring_u == nullptr,
+              "{}: ring_u given to a lazy commit: the lazy write-back is u-free (its folds compute "
+              "u from the raw records)",
+              op);
+    KDA_CHECK(2 * p.T_max <= p.L && p.L <= kFastMaxChunk,
+              "{}: a lazy commit needs 2 * T_max <= L <= {} (the pending steps and the next draft "
+              "in one fast chunk), got L={}, T_max={}",
+              op, kFastMaxChunk, p.L, p.T_max);
+    KDA_CHECK(p.lazy_fold_interval >= 0,
+              "{}: lazy_fold_interval={}, expected >= 0 (0: fold only when the next draft would "
+              "not fit)",
+              op, p.lazy_fold_interval);
+  } else {
+    KDA_CHECK(p.lazy_fold_interval == 0,
+              "{}: lazy_fold_interval={} with kind={} (the lazy commit's; expected 0)", op,
+              p.lazy_fold_interval, static_cast<int>(p.kind));
+  }
   // The folds of deferred records (from the cursor) replay their u records; an eager fold
-  // computes u (its records have none).
+  // computes u (its records have none); the lazy commit's folds are u-free.
   const bool folds_deferred = p.kind == CommitKind::kMaterialize ||
                               (p.kind == CommitKind::kDeferred && p.track_slots != nullptr);
   KDA_CHECK(p.u_free == 0 || p.kind != CommitKind::kEager,

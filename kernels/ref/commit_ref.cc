@@ -191,7 +191,21 @@ void commit_shape(const CommitParams& p) {
   }
 }
 
+// kLazy (contract §11): everything validated first, then the tracks, pending counts and folds
+// (they read the cursors before they advance), then the conv commit (it flags bad lengths).
+void commit_lazy(const CommitParams& p, testing::LazyFault fault) {
+  detail::validate_commit(p, "kda::host::commit", params::kFold | params::kConvCommit);
+  detail::fold_lazy(p, fault);
+  commit_conv(p);
+}
+
 }  // namespace
+
+void testing::commit_lazy_with_fault(const CommitParams& p, LazyFault fault) {
+  KDA_CHECK(p.kind == CommitKind::kLazy && p.token_offsets == nullptr && p.parents == nullptr,
+            "kda::host::testing::commit_lazy_with_fault: a dense kLazy commit expected");
+  commit_lazy(p, fault);
+}
 
 void commit(const CommitParams& p) {
   if (p.token_offsets != nullptr || p.parents != nullptr) {
@@ -220,6 +234,9 @@ void commit(const CommitParams& p) {
       }
       commit_conv(p);  // flags a bad accepted length
       commit_pending(p);
+      return;
+    case CommitKind::kLazy:
+      commit_lazy(p, testing::LazyFault::kNone);
       return;
     case CommitKind::kEager:
       break;

@@ -19,10 +19,27 @@ enum class ChunkFault {
   /// The outputs' mask is the strictly lower one: o_t sums M[t][i] u_i over i < t, missing the
   /// diagonal term i = t.
   kMaskOffByOne,
+  /// A lazy verify's history (contract §11) starts one ring position late: its first pending
+  /// step is left out (the chunk's first step is the second).
+  kHistorySkipsFirstStep,
 };
 
 /// verify_fused_fast with `fault` planted in its chunk solve (kNone: verify_fused_fast itself);
 /// records and windows are unaffected.
 void verify_fused_fast_with_fault(const VerifyParams& p, ChunkFault fault);
+
+/// One planted error in the lazy commit (contract §11; kda_host.h commit, CommitKind::kLazy).
+enum class LazyFault {
+  kNone,
+  /// The fold is triggered one step late: where m + T_max > L + 1, not m + T_max > L, so a slot
+  /// may keep L - T_max + 1 pending steps, and the next draft's records overwrite the oldest.
+  kFoldOneStepLate,
+  /// The pending count adds this round's accepted steps twice (m = pending + 2 n): folds replay
+  /// steps the request never accepted.
+  kPendingCountedTwice,
+};
+
+/// host::commit of a kLazy CommitParams with `fault` planted (kNone: host::commit itself).
+void commit_lazy_with_fault(const CommitParams& p, LazyFault fault);
 
 }  // namespace kda::host::testing

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/commit/commit_track.h"
+#include "kernels/ref/fast_ref_testing.h"
 #include "kernels/ref/host_common.h"
 #include "kernels/ref/kda_host.h"
 
@@ -105,6 +106,52 @@ void fold(const CommitParams& p) {
       fold_slot(p, layer, slot, cursor_of(p, slot), n, S, k, k >= 0 ? p.track_slots[i] : -1);
     }
   });
+}
+
+void detail::fold_lazy(const CommitParams& p, testing::LazyFault fault) {
+  using testing::LazyFault;
+  std::vector<float> S(static_cast<size_t>(p.V) * p.K);
+  const int32_t fit = p.L - p.T_max + (fault == LazyFault::kFoldOneStepLate ? 1 : 0);
+  for (int i = 0; i < p.B; ++i) {
+    const int32_t slot = p.slots[i];
+    const int32_t acc = p.accepted[i];
+    if (slot < 0 || acc < 1 || acc > p.T) {
+      continue;  // padding, or a bad length (commit_conv flags it): nothing pending changes
+    }
+    const int32_t n = fault == LazyFault::kPendingCountedTwice ? 2 * acc : acc;
+    const int32_t k = detail::track_step_or_flag(p, i);
+    const int32_t c = cursor_of(p, slot);
+    for (int layer = 0; layer < p.num_layers; ++layer) {
+      int32_t& pending = p.ring_pending[layer * p.ring_pending_layer_stride + slot];
+      const int32_t first = c - pending;  // the oldest pending step's ring position
+      const int32_t m = pending + n;
+      const bool folds = m > fit || (p.lazy_fold_interval > 0 && m >= p.lazy_fold_interval);
+      if (k >= 0) {
+        // The track: the checkpoint through the pending steps and steps 0..k, in the fold's
+        // one sequential pass when the slot folds too (splitting it leaves its bits alone).
+        const int32_t track_slot = p.track_slots[i];
+        if (folds) {
+          fold_slot(p, layer, slot, first, m, S, pending + k, track_slot);
+        } else {
+          const detail::RingView rings = layer_rings(p, layer);
+          float* state = p.ssm_state + layer * p.ssm_layer_stride;
+          for (int hv = 0; hv < p.HV; ++hv) {
+            const float* head = state + detail::state_offset(p.ssm_slot_stride, slot, hv, p.V, p.K);
+            std::copy(head, head + S.size(), S.begin());
+            detail::fold_steps(rings, slot, hv / (p.HV / p.H), hv, p.K, p.V, first, pending + k + 1,
+                               S.data());
+            std::copy(S.begin(), S.end(),
+                      state + detail::state_offset(p.ssm_slot_stride, track_slot, hv, p.V, p.K));
+          }
+        }
+        p.ring_pending[layer * p.ring_pending_layer_stride + track_slot] = 0;
+      } else if (folds) {
+        fold_slot(p, layer, slot, first, m, S);
+      }
+      pending = folds ? 0 : m;
+    }
+    p.ring_cursor[slot] = (c + acc) & (p.L - 1);
+  }
 }
 
 void fold_track_deferred(const CommitParams& p) {

@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "kernels/params/kda_params.h"
 #include "kernels/params/params_check.h"
+#include "kernels/ref/fast_ref_testing.h"
 #include "kernels/ref/host_math.h"
 
 namespace kda::host::detail {
@@ -135,6 +136,11 @@ struct RingView {
 void fold_steps(const RingView& r, int32_t slot, int h, int hv, int K, int V, int first, int n,
                 float* S);
 
+/// The lazy commit's state part (CommitKind::kLazy, contract §11; fold_ref.cc): per request and
+/// layer, the pending count, the folds it triggers and the tracks; advances the cursors. `fault`
+/// plants a test's error (kNone in use).
+void fold_lazy(const CommitParams& p, testing::LazyFault fault);
+
 /// The ring base c of `slot` (0 without a cursor).
 inline int32_t ring_cursor_of(const VerifyParams& p, int32_t slot) {
   return p.ring_cursor != nullptr ? p.ring_cursor[slot] : 0;
@@ -142,7 +148,7 @@ inline int32_t ring_cursor_of(const VerifyParams& p, int32_t slot) {
 
 /// The deferred commit's pending steps of (slot, hv) (contract §7): folds ring positions
 /// (c - n + j) mod L, j < n = ring_pending[slot], onto S and writes S to ssm_fold_out. Nothing
-/// without pending steps.
+/// without pending steps, nor in a lazy verify (contract §11: they are its chunk's history).
 void fold_pending(const VerifyParams& p, int32_t slot, int hv, std::vector<float>& S);
 
 /// Loads the f32 state of (slot, hv) into S as R.

@@ -25,6 +25,7 @@ class HostKernelSet final : public KernelSet {
     kernels::VerifyPlan plan = kernels::plan_verify(p, path, block_v, kernels::DeviceCaps{},
                                                     kernels::LaunchOverrides{}, 0);
     plan.host_reference = true;
+    kernels::check_lazy_plan(p, plan, "HostKernelSet::plan_verify");
     return plan;
   }
 
@@ -40,6 +41,8 @@ class HostKernelSet final : public KernelSet {
       host::verify_unfused(p);
     }
   }
+
+  bool runs_lazy_write_back() const override { return true; }
 
   void extend(const ExtendParams& p, cudaStream_t /*stream*/) override { host::extend(p); }
 

@@ -154,7 +154,7 @@ void check_fast_domain(const VerifyParams& p, const char* op) {
             "{}: mode=kSnapshot: fast outputs are ring mode only (contract §10)", op);
   KDA_CHECK(p.parents == nullptr,
             "{}: parents given (a tree batch): fast outputs verify chains (dense or ragged)", op);
-  KDA_CHECK(p.ring_pending == nullptr || p.u_free != 0,
+  KDA_CHECK(p.ring_pending == nullptr || p.u_free != 0 || is_lazy_verify(p),
             "{}: ring_pending given with u records (u_free=0): fast outputs record no u (a "
             "deferred commit with fast outputs is u-free)",
             op);
@@ -163,12 +163,56 @@ void check_fast_domain(const VerifyParams& p, const char* op) {
             kernels::kFastMaxTokens);
 }
 
+// A lazy verify's pending counts (contract §11): each real request's history and its draft must
+// fit the ring (and so one chunk, L <= kFastMaxChunk), or its draft's records would overwrite
+// the history. The lazy commit keeps pending <= L - T_max; anything else is a caller's bug.
+void check_lazy_history(const VerifyParams& p, const char* op) {
+  for (int n = 0; n < p.B; ++n) {
+    const int32_t slot = p.slots[n];
+    if (slot < 0) {
+      continue;
+    }
+    const int32_t P = p.ring_pending[slot];
+    KDA_CHECK(P >= 0 && P + detail::tokens_of(p, n) <= p.L,
+              "{}: ring_pending[{}]={} for request {} of {} tokens, expected 0..L - T_n = {} (the "
+              "lazy commit folds before the history and the next draft overflow the ring)",
+              op, slot, P, n, detail::tokens_of(p, n), p.L - detail::tokens_of(p, n));
+  }
+}
+
+// Pending step j of P of (slot, hv) as a chunk token (contract §11): ring position
+// (c - P + j) mod L, k normalised as the fold normalises it, d = EXP(g), no query (qs = 0: the
+// history's outputs are not computed).
+void load_history_step(const VerifyParams& p, int32_t slot, int hv, int position,
+                       detail::HeadStep<float>& w) {
+  const int t = position & (p.L - 1);
+  const int h = hv / (p.HV / p.H);
+  const bf16_t* rawk =
+      p.ring_rawk + detail::ring_record(p.ring_rawk_slot_stride, slot, h, p.L, t, p.K);
+  const bf16_t* rawv =
+      p.ring_rawv + detail::ring_record(p.ring_rawv_slot_stride, slot, hv, p.L, t, p.V);
+  const float* g = p.ring_g + detail::ring_record(p.ring_g_slot_stride, slot, hv, p.L, t, p.K);
+  std::transform(rawk, rawk + p.K, w.k.begin(), bf16_to_float);
+  math::l2_normalize(w.k.data(), p.K, w.kn.data());
+  std::copy(g, g + p.K, w.g.begin());
+  std::transform(rawv, rawv + p.V, w.v.begin(), bf16_to_float);
+  w.beta = p.ring_beta[detail::ring_record(p.ring_beta_slot_stride, slot, hv, p.L, t, 1)];
+  std::fill(w.qs.begin(), w.qs.end(), 0.0f);
+}
+
 void run_fused_fast(const VerifyParams& p, ChunkFault fault, const char* op) {
   check_fast_domain(p, op);
   detail::validate_verify(
       p, op,
       params::kConv | params::kWindows | params::kRecurrence | params::kOut | params::kRecords);
-  Chunk<float> chunk(p.K, p.V, p.T);
+  // A lazy verify's chunk: the slot's pending steps (the history), then its draft.
+  const bool lazy = is_lazy_verify(p);
+  if (lazy) {
+    check_lazy_history(p, op);
+  }
+  const auto history = [&](int32_t slot) { return lazy ? p.ring_pending[slot] : 0; };
+  Chunk<float> chunk(p.K, p.V, lazy ? p.L : p.T);
+  detail::HeadStep<float> past(p.K, p.V);
   std::vector<float> o;
   VerifyParams records = p;  // the chunked form computes no per-step u: it stores none
   records.ring_u = nullptr;
@@ -176,13 +220,22 @@ void run_fused_fast(const VerifyParams& p, ChunkFault fault, const char* op) {
       p,
       [&](const detail::FusedToken& at, detail::HeadStep<float>& w) {
         detail::write_record(records, at.slot, at.row, at.t, at.hv, w);
-        chunk.add(at.t, w);
+        chunk.add(history(at.slot) + at.t, w);
       },
       [&](int n, int hv, detail::HeadStep<float>& w) {
+        // w.S: the committed checkpoint (a lazy verify folds nothing, detail::fold_pending).
+        const int32_t slot = p.slots[n];
+        const int P = history(slot);
+        const int first = detail::ring_cursor_of(p, slot) - P;
+        const int skip = fault == ChunkFault::kHistorySkipsFirstStep && P > 0 ? 1 : 0;
+        for (int j = 0; j < P; ++j) {
+          load_history_step(p, slot, hv, first + j + skip, past);
+          chunk.add(j, past);
+        }
         const int T = detail::tokens_of(p, n);
-        chunk.solve(T, w.S, fault, o);
+        chunk.solve(P + T, w.S, fault, o);
         for (int t = 0; t < T; ++t) {
-          detail::write_out(p, detail::qkv_row(p, n, t), hv, &o[static_cast<size_t>(t) * p.V]);
+          detail::write_out(p, detail::qkv_row(p, n, t), hv, &o[static_cast<size_t>(P + t) * p.V]);
         }
       });
 }

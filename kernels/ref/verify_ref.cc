@@ -33,8 +33,8 @@ void write_snapshot(const VerifyParams& p, int32_t row, int t, int hv, const Hea
 
 void fold_pending(const VerifyParams& p, int32_t slot, int hv, std::vector<float>& S) {
   const int32_t n = p.ring_pending != nullptr ? p.ring_pending[slot] : 0;
-  if (n <= 0) {
-    return;
+  if (n <= 0 || is_lazy_verify(p)) {
+    return;  // a lazy verify folds nothing: its pending steps are the fast chunk's history
   }
   const RingView rings{p.ring_rawv,
                        p.ring_rawk,

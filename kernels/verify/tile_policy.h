@@ -190,7 +190,7 @@ constexpr int default_snapshot_block_v(int B, int HV, int V, int sms) {
 /// 8-column mma tiles on up to 8 warps. Its outputs are bitwise the same at each of them.
 inline constexpr int kFastBlockVs[] = {32, 64, 128};
 /// Most tokens of one fast-output chunk (two 8-token mma row tiles).
-inline constexpr int kFastMaxTokens = 16;
+inline constexpr int kFastMaxTokens = kFastMaxChunk;
 constexpr bool is_fast_block_v(int block_v) noexcept {
   return block_v == 32 || block_v == 64 || block_v == 128;
 }

@@ -206,7 +206,8 @@ void check_plan(const VerifyParams& p, const VerifyPlan& plan, const char* who) 
       persistent_snapshot ? kNoFeatures : verify_features(p, (plan.features & kExtendTracks) != 0);
   KDA_CHECK(plan.K == p.K && plan.weight == (fused ? p.conv_weight_type : ConvWeightType::kF32) &&
                 plan.features == want && plan.items == ceil_div(p.V, plan.block_v) * p.HV * p.B &&
-                plan.pending_fold_first == (p.ring_pending != nullptr && p.u_free != 0) &&
+                plan.pending_fold_first ==
+                    (p.ring_pending != nullptr && p.u_free != 0 && !is_lazy_verify(p)) &&
                 (fused || plan.block_v == kRecurrentBlockV),
             "{}: the plan ({}) is not this call's (K={}, HV={}, V={}, B={}): plan each call with "
             "plan_verify_on_device",
@@ -229,7 +230,13 @@ VerifyPlan plan_verify_on_device(const VerifyParams& p, VerifyPath path, int blo
   if (path == VerifyPath::kFused) {
     params::check_block_v(block_v, "plan_verify_on_device");
   }
-  return plan_on_device(p, path, block_v, o, /*extend=*/false, /*tracked=*/false);
+  const VerifyPlan plan = plan_on_device(p, path, block_v, o, /*extend=*/false, /*tracked=*/false);
+  check_lazy_plan(p, plan, "plan_verify_on_device");
+  KDA_CHECK_CODE(
+      (plan.features & kLazyHistory) == 0, ErrorCode::kUnsupported,
+      "plan_verify_on_device: a lazy verify (contract §11): the CUDA fast kernel takes no "
+      "pending history yet (the host kernel set runs it; on CUDA use the deferred commit)");
+  return plan;
 }
 
 void invoke_verify(const VerifyParams& p, const VerifyPlan& plan, cudaStream_t stream) {

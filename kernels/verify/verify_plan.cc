@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "kernels/verify/tile_policy.h"
 
 namespace kda::kernels {
@@ -33,15 +34,27 @@ VerifyFeatures verify_features(const VerifyParams& p, bool tracked_extend) {
   if (tracked_extend) {
     return kExtendTracks;
   }
-  return (p.ring_pending != nullptr ? kDeferredFold : kNoFeatures) |
-         (p.token_offsets != nullptr || p.parents != nullptr ? kRaggedRows : kNoFeatures);
+  const VerifyFeatures pending = p.ring_pending == nullptr ? kNoFeatures
+                                 : is_lazy_verify(p)       ? kLazyHistory
+                                                           : kDeferredFold;
+  return pending | (p.token_offsets != nullptr || p.parents != nullptr ? kRaggedRows : kNoFeatures);
 }
 
 bool fast_outputs_plannable(const VerifyParams& p, VerifyPath path, int block_v) {
   return p.numerics == VerifyNumerics::kFast && path == VerifyPath::kFused &&
          p.mode == RecordMode::kRing && p.parents == nullptr &&
-         (p.ring_pending == nullptr || p.u_free != 0) && p.T >= 1 && p.T <= kFastMaxTokens &&
-         is_fast_block_v(block_v);
+         (p.ring_pending == nullptr || p.u_free != 0 || is_lazy_verify(p)) && p.T >= 1 &&
+         p.T <= kFastMaxTokens && is_fast_block_v(block_v);
+}
+
+void check_lazy_plan(const VerifyParams& p, const VerifyPlan& plan, const char* who) {
+  KDA_CHECK(!is_lazy_verify(p) || plan.numerics == VerifyNumerics::kFast,
+            "{}: a lazy verify (ring_pending without ssm_fold_out, contract §11) needs the fast "
+            "outputs (numerics fast, the fused path, a fast tile {{32, 64, 128}}, a chain of "
+            "T <= {}); the call plans {} (path {}, block_v {}, T {}, numerics {})",
+            who, kFastMaxTokens, plan.kernel(),
+            plan.path == VerifyPath::kFused ? "fused" : "unfused", plan.block_v, p.T,
+            p.numerics == VerifyNumerics::kFast ? "fast" : "exact");
 }
 
 bool persistent_layout_ok(const VerifyParams& p, VerifyPath path) {
@@ -69,7 +82,8 @@ VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v, cons
   plan.features = verify_features(p, extend && tracked_extend);
   plan.pdl = o.pdl;
   const int bv = plan.block_v;
-  plan.pending_fold_first = !extend && p.ring_pending != nullptr && p.u_free != 0;
+  plan.pending_fold_first =
+      !extend && p.ring_pending != nullptr && p.u_free != 0 && !is_lazy_verify(p);
   plan.items = ceil_div(p.V, bv) * p.HV * p.B;
   plan.grid = plan.items;
   if (!extend && fast_outputs_plannable(p, path, block_v)) {
@@ -135,6 +149,9 @@ std::string VerifyPlan::kernel() const {
   std::string features_text;
   if ((features & kDeferredFold) != 0) {
     features_text += " deferred";
+  }
+  if ((features & kLazyHistory) != 0) {
+    features_text += " lazy";
   }
   if ((features & kRaggedRows) != 0) {
     features_text += " ragged";

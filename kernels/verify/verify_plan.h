@@ -73,6 +73,12 @@ VerifyFeatures verify_features(const VerifyParams& p, bool tracked_extend = fals
 /// (tile_policy.h kFastBlockVs).
 bool fast_outputs_plannable(const VerifyParams& p, VerifyPath path, int block_v);
 
+/// A lazy verify (contract §11, is_lazy_verify) runs the fast outputs or not at all (its pending
+/// steps exist only as the fast chunk's history): kda::Error naming `who` unless `plan`, the plan
+/// of `p`, runs them (the fused path, a fast tile, a chain of T <= kFastMaxTokens, numerics
+/// kFast).
+void check_lazy_plan(const VerifyParams& p, const VerifyPlan& plan, const char* who);
+
 /// Whether a verify call's layout lets its BV = 128 tile run persistent: T within one token chunk,
 /// the state tile one 16-byte-aligned bulk copy per item, and every input piece 16 bytes aligned
 /// (fused: mixed_qkv, conv_state, a; unfused: qkv_act, a), the folded tile of a deferred call a

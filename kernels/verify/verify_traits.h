@@ -50,6 +50,9 @@ enum VerifyFeature : uint32_t {
   kRaggedRows = 1u << 1,
   /// Extend with prefix-cache tracks (ExtendParams::track_steps).
   kExtendTracks = 1u << 2,
+  /// A lazy verify (contract §11; ring_pending without ssm_fold_out, fast outputs only): records
+  /// at the slot's ring cursor, the pending steps the history of the fast chunk, nothing folded.
+  kLazyHistory = 1u << 3,
 };
 using VerifyFeatures = uint32_t;
 
