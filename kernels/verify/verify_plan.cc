@@ -49,7 +49,7 @@ bool fast_outputs_plannable(const VerifyParams& p, VerifyPath path, int block_v)
 
 void check_lazy_plan(const VerifyParams& p, const VerifyPlan& plan, const char* who) {
   KDA_CHECK(!is_lazy_verify(p) || plan.numerics == VerifyNumerics::kFast,
-            "{}: a lazy verify (ring_pending without ssm_fold_out, contract §11) needs the fast "
+            "{}: a lazy verify (VerifyParams::lazy, contract §11) needs the fast "
             "outputs (numerics fast, the fused path, a fast tile {{32, 64, 128}}, a chain of "
             "T <= {}); the call plans {} (path {}, block_v {}, T {}, numerics {})",
             who, kFastMaxTokens, plan.kernel(),
