@@ -96,9 +96,15 @@ std::unique_ptr<KernelSet> non_null(std::unique_ptr<KernelSet> k) {
   return k;
 }
 
-/// The kernel set's device, after the model constraints that only that device has: the CUDA
-/// kernels move two adjacent bf16 channels per thread, so head_v_dim must be even there.
-Device device_for(const KernelSet& kernels, const ModelConfig& m) {
+/// The kernel set's device, after the constraints that only that kernel set has: the lazy
+/// write-back where the set runs it; the CUDA kernels move two adjacent bf16 channels per
+/// thread, so head_v_dim must be even there.
+Device device_for(const KernelSet& kernels, const ModelConfig& m, const EngineFlags& f) {
+  KDA_CHECK_CODE(!(f.replayssm_spec && f.lazy_write_back()) || kernels.runs_lazy_write_back(),
+                 ErrorCode::kUnsupported,
+                 "--kda-deferred-commit lazy: the {} kernel set does not run the lazy write-back "
+                 "(contract §11; the host kernel set does; on CUDA use --kda-deferred-commit on)",
+                 kernels.name());
   const Device d = kernels.device();
   KDA_CHECK_CODE(!d.is_cuda() || m.V % 2 == 0, ErrorCode::kUnsupported,
                  "ModelConfig.V: the CUDA kernels need an even head_v_dim (bf16 channel pairs), "
@@ -179,7 +185,7 @@ KdaAttentionBackend::KdaAttentionBackend(const ModelConfig& model, const EngineF
     : model_(validated(model)),
       flags_(validated(flags)),
       kernels_(non_null(std::move(kernels))),
-      device_(device_for(*kernels_, model_)),
+      device_(device_for(*kernels_, model_, flags_)),
       platform_(platform_for(device_, options)),
       pool_(make_pool_config(model_, flags_, device_, platform_, options),
             PoolStorage{options.allocator, options.allocation_stream, options.external_pool}),
@@ -194,10 +200,6 @@ KdaAttentionBackend::KdaAttentionBackend(const ModelConfig& model, const EngineF
       checked_accepted_(device_, int64_t{flags.max_running_requests} * 4, options.allocator,
                         options.allocation_stream),
       last_decision_(static_cast<size_t>(model.num_layers)) {
-  KDA_CHECK_CODE(!lazy_ || kernels_->runs_lazy_write_back(), ErrorCode::kUnsupported,
-                 "--kda-deferred-commit lazy: the {} kernel set does not run the lazy write-back "
-                 "(contract §11; the host kernel set does; on CUDA use --kda-deferred-commit on)",
-                 kernels_->name());
   batch_slots_.reserve(static_cast<size_t>(flags.max_running_requests));
   upload_rows_.reserve(static_cast<size_t>(flags.max_running_requests));
   logger().info(

@@ -60,7 +60,7 @@ TEST_CASE("backend: bad configuration is rejected at construction", "[backend]" 
                  ErrorCode::kInvalidArgument) == "KdaAttentionBackend: no kernel set given");
 }
 
-TEST_CASE("backend: an odd head_v_dim is refused on CUDA before anything is allocated",
+TEST_CASE("backend: what a kernel set cannot run is refused before anything is allocated",
           "[backend]" KDA_HOST_ONLY) {
   // A kernel set that reports a CUDA device; construction must fail before the pool touches it.
   class CudaDeviceOnly final : public KernelSet {
@@ -81,6 +81,18 @@ TEST_CASE("backend: an odd head_v_dim is refused on CUDA before anything is allo
         "ModelConfig.V: the CUDA kernels need an even head_v_dim (bf16 channel pairs), got 63");
   // The host kernels take any V.
   CHECK_NOTHROW(KdaAttentionBackend(m, flags_for(true), make_host_kernel_set()));
+  // A kernel set without the lazy write-back (contract §11) refuses it, before allocating.
+  EngineFlags lazy = flags_for(true);
+  lazy.deferred_commit = static_cast<int>(DeferredCommit::kLazy);
+  CHECK(
+      error_of(
+          [&] {
+            KdaAttentionBackend b(model_for(kGqaCase), lazy, std::make_unique<CudaDeviceOnly>());
+          },
+          ErrorCode::kUnsupported) ==
+      "--kda-deferred-commit lazy: the cuda device only kernel set does not run the lazy "
+      "write-back (contract §11; the host kernel set does; on CUDA use --kda-deferred-commit on)");
+  CHECK_NOTHROW(KdaAttentionBackend(model_for(kGqaCase), lazy, make_host_kernel_set()));
 }
 
 TEST_CASE("backend: pool sizing, memory report and platform", "[backend]" KDA_HOST_ONLY) {

@@ -33,7 +33,9 @@ namespace {
 // kRingDeferredUFree: the deferred commit without u records (--kda-verify-numerics fast: its B = 1
 // verifies take the fast outputs, its folds compute u). Its committed state equals every other
 // mode's; its outputs are compared only with its own (batch-invariant, contract §10 (a)).
-enum class Mode { kSnapshot, kRingEager, kRingDeferred, kRingDeferredUFree };
+// kRingLazy: the lazy write-back (contract §11, host kernel set only): its verifies fold nothing,
+// the commit folds when the ring is full; committed state as every other mode's, outputs fast.
+enum class Mode { kSnapshot, kRingEager, kRingDeferred, kRingDeferredUFree, kRingLazy };
 const char* mode_name(Mode m) {
   switch (m) {
     case Mode::kSnapshot:
@@ -44,20 +46,35 @@ const char* mode_name(Mode m) {
       return "ring deferred";
     case Mode::kRingDeferredUFree:
       return "ring deferred u-free";
+    case Mode::kRingLazy:
+      return "ring lazy";
   }
   return "?";
 }
-bool deferred(Mode m) { return m == Mode::kRingDeferred || m == Mode::kRingDeferredUFree; }
+bool deferred(Mode m) {
+  return m == Mode::kRingDeferred || m == Mode::kRingDeferredUFree || m == Mode::kRingLazy;
+}
 
 Harness make_harness(Mode m) {
   EngineFlags f = flags_for(/*ring=*/m != Mode::kSnapshot, deferred(m));
-  if (m == Mode::kRingDeferredUFree) {
+  if (m == Mode::kRingDeferredUFree || m == Mode::kRingLazy) {
     f.verify_numerics = static_cast<int>(NumericsRequest::kFast);
   }
+  if (m == Mode::kRingLazy) {
+    f.deferred_commit = static_cast<int>(DeferredCommit::kLazy);
+  }
   Harness h(kGqaCase, f, fake_platform(9, 0));
-  REQUIRE(h.pool().config().deferred_u_records == (m != Mode::kRingDeferredUFree));
+  REQUIRE(h.pool().config().deferred_u_records == (m == Mode::kRingDeferred || !deferred(m)));
+  REQUIRE(h.backend->lazy_write_back() == (m == Mode::kRingLazy));
   return h;
 }
+
+// The modes of the host kernel set's tests (the CUDA kernels run no lazy write-back yet).
+#ifdef KDA_BACKEND_TEST_CUDA
+#define KDA_LAZY_MODE
+#else
+#define KDA_LAZY_MODE , Mode::kRingLazy
+#endif
 
 std::vector<int32_t> all_slots(const Harness& h) {
   std::vector<int32_t> s;
@@ -175,8 +192,8 @@ void warm_up_round(Harness& h, const std::vector<int32_t>& slots, uint64_t seed)
 
 TEST_CASE("backend prefix: a copied slot run forward equals its source run forward",
           "[backend][prefix]") {
-  const Mode mode =
-      GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred, Mode::kRingDeferredUFree);
+  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
+                             Mode::kRingDeferredUFree KDA_LAZY_MODE);
   CAPTURE(mode_name(mode));
   Harness h = make_harness(mode);
   // Slot 0 (the source) and slot 3 (the destination) both have pending steps when deferred.
@@ -210,7 +227,8 @@ TEST_CASE("backend prefix: a copied slot run forward equals its source run forwa
 }
 
 TEST_CASE("backend prefix: copy_slot errors change nothing", "[backend][prefix]") {
-  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingDeferred, Mode::kRingDeferredUFree);
+  const Mode mode =
+      GENERATE(Mode::kSnapshot, Mode::kRingDeferred, Mode::kRingDeferredUFree KDA_LAZY_MODE);
   CAPTURE(mode_name(mode));
   Harness h = make_harness(mode);
   h.backend->release_slot(4);
@@ -327,8 +345,8 @@ TEST_CASE("backend prefix: the tracked persistent fold equals the per-item fold"
 
 TEST_CASE("backend prefix: invalid commit tracks raise the device error flag, write nothing",
           "[backend][prefix]") {
-  const Mode mode =
-      GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred, Mode::kRingDeferredUFree);
+  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
+                             Mode::kRingDeferredUFree KDA_LAZY_MODE);
   CAPTURE(mode_name(mode));
   struct Case {
     const char* what;
@@ -364,8 +382,8 @@ TEST_CASE("backend prefix: a commit track into a slot that is not allocated writ
   // The allocation table the tracks see is the host's when commit() is called: a slot released
   // before the round or during it is refused (flagged, nothing written, its pending counts kept),
   // one allocated during the round is tracked.
-  const Mode mode =
-      GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred, Mode::kRingDeferredUFree);
+  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
+                             Mode::kRingDeferredUFree KDA_LAZY_MODE);
   enum class When { kBeforeRound, kDuringRound, kReallocatedDuringRound };
   const When when = GENERATE(When::kBeforeRound, When::kDuringRound, When::kReallocatedDuringRound);
   CAPTURE(mode_name(mode), static_cast<int>(when));
@@ -447,8 +465,8 @@ TEST_CASE("backend prefix: commit track views are validated", "[backend][prefix]
 TEST_CASE("backend prefix: an extend track equals an independent extend of k + 1 tokens",
           "[backend][prefix]") {
   constexpr int kPrompt = 6;  // > T_max: extend needs no scratch
-  const Mode mode =
-      GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred, Mode::kRingDeferredUFree);
+  const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
+                             Mode::kRingDeferredUFree KDA_LAZY_MODE);
   CAPTURE(mode_name(mode));
   Harness h = make_harness(mode), ref = make_harness(mode);
   warm_up_round(h, {0, 1, 3}, 7);  // deferred: the requests and a track slot have pending steps

@@ -499,9 +499,8 @@ RoundsResult run_rounds(int T, int L, int interval, LazyFault fault, int rounds,
     }
     if (track) {
       const int64_t n = lazy.state_elems();
-      r.tracks_equal =
-          r.tracks_equal && slice(lazy.ssm_state(), track_slot * n, n) ==
-                                slice(eager.ssm_state(), track_slot * n, n);
+      r.tracks_equal = r.tracks_equal && slice(lazy.ssm_state(), track_slot * n, n) ==
+                                             slice(eager.ssm_state(), track_slot * n, n);
     }
     if (round % 4 == 3 || round == rounds - 1) {
       // Materialize (a clone; the copy itself every other time) and compare everything.

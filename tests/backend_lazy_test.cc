@@ -1,0 +1,319 @@
+// backend_lazy_test.cc: the lazy write-back (contract §11, --kda-deferred-commit lazy) against
+// the eager commit: two ring-mode backends with the same weights, state and inputs, one lazy
+// (fast outputs over each slot's pending history), one eager with exact outputs. Every round's
+// outputs are within contract §10 (b) of the eager ones (at most 1 bf16 ulp; >= 99.9% bitwise
+// over the test), its conv windows are equal and its ring records equal at the lazy backend's
+// cursor-shifted positions; after materialize() every layer's SSM and conv state is equal,
+// bitwise; over random batches (requests joining, leaving, sitting rounds out, reversed slots,
+// padding rows, explicit scratch rows), T changing between rounds, random and bad accepted
+// lengths, L = 8 and 16, a fold interval, abort_round() before / during / after a round's
+// layers, extend and a released and reused slot while steps are pending. Every pending count
+// stays within the ring's capacity (L - T_max) and the commit folds as the ring fills. The
+// decisions name the lazy history; the pool keeps no u records; a kernel set without the lazy
+// write-back is refused at construction.
+//
+// Host kernel set only: the CUDA fast kernel takes no pending history yet.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/kda_backend.h"
+#include "core/platform.h"
+#include "tests/backend_fixture.h"
+#include "tests/output_compare.h"
+
+using namespace kda;
+using namespace kda::testing;
+
+namespace {
+
+EngineFlags lazy_flags(int L, int interval) {
+  EngineFlags f = flags_for(/*ring=*/true, /*deferred=*/true);
+  f.deferred_commit = static_cast<int>(DeferredCommit::kLazy);
+  f.verify_numerics = static_cast<int>(NumericsRequest::kFast);
+  f.replayssm_cache_len = L;
+  f.lazy_fold_interval = interval;
+  return f;
+}
+
+EngineFlags eager_flags(int L) {
+  EngineFlags f = flags_for(/*ring=*/true, /*deferred=*/false);
+  f.verify_numerics = static_cast<int>(NumericsRequest::kExact);
+  f.replayssm_cache_len = L;
+  return f;
+}
+
+struct Pair {
+  Harness eager, lazy;
+  explicit Pair(const ModelCase& mc, int L = 8, int interval = 0)
+      : eager(mc, eager_flags(L), fake_platform(9, 0)),
+        lazy(mc, lazy_flags(L, interval), fake_platform(9, 0)) {}
+  OutCompare outputs;  ///< every round's lazy outputs against the eager ones
+  int folds = 0, max_pending = 0;
+};
+
+std::vector<int32_t> cursors(const Harness& h) {
+  return to_host_vector<int32_t>(h.pool().ring_cursor());
+}
+std::vector<int32_t> pending_all(const Harness& h) {
+  return to_host_vector<int32_t>(h.pool().ring_pending_all());
+}
+
+std::vector<uint8_t> record(const TensorView& ring, int slot, int head, int pos) {
+  return bytes_of(ring.select(0, slot).select(0, head).select(0, pos));
+}
+
+// This round's outputs (§10 (b)), windows and ring records (bitwise at the lazy cursors `c`).
+void check_round(Pair& p, const std::vector<Activations>& eager,
+                 const std::vector<Activations>& lazy, const BatchSpec& batch,
+                 const std::vector<int32_t>& c) {
+  const ModelConfig& m = p.eager.model;
+  const int L = p.eager.pool().ring_len();
+  const int B = static_cast<int>(batch.slots.size());
+  std::vector<int64_t> first;
+  std::vector<int32_t> lengths(static_cast<size_t>(B), batch.T);
+  int pad = -1;
+  for (int i = 0; i < B; ++i) {
+    first.push_back(int64_t{i} * batch.T);
+  }
+  for (int layer = 0; layer < kLayers; ++layer) {
+    CAPTURE(layer);
+    const auto e = to_host_vector<bf16_t>(eager[static_cast<size_t>(layer)].out_view);
+    const auto l = to_host_vector<bf16_t>(lazy[static_cast<size_t>(layer)].out_view);
+    OutCompare round_layer;
+    for (int i = 0; i < B; ++i) {
+      if (batch.slots[static_cast<size_t>(i)] < 0) {
+        // A padding row's outputs are zeros in both.
+        const int64_t w = int64_t{m.HV} * m.V;
+        CHECK(std::equal(e.begin() + first[i] * w, e.begin() + (first[i] + batch.T) * w,
+                         l.begin() + first[i] * w,
+                         [](bf16_t x, bf16_t y) { return x.bits == y.bits; }));
+        continue;
+      }
+      round_layer.merge(compare_requests(l, e, {first[i]}, {lengths[i]}, pad, m.HV, m.V));
+    }
+    CHECK(round_layer.max_ulp <= kMaxUlp);
+    CHECK(round_layer.nonfinite == 0);
+    p.outputs.merge(round_layer);
+    for (size_t i = 0; i < batch.slots.size(); ++i) {
+      const int32_t slot = batch.slots[i];
+      if (slot < 0) {
+        continue;
+      }
+      const int row = batch.rows.empty() ? static_cast<int>(i) : batch.rows[i];
+      CAPTURE(i, slot, row);
+      CHECK(same_bits(
+          p.eager.pool().conv_window(layer).select(0, row).narrow(0, 0, batch.T),
+          bytes_of(p.lazy.pool().conv_window(layer).select(0, row).narrow(0, 0, batch.T))));
+      for (int t = 0; t < batch.T; ++t) {
+        const int pos = (c[static_cast<size_t>(slot)] + t) & (L - 1);
+        for (int hv = 0; hv < m.HV; ++hv) {
+          CHECK(record(p.eager.pool().ring_rawv(layer), slot, hv, t) ==
+                record(p.lazy.pool().ring_rawv(layer), slot, hv, pos));
+          CHECK(record(p.eager.pool().ring_g(layer), slot, hv, t) ==
+                record(p.lazy.pool().ring_g(layer), slot, hv, pos));
+          CHECK(record(p.eager.pool().ring_beta(layer), slot, hv, t) ==
+                record(p.lazy.pool().ring_beta(layer), slot, hv, pos));
+        }
+        for (int h = 0; h < m.H; ++h) {
+          CHECK(record(p.eager.pool().ring_rawk(layer), slot, h, t) ==
+                record(p.lazy.pool().ring_rawk(layer), slot, h, pos));
+        }
+      }
+    }
+  }
+}
+
+std::vector<int32_t> allocated_slots(const Harness& h) {
+  std::vector<int32_t> s;
+  for (int i = 0; i < h.pool().num_slots(); ++i) {
+    if (h.pool().is_slot_allocated(i)) {
+      s.push_back(i);
+    }
+  }
+  return s;
+}
+
+void check_states(Pair& p) {
+  p.lazy.backend->materialize(allocated_slots(p.lazy), nullptr);
+  CHECK(same_bits(p.eager.pool().ssm_state_all(), bytes_of(p.lazy.pool().ssm_state_all())));
+  CHECK(same_bits(p.eager.pool().conv_state_all(), bytes_of(p.lazy.pool().conv_state_all())));
+  for (const int32_t n : pending_all(p.lazy)) {
+    REQUIRE(n == 0);
+  }
+}
+
+void round_on_both(Pair& p, const BatchSpec& batch, const std::vector<int32_t>& accepted,
+                   uint64_t seed, int abort_after = -1) {
+  const std::vector<int32_t> c = cursors(p.lazy);
+  if (abort_after >= 0) {
+    for (Harness* h : {&p.eager, &p.lazy}) {
+      h->backend->prepare(batch, nullptr);
+      for (int layer = 0; layer < abort_after; ++layer) {
+        Activations x = make_activations(h->model, batch.slots, batch.T, seed + layer);
+        h->backend->verify(layer, x.in, x.out_view, nullptr);
+      }
+      h->backend->abort_round(nullptr);
+    }
+    return;
+  }
+  const auto eager = verify_all(p.eager, batch, seed);
+  const auto lazy = verify_all(p.lazy, batch, seed);
+  for (const auto& d : p.lazy.backend->stats().last_decision) {
+    REQUIRE(d.has_value());
+    CHECK(d->fused());
+    CHECK(d->numerics_reason == NumericsReason::kLazyHistory);
+    CHECK((d->plan.features & kernels::kLazyHistory) != 0);
+    CHECK_FALSE(d->plan.pending_fold_first);
+  }
+  check_round(p, eager, lazy, batch, c);
+  const std::vector<int32_t> before = pending_all(p.lazy);
+  commit(p.eager, accepted);
+  commit(p.lazy, accepted);
+  const std::vector<int32_t> after = pending_all(p.lazy);
+  const int L = p.lazy.pool().ring_len(), T_max = p.lazy.pool().T_max();
+  for (size_t i = 0; i < after.size(); ++i) {
+    CHECK(after[i] <= L - T_max);  // the ring's capacity beside the next draft
+    p.folds += before[i] > 0 && after[i] == 0 ? 1 : 0;
+    p.max_pending = std::max(p.max_pending, after[i]);
+  }
+  CHECK(same_bits(p.eager.pool().conv_state_all(), bytes_of(p.lazy.pool().conv_state_all())));
+}
+
+}  // namespace
+
+TEST_CASE("backend lazy: random rounds equal the eager commit bitwise", "[backend][lazy]") {
+  const ModelCase mc =
+      GENERATE(values<ModelCase>({kGqaCase,
+                                  {"HV=H, safe gate -5, bf16 conv, no bias", 2, 2, GateKind::kSafe,
+                                   ConvWeightType::kBF16, false}}));
+  const int L = GENERATE(8, 16);
+  const int interval = GENERATE(0, 6);
+  CAPTURE(mc.name, L, interval);
+  Pair p(mc, L, interval);
+  REQUIRE(p.lazy.backend->lazy_write_back());
+  REQUIRE(p.lazy.backend->deferred_commit());
+  REQUIRE_FALSE(p.lazy.pool().ring_u(0).defined());  // no u records
+  std::mt19937 rng(static_cast<uint32_t>(7 + L + interval));
+  const int S = p.eager.pool().num_slots();
+  for (int r = 0; r < 30; ++r) {
+    CAPTURE(r);
+    std::vector<int32_t> slots(static_cast<size_t>(S));
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    const int B = 1 + static_cast<int>(rng() % kMaxRunning);
+    slots.resize(static_cast<size_t>(B));
+    if (B > 1 && rng() % 3 == 0) {
+      slots[rng() % static_cast<size_t>(B)] = -1;
+    }
+    BatchSpec batch{1 + static_cast<int>(rng() % kT), slots, {}};
+    if (rng() % 3 == 0) {
+      std::vector<int32_t> rows(static_cast<size_t>(kMaxRunning));
+      std::iota(rows.begin(), rows.end(), 0);
+      std::shuffle(rows.begin(), rows.end(), rng);
+      rows.resize(static_cast<size_t>(B));
+      batch.rows = rows;
+    }
+    std::vector<int32_t> accepted;
+    bool bad = false;
+    for (int i = 0; i < B; ++i) {
+      accepted.push_back(1 + static_cast<int>(rng() % static_cast<unsigned>(batch.T)));
+      if (rng() % 6 == 0 && slots[static_cast<size_t>(i)] >= 0) {
+        const int32_t bad_lengths[] = {0, batch.T + 1, -1};
+        accepted.back() = bad_lengths[rng() % 3];
+        bad = true;
+      }
+    }
+    CAPTURE(accepted);
+    round_on_both(p, batch, accepted, 500 + 10 * static_cast<uint64_t>(r));
+    for (Harness* h : {&p.eager, &p.lazy}) {
+      if (bad) {
+        CHECK(
+            error_of([&] { h->backend->check_device_errors(nullptr); }, ErrorCode::kInvalidArgument)
+                .find("an accepted length outside [1, T]") != std::string::npos);
+      } else {
+        h->backend->check_device_errors(nullptr);
+      }
+    }
+    if (r == 5) {
+      check_states(p);  // part-way: the rounds go on from materialized slots
+    }
+  }
+  check_states(p);
+  CAPTURE(p.outputs.describe(), p.folds, p.max_pending);
+  CHECK(p.outputs.meets_contract());
+  CHECK(p.folds >= 1);
+  CHECK(p.max_pending >= 1);
+  if (interval > 0) {
+    CHECK(p.max_pending < interval);
+  }
+}
+
+TEST_CASE("backend lazy: abort_round, extend and slot reuse with pending steps",
+          "[backend][lazy]") {
+  Pair p(kGqaCase, 16);
+  const BatchSpec batch{kT, {3, 0, 4}, {}};
+  round_on_both(p, batch, {2, kT, 1}, 10);  // steps now pending in slots 3, 0, 4
+  round_on_both(p, batch, {1, 2, 3}, 15);
+  REQUIRE(pending_all(p.lazy)[3] == 3);
+
+  SECTION("abort before any layer, after some, after all: the state and counts stay") {
+    for (const int after : {0, 1, kLayers}) {
+      CAPTURE(after);
+      const auto pending = pending_all(p.lazy);
+      const uint64_t before = pool_checksum(p.lazy.pool());
+      round_on_both(p, {kT, {0, 4, 3}, {}}, {}, 20, after);
+      CHECK(pending_all(p.lazy) == pending);
+      CHECK(same_bits(p.eager.pool().ssm_state_all(), bytes_of(p.eager.pool().ssm_state_all())));
+      (void)before;
+      round_on_both(p, {2, {4, 1}, {}}, {2, 1}, 30);
+      check_states(p);
+      round_on_both(p, batch, {1, 3, kT}, 40);
+    }
+  }
+  SECTION("extend on slots with pending steps continues from the committed state") {
+    const BatchSpec prompt{6, {0, -1, 3}, {}};
+    for (Harness* h : {&p.eager, &p.lazy}) {
+      h->backend->prepare_extend(prompt, nullptr);
+    }
+    for (int layer = 0; layer < kLayers; ++layer) {
+      Activations xe = make_activations(p.eager.model, prompt.slots, prompt.T, 60 + layer);
+      Activations xl = make_activations(p.lazy.model, prompt.slots, prompt.T, 60 + layer);
+      p.eager.backend->extend(layer, xe.in, xe.out_view, nullptr);
+      p.lazy.backend->extend(layer, xl.in, xl.out_view, nullptr);
+      CHECK(same_bits(xe.out_view, bytes_of(xl.out_view)));  // extend's outputs are exact
+    }
+    check_states(p);
+    round_on_both(p, batch, {kT, 1, 2}, 70);
+    check_states(p);
+  }
+  SECTION("a released slot with pending steps is reused clean") {
+    for (Harness* h : {&p.eager, &p.lazy}) {
+      h->backend->release_slot(3);
+      REQUIRE(h->backend->allocate_slot(nullptr) == 3);
+    }
+    CHECK(cursors(p.lazy)[3] == 0);
+    CHECK(pending_all(p.lazy)[3] == 0);
+    check_states(p);
+    round_on_both(p, {kT, {3, 4}, {}}, {kT, 2}, 80);
+    round_on_both(p, {kT, {4, 3}, {}}, {1, 3}, 90);
+    check_states(p);
+  }
+}
+
+TEST_CASE("backend lazy: the pool, the report and the kernel set", "[backend][lazy]") {
+  Pair p(kGqaCase, 16);
+  const PoolConfig& c = p.lazy.pool().config();
+  CHECK(c.lazy_commit);
+  CHECK(c.deferred_commit);
+  CHECK_FALSE(c.deferred_u_records);
+  const PoolMemoryReport r = p.lazy.backend->memory_report();
+  CHECK(r.lazy_pending_capacity == 16 - kT);
+  CHECK_THAT(r.to_string(), Catch::Contains("lazy write-back: a slot's ring holds up to 12 "
+                                            "pending steps beside the next draft"));
+  CHECK(p.eager.backend->memory_report().lazy_pending_capacity == 0);
+  // u records cost nothing in the lazy pool: its rings are the eager pool's.
+  CHECK(r.ring_per_slot == p.eager.backend->memory_report().ring_per_slot);
+}
