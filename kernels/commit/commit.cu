@@ -97,27 +97,40 @@ __global__ void __launch_bounds__(kCopyThreads)
 }
 
 /// A deferred commit's bookkeeping for request n in `layer` (one thread): ring_pending[layer]
-/// [slot] <- n (0 for a bad accepted length, which it reports), and in layer 0 the cursor
-/// advanced by n (mod L). Nothing else of the launch reads these.
+/// [slot] <- n (0 for a bad accepted length, which it reports; lazy: the pending count plus n,
+/// or 0 where it folded), and in layer 0 the cursor advanced by n (mod L). Nothing else of the
+/// launch reads these.
 __device__ __forceinline__ void commit_pending(const CommitParams& p, int layer, int n) {
   const int slot = p.slots[n];
   if (slot < 0) {
     return;
   }
   const int steps = accepted_or_flag(p, n, layer == 0);
-  p.ring_pending[layer * p.ring_pending_layer_stride + slot] = steps;
+  int32_t& pending = p.ring_pending[layer * p.ring_pending_layer_stride + slot];
+  if (p.kind == CommitKind::kLazy) {
+    // The lazy commit (contract §11): the steps join the slot's pending ones, which the fold
+    // launch before this one folded where lazy_commit_folds says so; a bad length changes
+    // nothing.
+    if (steps > 0) {
+      const int32_t m = pending + steps;
+      pending = lazy_commit_folds(p, m) ? 0 : m;
+    }
+  } else {
+    pending = steps;
+  }
   if (layer == 0 && steps > 0) {
     p.ring_cursor[slot] = (p.ring_cursor[slot] + steps) & (p.L - 1);
   }
 }
 
 /// grid (chunks, B, layers): conv_state[layer][slot] <- conv_window[layer][row][n-1] alone;
-/// a deferred commit (kDeferred) also records the pending counts (commit_pending).
+/// a deferred or lazy commit also records the pending counts (commit_pending).
 template <int VEC>
 __global__ void __launch_bounds__(kCopyThreads)
     commit_conv_kernel(const __grid_constant__ CommitParams p) {
   pdl_enter();
-  if (p.kind == CommitKind::kDeferred && blockIdx.x == 0 && threadIdx.x == 0) {
+  if ((p.kind == CommitKind::kDeferred || p.kind == CommitKind::kLazy) && blockIdx.x == 0 &&
+      threadIdx.x == 0) {
     commit_pending(p, static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.y));
   }
   commit_conv_share<VEC>(p, static_cast<int>(blockIdx.z), static_cast<int>(blockIdx.y),

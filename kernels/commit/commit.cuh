@@ -70,6 +70,16 @@ extern template void launch_fold_tracks_deferred<64>(const CommitParams&, cudaSt
 extern template void launch_fold_tracks_deferred<128>(const CommitParams&, cudaStream_t,
                                                       const LaunchOverrides&);
 
+/// kLazy (contract §11): each valid track's pending steps and steps 0..k into the track slot
+/// (FoldRole::kLazyTrack), then each slot's pending and accepted steps where lazy_commit_folds
+/// (FoldRole::kLazy). Before the conv commit moves the counts and cursors.
+template <int K>
+void launch_fold_lazy(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o);
+extern template void launch_fold_lazy<64>(const CommitParams&, cudaStream_t,
+                                          const LaunchOverrides&);
+extern template void launch_fold_lazy<128>(const CommitParams&, cudaStream_t,
+                                           const LaunchOverrides&);
+
 /// Tracks (commit_track_kernel): the track's conv window, snapshot mode's track state, the
 /// track slot's pending counts zeroed; reports invalid tracks.
 void launch_commit_track(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o);

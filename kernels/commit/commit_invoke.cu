@@ -1,6 +1,6 @@
 // commit_invoke.cu: the commit family's entry points (kernels/kda_kernels.h): the fold, the
-// snapshot and conv commits, the deferred bookkeeping, materialize. Every check of a call's
-// launches runs before the first is enqueued: an error leaves the state untouched.
+// snapshot and conv commits, the deferred and lazy bookkeeping, materialize. Every check of a
+// call's launches runs before the first is enqueued: an error leaves the state untouched.
 #include <cstdint>
 
 #include "core/error.h"
@@ -87,11 +87,14 @@ void invoke_commit(const CommitParams& p, cudaStream_t stream, const LaunchOverr
       check_commit_launch(p, "invoke_commit", 0u);
       launch_drop_pending(p, stream, o);
       return;
-    case CommitKind::kLazy:
+    case CommitKind::kLazy:  // the folds read the counts and cursors before the conv commit
       check_commit_launch(p, "invoke_commit", params::commit_needs(p));
-      KDA_THROW(ErrorCode::kUnsupported,
-                "invoke_commit: the lazy commit (contract §11) has no CUDA kernels yet (the host "
-                "kernel set runs it; on CUDA use the deferred commit)");
+      KDA_DISPATCH_K(p.K, K, { launch_fold_lazy<K>(p, stream, o); })
+      if (p.track_slots != nullptr) {
+        launch_commit_track(p, stream, o);
+      }
+      launch_commit_conv(p, stream, o);
+      return;
   }
   // Both launches' checks before the first is enqueued: an error leaves the state untouched.
   const uint32_t state = p.mode == RecordMode::kRing ? params::kFold : params::kSnapshot;

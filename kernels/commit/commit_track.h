@@ -41,4 +41,13 @@ KDA_HD int32_t track_step_of(const CommitParams& p, int i) {
   return k;
 }
 
+/// The lazy commit's fold decision (CommitKind::kLazy, contract §11): a slot whose pending steps
+/// become `m` (its earlier pending steps plus this commit's accepted ones) folds them all when
+/// the next draft would not fit its ring beside them (m + T_max > L), or at the engine's
+/// interval (lazy_fold_interval > 0 and m >= it). One predicate for the host reference and the
+/// CUDA commit.
+KDA_HD bool lazy_commit_folds(const CommitParams& p, int32_t m) {
+  return m + p.T_max > p.L || (p.lazy_fold_interval > 0 && m >= p.lazy_fold_interval);
+}
+
 }  // namespace kda

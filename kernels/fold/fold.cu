@@ -1,6 +1,7 @@
 // fold.cu: the ring-mode fold kernels (fold_kernel: one CTA per item; fold_persistent_kernel:
 // persistent CTAs) and their launchers: the eager commit's fold (with or without
-// prefix-cache tracks), materialize and the deferred commit's track fold (FoldRole). Writes only
+// prefix-cache tracks), materialize, the deferred commit's track fold and the lazy commit's folds
+// (FoldRole). Writes only
 // ssm_state of slots >= 0 and of valid track slots (and conv_state with the conv commit, and
 // *error_flag); never reads ring rows past a request's accepted length.
 #include "kernels/commit/commit.cuh"
@@ -30,6 +31,12 @@ enum class FoldRole {
   kCommitTracked,  ///< the same, and the state after the track step to the track slot
   kMaterialize,    ///< the slot's pending steps from position c - n, state back to the slot
   kTrackOnly,      ///< deferred commit's track: steps 0..k from position c, to the track slot
+  /// The lazy commit (contract §11): where lazy_commit_folds(pending + accepted), the pending and
+  /// accepted steps from position c - pending (the cursor not yet advanced), back to the slot.
+  kLazy,
+  /// The lazy commit's track: the pending steps and steps 0..k from position c - pending, to the
+  /// track slot.
+  kLazyTrack,
 };
 
 /// Where a fold item's state tile comes from: global memory (fold_kernel, FoldGlobalSource) or
@@ -89,7 +96,12 @@ struct FoldCoords {
 /// u from them (delta_rule_step_given_u, the same bits); without (the u-free deferred commit) it
 /// computes u as an eager fold does.
 KDA_HD constexpr bool role_wraps(FoldRole r) {
-  return r == FoldRole::kMaterialize || r == FoldRole::kTrackOnly;
+  return r == FoldRole::kMaterialize || r == FoldRole::kTrackOnly || r == FoldRole::kLazy ||
+         r == FoldRole::kLazyTrack;
+}
+/// Whether a fold role's state goes to the request's track slot (not its own).
+KDA_HD constexpr bool role_stores_track(FoldRole r) {
+  return r == FoldRole::kTrackOnly || r == FoldRole::kLazyTrack;
 }
 
 /// One fold work item: (V tile, request n, layer, v-head). run() replays the item's ring
@@ -140,10 +152,21 @@ struct FoldItem {
     // commit_track_kernel.
     int steps = 0;
     int track_k = kNoTrack;
+    int pending = 0;  // the lazy roles' pending steps before this commit's
     if constexpr (kRole == FoldRole::kMaterialize) {
       steps = p.ring_pending[layer * p.ring_pending_layer_stride + slot];
     } else if constexpr (kRole == FoldRole::kTrackOnly) {
       steps = track_step_of(p, n) + 1;  // kNoTrack / kInvalidTrack: <= 0
+    } else if constexpr (kRole == FoldRole::kLazy) {
+      // A bad accepted length folds nothing (the conv commit reports it).
+      pending = p.ring_pending[layer * p.ring_pending_layer_stride + slot];
+      const int acc = p.accepted[n];
+      const int m = pending + acc;
+      steps = acc >= 1 && acc <= p.T && lazy_commit_folds(p, m) ? m : 0;
+    } else if constexpr (kRole == FoldRole::kLazyTrack) {
+      pending = p.ring_pending[layer * p.ring_pending_layer_stride + slot];
+      const int k = track_step_of(p, n);
+      steps = k >= 0 ? pending + k + 1 : 0;
     } else {
       steps = accepted_or_flag(p, n, tile == 0 && hv == 0 && layer == 0 && tid == 0);
       if constexpr (kRole == FoldRole::kCommitTracked) {
@@ -158,6 +181,8 @@ struct FoldItem {
       ring.first = p.ring_cursor[slot] - steps;
     } else if constexpr (kRole == FoldRole::kTrackOnly) {
       ring.first = p.ring_cursor[slot];
+    } else if constexpr (kRole == FoldRole::kLazy || kRole == FoldRole::kLazyTrack) {
+      ring.first = p.ring_cursor[slot] - pending;
     }
     const int64_t head = layer * p.ssm_layer_stride + static_cast<int64_t>(hv) * p.V * K;
     float* s_base = p.ssm_state + head + slot * p.ssm_slot_stride;
@@ -256,7 +281,7 @@ struct FoldItem {
       // item's steps (the last reader of that buffer). Fast warps start the next item's
       // prologue while slow ones finish their steps.
     }
-    store_columns(kRole == FoldRole::kTrackOnly ? track_base() : s_base, S, col_ok, col0);
+    store_columns(role_stores_track(kRole) ? track_base() : s_base, S, col_ok, col0);
     return true;
   }
 
@@ -616,5 +641,17 @@ template void launch_fold_tracks_deferred<64>(const CommitParams&, cudaStream_t,
                                               const LaunchOverrides&);
 template void launch_fold_tracks_deferred<128>(const CommitParams&, cudaStream_t,
                                                const LaunchOverrides&);
+
+template <int K>
+void launch_fold_lazy(const CommitParams& p, cudaStream_t stream, const LaunchOverrides& o) {
+  // Both read the pending counts and cursors before the conv commit's bookkeeping moves them;
+  // the items that fold nothing (most, between the ring's fills) return at once.
+  if (p.track_slots != nullptr) {
+    launch_fold_per_item<K, FoldRole::kLazyTrack>(p, stream, o);
+  }
+  launch_fold_per_item<K, FoldRole::kLazy>(p, stream, o);
+}
+template void launch_fold_lazy<64>(const CommitParams&, cudaStream_t, const LaunchOverrides&);
+template void launch_fold_lazy<128>(const CommitParams&, cudaStream_t, const LaunchOverrides&);
 
 }  // namespace kda::kernels

@@ -31,8 +31,8 @@ void verify_fused_fast_with_fault(const VerifyParams& p, ChunkFault fault);
 /// One planted error in the lazy commit (contract §11; kda_host.h commit, CommitKind::kLazy).
 enum class LazyFault {
   kNone,
-  /// The fold is triggered one step late: where m + T_max > L + 1, not m + T_max > L, so a slot
-  /// may keep L - T_max + 1 pending steps, and the next draft's records overwrite the oldest.
+  /// The fold is triggered one step late (decided for m - 1 steps): a slot may keep
+  /// L - T_max + 1 pending steps, and the next draft's records would overwrite the oldest.
   kFoldOneStepLate,
   /// The pending count adds this round's accepted steps twice (m = pending + 2 n): folds replay
   /// steps the request never accepted.

@@ -111,7 +111,8 @@ void fold(const CommitParams& p) {
 void detail::fold_lazy(const CommitParams& p, testing::LazyFault fault) {
   using testing::LazyFault;
   std::vector<float> S(static_cast<size_t>(p.V) * p.K);
-  const int32_t fit = p.L - p.T_max + (fault == LazyFault::kFoldOneStepLate ? 1 : 0);
+  // kFoldOneStepLate: the decision taken for one step fewer (m - 1) than the slot holds.
+  const int32_t late = fault == LazyFault::kFoldOneStepLate ? 1 : 0;
   for (int i = 0; i < p.B; ++i) {
     const int32_t slot = p.slots[i];
     const int32_t acc = p.accepted[i];
@@ -125,7 +126,7 @@ void detail::fold_lazy(const CommitParams& p, testing::LazyFault fault) {
       int32_t& pending = p.ring_pending[layer * p.ring_pending_layer_stride + slot];
       const int32_t first = c - pending;  // the oldest pending step's ring position
       const int32_t m = pending + n;
-      const bool folds = m > fit || (p.lazy_fold_interval > 0 && m >= p.lazy_fold_interval);
+      const bool folds = lazy_commit_folds(p, m - late);
       if (k >= 0) {
         // The track: the checkpoint through the pending steps and steps 0..k, in the fold's
         // one sequential pass when the slot folds too (splitting it leaves its bits alone).
