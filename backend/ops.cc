@@ -250,7 +250,7 @@ void expect_ndim(const TensorView& t, const std::string& name, int ndim, const c
 }
 
 // The shapes of `state` (file comment of ops.h); `stacked`: a [layers] dim leads.
-Dims read_dims(const char* op, const StateTensors& state, bool stacked) {
+Dims read_dims(const char* op, const StateTensors& state, bool stacked, bool lazy) {
   const int lead = stacked ? 1 : 0;
   Dims d;
   expect_ndim(state.ssm_state, arg(op, "state.ssm_state"), 4 + lead,
@@ -335,16 +335,34 @@ Dims read_dims(const char* op, const StateTensors& state, bool stacked) {
               "ring_cursor, ring_pending, ring_u)",
               arg(op, name));
   }
+  KDA_CHECK(!lazy || state.ring_pending.defined(),
+            "{}: none given: the lazy write-back (lazy = true) keeps pending counts (ring_cursor, "
+            "ring_pending)",
+            arg(op, "state.ring_pending"));
   if (state.ring_pending.defined()) {
     KDA_CHECK(d.mode == RecordMode::kRing,
               "{}: given in snapshot mode (the deferred commit is ring mode only)",
               arg(op, "state.ring_pending"));
-    KDA_CHECK(state.ring_cursor.defined() && state.ring_u.defined(),
-              "{}: missing: the deferred commit (state.ring_pending given) needs ring_cursor and "
-              "ring_u too",
-              arg(op, state.ring_cursor.defined() ? "state.ring_u" : "state.ring_cursor"));
+    if (lazy) {
+      KDA_CHECK(state.ring_cursor.defined(),
+                "{}: missing: the lazy write-back (state.ring_pending given) needs ring_cursor too",
+                arg(op, "state.ring_cursor"));
+      KDA_CHECK(!state.ring_u.defined(),
+                "{}: given with lazy = true: the lazy write-back keeps no u records",
+                arg(op, "state.ring_u"));
+      KDA_CHECK(d.L <= kFastMaxChunk,
+                "{}: L = {} with lazy = true, expected at most {} (the pending steps and the next "
+                "draft share one fast chunk)",
+                arg(op, "state.ring_rawv"), d.L, kFastMaxChunk);
+      d.lazy = true;
+    } else {
+      KDA_CHECK(state.ring_cursor.defined() && state.ring_u.defined(),
+                "{}: missing: the deferred commit (state.ring_pending given) needs ring_cursor and "
+                "ring_u too (the lazy write-back, without ring_u, is asked for with lazy = true)",
+                arg(op, state.ring_cursor.defined() ? "state.ring_u" : "state.ring_cursor"));
+      d.u_records = true;  // the ops' deferred state replays its u records (not u-free)
+    }
     d.deferred = true;
-    d.u_records = true;  // the ops' deferred state replays its u records (not u-free)
   }
   return d;
 }
@@ -363,13 +381,14 @@ PoolConfig pool_config_of(const Dims& d, const Device& device) {
   c.ring_len = d.L;
   c.deferred_commit = d.deferred;
   c.deferred_u_records = d.u_records;
+  c.lazy_commit = d.lazy;
   c.device = device;
   return c;
 }
 
 // Shapes, then every state tensor against pool_storage.h's rules.
-Dims validate_state(const char* op, const StateTensors& state, bool stacked) {
-  const Dims d = read_dims(op, state, stacked);
+Dims validate_state(const char* op, const StateTensors& state, bool stacked, bool lazy) {
+  const Dims d = read_dims(op, state, stacked, lazy);
   validate_external_tensors(pool_config_of(d, state.ssm_state.device()), state,
                             arg(op, "state").c_str(), /*with_qkv_act=*/false,
                             /*per_layer=*/!stacked);
@@ -463,7 +482,14 @@ void expect_activation(const TensorView& t, const std::string& name, const Devic
 DispatchDecision verify(KernelSet& kernels, const VerifyArgs& args, cudaStream_t stream) {
   const char* op = "verify";
   const StateTensors& st = args.state;
-  const Dims d = validate_state(op, st, /*stacked=*/false);
+  const Dims d = validate_state(op, st, /*stacked=*/false, args.options.lazy);
+  KDA_CHECK(!d.lazy || args.options.dispatch.numerics != NumericsRequest::kExact,
+            "{}: exact with lazy = true: the lazy write-back's verify computes fast outputs "
+            "(expected fast or auto)",
+            arg(op, "options.dispatch.numerics"));
+  KDA_CHECK_CODE(!d.lazy || kernels.runs_lazy_write_back(), ErrorCode::kUnsupported,
+                 "{}: the {} kernel set does not run the lazy write-back (contract §11)",
+                 arg(op, "options.lazy"), kernels.name());
   const Device device = st.ssm_state.device();
   KDA_CHECK(kernels.device() == device, "{}: the state is on {}, the kernel set ({}) runs on {}",
             arg(op, "state.ssm_state"), device_name(device), kernels.name(),
@@ -563,7 +589,15 @@ DispatchDecision verify(KernelSet& kernels, const VerifyArgs& args, cudaStream_t
 CommitDecision commit(KernelSet& kernels, const CommitArgs& args, cudaStream_t stream) {
   const char* op = "commit";
   const StateTensors& st = args.state;
-  const Dims d = validate_state(op, st, /*stacked=*/true);
+  const Dims d = validate_state(op, st, /*stacked=*/true, args.lazy);
+  KDA_CHECK(args.lazy_fold_interval >= 0 && args.lazy_fold_interval <= kFastMaxChunk,
+            "{}: {}, expected 0..{} (0: fold only when the next draft would not fit)",
+            arg(op, "lazy_fold_interval"), args.lazy_fold_interval, kFastMaxChunk);
+  KDA_CHECK(args.lazy || args.lazy_fold_interval == 0, "{}: {} without lazy = true (expected 0)",
+            arg(op, "lazy_fold_interval"), args.lazy_fold_interval);
+  KDA_CHECK_CODE(!d.lazy || kernels.runs_lazy_write_back(), ErrorCode::kUnsupported,
+                 "{}: the {} kernel set does not run the lazy write-back (contract §11)",
+                 arg(op, "lazy"), kernels.name());
   const Device device = st.ssm_state.device();
   KDA_CHECK(kernels.device() == device, "{}: the state is on {}, the kernel set ({}) runs on {}",
             arg(op, "state.ssm_state"), device_name(device), kernels.name(),
@@ -604,7 +638,7 @@ CommitDecision commit(KernelSet& kernels, const CommitArgs& args, cudaStream_t s
     expect_index(args.error_flag, arg(op, "error_flag"), 1, device);
   }
   detail::CommitCall call;
-  call.kind = d.deferred ? CommitKind::kDeferred : CommitKind::kEager;
+  call.kind = d.lazy ? CommitKind::kLazy : d.deferred ? CommitKind::kDeferred : CommitKind::kEager;
   call.B = B;
   call.T = batch.T;
   call.slots = i32(batch.slots);
@@ -619,14 +653,16 @@ CommitDecision commit(KernelSet& kernels, const CommitArgs& args, cudaStream_t s
       tree || ragged ? static_cast<int32_t*>(args.checked_accepted.data()) : nullptr;
   call.error_flag =
       args.error_flag.defined() ? static_cast<int32_t*>(args.error_flag.data()) : nullptr;
-  kernels.commit(detail::commit_params(d, st, call), stream);
+  CommitParams params = detail::commit_params(d, st, call);
+  params.lazy_fold_interval = d.lazy ? args.lazy_fold_interval : 0;
+  kernels.commit(params, stream);
   return CommitDecision{call.kind, d.mode, detail::commit_reason(call.kind, d.mode)};
 }
 
 void materialize(KernelSet& kernels, const MaterializeArgs& args, cudaStream_t stream) {
   const char* op = "materialize";
   const StateTensors& st = args.state;
-  const Dims d = validate_state(op, st, /*stacked=*/true);
+  const Dims d = validate_state(op, st, /*stacked=*/true, args.lazy);
   const Device device = st.ssm_state.device();
   KDA_CHECK(kernels.device() == device, "{}: the state is on {}, the kernel set ({}) runs on {}",
             arg(op, "state.ssm_state"), device_name(device), kernels.name(),

@@ -20,7 +20,10 @@
 // The record mode is what the state holds: the four rings (ring mode) or snapshots (snapshot
 // mode); the deferred commit (contract §7) is on when ring_pending is given (then ring_cursor and
 // ring_u too; the ops' deferred folds replay the u records, so its verifies' outputs are exact;
-// the backend's u-free form, for fast outputs, is Dims::u_records false). State tensors obey
+// the backend's u-free form, for fast outputs, is Dims::u_records false). The lazy write-back
+// (contract §11) is asked for per call (VerifyOptions::lazy, CommitArgs::lazy,
+// MaterializeArgs::lazy: every op on such a state says so): ring_pending and ring_cursor given,
+// no ring_u, L <= 16; its verifies' outputs are fast. State tensors obey
 // pool_storage.h's rules (padded slot / row / layer pitches, 16-byte aligned f32 state, no overlap)
 // with S' = S, R' = R: verify takes one layer's views (no [layers] dim; ring_pending [S]), commit
 // and materialize all layers' ([layers, ...]; ring_cursor [S] has no layer dim). Index tensors:
@@ -66,6 +69,10 @@ struct VerifyOptions {
   /// The dispatcher's platform; default: detect_platform of the state's CUDA device (cached per
   /// device), "no device" on the host.
   std::optional<Platform> platform;
+  /// The state's pending steps are the lazy write-back's (contract §11): the verify folds
+  /// nothing and writes no state; its fast outputs take them as history (dispatch.numerics fast
+  /// or auto; the kernel set must run it: KernelSet::runs_lazy_write_back).
+  bool lazy = false;
 };
 
 struct VerifyArgs {
@@ -100,11 +107,16 @@ struct CommitArgs {
   TensorView track_steps;       ///< with track_slots: [B] int32, -1 = none
   TensorView checked_accepted;  ///< ragged / tree: [B] int32 scratch
   TensorView error_flag;        ///< optional [1] int32: CommitError bits or-ed in (kda_params.h)
+  /// The lazy write-back (contract §11; the state as VerifyOptions::lazy's): the accepted steps
+  /// join each slot's pending ones, folded exactly where the next draft would not fit the ring
+  /// (or at lazy_fold_interval > 0 pending steps, at most 16).
+  bool lazy = false;
+  int lazy_fold_interval = 0;
 };
 
 /// What a commit ran (contract §1, §7): the kind, the mode and a stable name for logs and tests:
-/// "ring_fold", "snapshot_copy", "deferred_record" or "materialize" (each with the conv commit
-/// but materialize).
+/// "ring_fold", "snapshot_copy", "deferred_record", "lazy_record" or "materialize" (each with the
+/// conv commit but materialize).
 struct CommitDecision {
   CommitKind kind = CommitKind::kEager;
   RecordMode mode = RecordMode::kRing;
@@ -119,6 +131,7 @@ CommitDecision commit(KernelSet& kernels, const CommitArgs& args, cudaStream_t s
 struct MaterializeArgs {
   StateTensors state;  ///< all layers, deferred (ring_cursor, ring_pending, ring_u given)
   TensorView slots;    ///< [n] int32: distinct slots in [0, S)
+  bool lazy = false;   ///< the lazy write-back's state (no ring_u; VerifyOptions::lazy)
 };
 
 /// Deferred commit: folds the pending steps of `slots` into every layer's state (contract §7).

@@ -83,7 +83,8 @@ TEST_CASE("lazy commit: the CUDA kernels equal the host reference bitwise", "[gp
   accepted[B - 1] = T + 1;  // a bad length: the request is skipped, its pending steps stay
   const std::vector<int32_t> slots = base.slots();
   const int32_t track_slot = B;  // a spare slot outside the batch
-  std::vector<int32_t> track_slots(static_cast<size_t>(B), -1), track_steps(static_cast<size_t>(B), -1);
+  std::vector<int32_t> track_slots(static_cast<size_t>(B), -1),
+      track_steps(static_cast<size_t>(B), -1);
   if (track) {
     const int n = slots[0] >= 0 ? 0 : 2;
     track_slots[n] = track_slot;

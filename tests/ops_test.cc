@@ -1,7 +1,7 @@
 // ops_test.cc: kda::ops (backend/ops.h) on an engine's own buffers, SGLang-shaped (MambaPool
 // style: [layers, size + 1, ...] in contract §2's layouts, the last slot the engine's dummy one;
 // index tensors on the device), against KdaAttentionBackend, bitwise: the same rounds (dense,
-// ragged and tree drafts; snapshot mode, eager and deferred ring mode; padding rows, explicit
+// ragged and tree drafts; snapshot mode, eager, deferred and lazy ring mode; padding rows, explicit
 // scratch rows, random accepted lengths and paths), then materialize: every output and every
 // state, record and scratch tensor equal. Each bad argument is a kda::Error naming it, and
 // changes nothing (outputs, state and scratch bitwise as before).
@@ -158,6 +158,7 @@ struct Case {
   bool ring, deferred;
   int topk;
   bool fused;
+  bool lazy = false;  ///< the lazy write-back (host kernel set only)
 };
 
 // The engine's side of one round: the index tensors it keeps on the device.
@@ -225,6 +226,7 @@ ops::VerifyArgs verify_args(const Harness& h, const EnginePool& e, const EngineR
   a.options.lower_bound = h.model.lower_bound;
   a.options.dispatch = h.backend->flags().dispatch_flags();
   a.options.platform = h.backend->platform();
+  a.options.lazy = h.backend->lazy_write_back();
   return a;
 }
 
@@ -236,9 +238,17 @@ TEST_CASE("ops: an ops call sequence on SGLang-shaped buffers is bitwise the bac
                                         {"ring eager", true, false, 1, true},
                                         {"ring deferred", true, true, 1, true},
                                         {"snapshot trees", false, false, 2, true},
-                                        {"ring trees", true, false, 2, true}}));
+                                        {"ring trees", true, false, 2, true}
+#ifndef KDA_BACKEND_TEST_CUDA
+                                        ,
+                                        {"ring lazy", true, true, 1, true, true}
+#endif
+  }));
   CAPTURE(c.name);
   EngineFlags f = flags_for(c.ring, c.deferred);
+  if (c.lazy) {
+    f.deferred_commit = static_cast<int>(DeferredCommit::kLazy);
+  }
   f.eagle_topk = c.topk;
   f.fused_verify = c.fused;
   f.fused_ring_max_batch = 2;
@@ -337,10 +347,12 @@ TEST_CASE("ops: an ops call sequence on SGLang-shaped buffers is bitwise the bac
     ca.accepted_paths = er.paths_view;
     ca.checked_accepted = er.checked_view;
     ca.error_flag = er.flag_view;
+    ca.lazy = c.lazy;
     const ops::CommitDecision cd = ops::commit(kernels, ca, nullptr);
-    CHECK(std::string(cd.reason) == (c.deferred ? "deferred_record"
-                                     : c.ring   ? "ring_fold"
-                                                : "snapshot_copy"));
+    CHECK(std::string(cd.reason) == (c.lazy       ? "lazy_record"
+                                     : c.deferred ? "deferred_record"
+                                     : c.ring     ? "ring_fold"
+                                                  : "snapshot_copy"));
     CHECK(to_host_vector<int32_t>(er.flag_view)[0] == 0);
     check_same(h.pool(), e);
   }
@@ -350,7 +362,7 @@ TEST_CASE("ops: an ops call sequence on SGLang-shaped buffers is bitwise the bac
     std::iota(every.begin(), every.end(), 0);
     h.backend->materialize(every, nullptr);
     const Buffer s = device_i32(every);
-    ops::materialize(kernels, {e.stack, s.view(DType::kI32, {S})}, nullptr);
+    ops::materialize(kernels, {e.stack, s.view(DType::kI32, {S}), c.lazy}, nullptr);
     check_same(h.pool(), e);
     const auto pending = to_host_vector<int32_t>(e.stack.ring_pending.narrow(1, 0, S));
     CHECK(std::all_of(pending.begin(), pending.end(), [](int32_t n) { return n == 0; }));
@@ -441,6 +453,23 @@ TEST_CASE("ops: a bad argument is named and changes nothing", "[ops]" KDA_HOST_O
          a.state.qkv_act = TensorView();  // B = 2 > fused_ring_max_batch = 1: unfused
        },
        "ops.verify: state.qkv_act: none given, but the unfused path runs"},
+      // The lazy write-back (contract §11): no u records, fast outputs, pending counts.
+      {"lazy with u records", [&](ops::VerifyArgs& a) { a.options.lazy = true; },
+       "ops.verify: state.ring_u: given with lazy = true: the lazy write-back keeps no u records"},
+      {"lazy without pending counts",
+       [&](ops::VerifyArgs& a) {
+         a.options.lazy = true;
+         a.state.ring_pending = a.state.ring_cursor = a.state.ring_u = TensorView();
+       },
+       "ops.verify: state.ring_pending: none given: the lazy write-back (lazy = true) keeps "
+       "pending counts"},
+      {"lazy with exact outputs",
+       [&](ops::VerifyArgs& a) {
+         a.options.lazy = true;
+         a.state.ring_u = TensorView();
+         a.options.dispatch.numerics = NumericsRequest::kExact;
+       },
+       "ops.verify: options.dispatch.numerics: exact with lazy = true"},
   };
   const auto before = engine_bytes(e);
   const std::vector<uint8_t> out_before = bytes_of(out);
@@ -473,6 +502,14 @@ TEST_CASE("ops: a bad argument is named and changes nothing", "[ops]" KDA_HOST_O
        "ops.commit: state.ring_pending: expected shape [2, >= 6], got [6]"},
       {[&](ops::CommitArgs& a) { a.state.conv_window = TensorView(); },
        "ops.commit: state.conv_window: expected a tensor [layers, R, T_max, W-1, D], got none"},
+      {[](ops::CommitArgs& a) { a.lazy_fold_interval = 4; },
+       "ops.commit: lazy_fold_interval: 4 without lazy = true (expected 0)"},
+      {[](ops::CommitArgs& a) {
+         a.lazy = true;
+         a.state.ring_u = TensorView();
+         a.lazy_fold_interval = 17;
+       },
+       "ops.commit: lazy_fold_interval: 17, expected 0..16"},
   };
   for (const auto& [spoil, needle] : commits) {
     CAPTURE(needle);
