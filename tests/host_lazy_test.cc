@@ -30,6 +30,7 @@
 #include "kernels/ref/fast_ref_testing.h"
 #include "kernels/ref/kda_host.h"
 #include "tests/error_message.h"
+#include "tests/lazy_history.h"
 #include "tests/output_compare.h"
 #include "tests/test_problem.h"
 
@@ -74,8 +75,7 @@ void scale_all(VerifyProblem& p, Tensor t, float s) {
 }
 
 // A ring-mode problem (L = 16, T_max = T) whose real slots each hold P pending steps before a
-// random cursor: valid records (k, v ~ N(0, scale^2) as bf16, g in [-1.5, -0.01], beta in
-// (0.05, 0.95)) at ring positions (c - P + j) mod L, the rings' garbage elsewhere.
+// random cursor (write_history), the rings' garbage elsewhere.
 struct LazyProblem {
   VerifyProblem problem;
   std::vector<int32_t> cursor, pending;  ///< [S] host arrays (the params point at them)
@@ -121,8 +121,6 @@ LazyProblem make_lazy(const Shape& s, int P) {
   }
   f.pad = s.ragged ? -1 : f.problem.pad_request();
   const int S = f.problem.num_slots();
-  f.cursor.assign(static_cast<size_t>(S), 0);
-  f.pending.assign(static_cast<size_t>(S), 0);
   f.lengths.assign(static_cast<size_t>(s.B), s.T);
   if (s.ragged) {
     f.offsets.push_back(0);
@@ -149,43 +147,17 @@ LazyProblem make_lazy(const Shape& s, int P) {
       f.problem.set(t, x);
     }
   }
-  std::mt19937 rng(static_cast<uint32_t>(s.seed * 7919 + static_cast<uint64_t>(P)));
-  std::normal_distribution<float> normal(0.0f, s.scale * 0.5f);
-  std::uniform_real_distribution<float> gate(-1.5f, -0.01f), beta(0.05f, 0.95f);
-  std::vector<bf16_t> rawk = f.problem.rawk(), rawv = f.problem.rawv();
-  std::vector<float> g = f.problem.ring_g(), b = f.problem.ring_beta();
-  const int group = s.HV / s.H;
+  // P pending steps in every real slot of the batch.
+  std::vector<int32_t> steps(static_cast<size_t>(S), 0);
   for (const int32_t slot : f.problem.slots()) {
-    if (slot < 0) {
-      continue;
-    }
-    const int c0 = static_cast<int>(rng() % kL);
-    f.cursor[static_cast<size_t>(slot)] = c0;
-    f.pending[static_cast<size_t>(slot)] = P;
-    for (int j = 0; j < P; ++j) {
-      const int64_t pos = (c0 - P + j) & (kL - 1);
-      for (int hv = 0; hv < s.HV; ++hv) {
-        const int64_t head = (int64_t{slot} * s.HV + hv) * kL + pos;
-        for (int v = 0; v < s.V; ++v) {
-          rawv[static_cast<size_t>(head * s.V + v)] = float_to_bf16(normal(rng));
-        }
-        for (int k = 0; k < s.K; ++k) {
-          g[static_cast<size_t>(head * s.K + k)] = gate(rng);
-        }
-        b[static_cast<size_t>(head)] = beta(rng);
-        if (hv % group == 0) {
-          const int64_t khead = (int64_t{slot} * s.H + hv / group) * kL + pos;
-          for (int k = 0; k < s.K; ++k) {
-            rawk[static_cast<size_t>(khead * s.K + k)] = float_to_bf16(normal(rng));
-          }
-        }
-      }
+    if (slot >= 0) {
+      steps[static_cast<size_t>(slot)] = P;
     }
   }
-  f.problem.set(Tensor::kRingRawk, rawk);
-  f.problem.set(Tensor::kRingRawv, rawv);
-  f.problem.set(Tensor::kRingG, g);
-  f.problem.set(Tensor::kRingBeta, b);
+  const LazyHistory h =
+      write_history(f.problem, steps, s.scale, s.seed * 7919 + static_cast<uint64_t>(P));
+  f.cursor = h.cursor;
+  f.pending = h.pending;
   return f;
 }
 

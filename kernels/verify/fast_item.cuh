@@ -16,6 +16,10 @@
 //      Every column's value depends only on its own state column and the shared per-head terms,
 //      computed by the same threads in the same order whatever the tile, the batch or the rows:
 //      the outputs are bitwise batch-invariant (§10 (a)).
+// A lazy verify (kLazyHistory, contract §11) puts the slot's P pending ring steps before the draft:
+// the chunk is P + T tokens (history first; their k normalised from the ring's raw k, d = EXP(g),
+// v, beta, no query), held in the TileSmem rows after the draft's (ChunkOrder maps the chunk's
+// token order to those rows), and only the draft's outputs are stored.
 // Reads ssm_state, never writes it (the committed state stays the exact fold's, §10).
 // Shared memory (dynamic, FastSmem): the state stage, one TileSmem per 8-token chunk, the split
 // operand rows (aliased by the contraction results once the mma is done), the T x T terms.
@@ -100,32 +104,52 @@ struct FastItem : ItemPrologue<Traits> {
   static constexpr int kNarrowRows = 2 * kNarrowTokens;  ///< the B operand's 8 columns
   static constexpr int kMTiles = BV / 16;                ///< 16-row state tiles, one per warp
   static constexpr int E = K / 32;  ///< key elements per lane in the T x T terms
+  static constexpr bool kLazy = Traits::kLazy;
   static_assert(Cfg::kThreads == 256 && BV % 8 == 0 && BV <= 2 * K, "fast tile shape");
 
-  /// The T x T terms A[t][i] (t > i) and M[t][i] (t >= i) into termA / termM (row t, column i,
-  /// kFastMaxTokens wide): key token i on the warp `first` + i of `count` warps ...; lanes over k,
-  /// the two dots of a (t, i) pair through one §3 tree (level by level, each sum its own).
-  __device__ __forceinline__ void chunk_terms(unsigned char* smem, int T, int first, int count,
-                                              float* termA, float* termM) const {
-    auto chunk = [&](int t) -> const TileSmem<Cfg>& {
-      return reinterpret_cast<const TileSmem<Cfg>*>(smem + Smem::chunks_offset())[t >> 3];
+  /// The chunk's token order: token i of the chunk (the P history steps, then the T draft
+  /// tokens) sits in TileSmem row phys(i): the draft's rows 0..T-1 are the prologue's, the
+  /// history's T..T+P-1 follow. Without a history (P = 0, every call but a lazy one) phys(i) = i.
+  struct ChunkOrder {
+    int P, T;
+    __device__ __forceinline__ int phys(int i) const {
+      if constexpr (kLazy) {
+        return i < P ? T + i : i - P;
+      } else {
+        return i;
+      }
+    }
+  };
+
+  /// The T x T terms A[t][i] (t > i) and M[t][i] (t >= i) of the chunk's T tokens (in `order`)
+  /// into termA / termM (row t, column i, kFastMaxTokens wide): key token i on the warp
+  /// `first` + i of `count` warps ...; lanes over k, the two dots of a (t, i) pair through one §3
+  /// tree (level by level, each sum its own).
+  __device__ __forceinline__ void chunk_terms(unsigned char* smem, int T, const ChunkOrder& order,
+                                              int first, int count, float* termA,
+                                              float* termM) const {
+    auto chunk = [&](int row) -> const TileSmem<Cfg>& {
+      return reinterpret_cast<const TileSmem<Cfg>*>(smem + Smem::chunks_offset())[row >> 3];
     };
     for (int i = first; i < T; i += count) {
       float kni[E], r[E];
-      load_vec<E>(kni, &chunk(i).qk[i & 7][1][lane * E]);
+      const int ri = order.phys(i);
+      load_vec<E>(kni, &chunk(ri).qk[ri & 7][1][lane * E]);
 #pragma unroll
       for (int e = 0; e < E; ++e) {
         r[e] = 1.0f;
       }
       for (int t = i; t < T; ++t) {
-        const TileSmem<Cfg>& sm = chunk(t);
+        const int rt = order.phys(t);
+        const TileSmem<Cfg>& sm = chunk(rt);
         float d[E], w[E], kt[E], qt[E];
-        load_vec<E>(d, &sm.decay[t & 7][lane * E]);
-        load_vec<E>(kt, &sm.qk[t & 7][1][lane * E]);
-        load_vec<E>(qt, &sm.qk[t & 7][0][lane * E]);
+        load_vec<E>(d, &sm.decay[rt & 7][lane * E]);
+        load_vec<E>(kt, &sm.qk[rt & 7][1][lane * E]);
+        load_vec<E>(qt, &sm.qk[rt & 7][0][lane * E]);
         if constexpr (kFault == FastFault::kDecayOffByOne) {
           if (t > i + 1) {
-            load_vec<E>(d, &chunk(t - 1).decay[(t - 1) & 7][lane * E]);
+            const int rp = order.phys(t - 1);
+            load_vec<E>(d, &chunk(rp).decay[rp & 7][lane * E]);
           }
         }
 #pragma unroll
@@ -294,7 +318,48 @@ struct FastItem : ItemPrologue<Traits> {
     __syncthreads();
   }
 
-  /// Runs the item (the header's phases). `smem`: FastSmem<K, BV>::bytes(p.T) bytes.
+  /// A lazy call's history (contract §11) into TileSmem rows T .. T + P - 1 (`chunk`: row ->
+  /// its TileSmem): step j from ring position (cursor - P + j) mod L, its k normalised as the
+  /// prologue normalises the draft's keys, d = EXP(g), a zero query, v of the tile's columns and
+  /// beta. Warp w takes the key and decay rows of steps w, w + 8, ...; the values go by thread.
+  template <typename ChunkOf>
+  __device__ __forceinline__ void load_history(int slot, int cursor, int P, int T, int cols,
+                                               const ChunkOf& chunk) const {
+    const int L = p.L;
+    for (int j = warp; j < P; j += kWarps) {
+      const int row = T + j;
+      TileSmem<Cfg>& sm = chunk(row);
+      const int pos = (cursor - P + j) & (L - 1);
+      const bf16_t* rawk =
+          p.ring_rawk + slot * p.ring_rawk_slot_stride + (static_cast<int64_t>(h) * L + pos) * K;
+      const float* g =
+          p.ring_g + slot * p.ring_g_slot_stride + (static_cast<int64_t>(hv) * L + pos) * K;
+      for (int k = lane; k < K; k += 32) {
+        sm.qk[row & 7][1][k] = ld_bf16(rawk + k);
+        sm.qk[row & 7][0][k] = 0.0f;
+        sm.decay[row & 7][k] = kda_exp(g[k]);
+      }
+      __syncwarp();
+      l2_normalize_warp<K>(sm.qk[row & 7][1], 1.0f, false, lane);
+    }
+    for (int e = tid; e < P * BV; e += Cfg::kThreads) {
+      const int j = e / BV;
+      const int c = e - j * BV;
+      const int row = T + j;
+      const int pos = (cursor - P + j) & (L - 1);
+      const int64_t step = static_cast<int64_t>(hv) * L + pos;
+      TileSmem<Cfg>& sm = chunk(row);
+      sm.v[row & 7][c] =
+          c < cols ? ld_bf16(p.ring_rawv + slot * p.ring_rawv_slot_stride + step * p.V + v0 + c)
+                   : 0.0f;
+      if (c == 0) {
+        sm.beta[row & 7] = p.ring_beta[slot * p.ring_beta_slot_stride + step];
+      }
+    }
+  }
+
+  /// Runs the item (the header's phases). `smem`: FastSmem<K, BV>::bytes(p.T) bytes (a lazy
+  /// call's: bytes(p.L)).
   template <typename Src>
   __device__ __forceinline__ void run(unsigned char* smem, const Src& src) {
     const int T = this->tokens();
@@ -308,8 +373,12 @@ struct FastItem : ItemPrologue<Traits> {
     const bool gate_owner = tile == 0;
     const bool write_window = pair_channel >= 0 && (is_qk ? qk_owner : true);
     const int cols = min(BV, p.V - v0);
-    // The records at the slot's ring cursor (a deferred call's; 0 without one).
+    // The records at the slot's ring cursor (a deferred or lazy call's; 0 without one).
     const int cursor = ring_cursor(p, slot);
+    // A lazy call's chunk: the slot's P pending steps, then the T draft tokens (C in all).
+    const int P = kLazy ? pending_steps(p, slot) : 0;
+    const int C = P + T;
+    const ChunkOrder order{P, T};
 
     // The pair's conv history first (raw bits): the conv waits for it, the state tile is needed
     // only after the prologue.
@@ -373,14 +442,19 @@ struct FastItem : ItemPrologue<Traits> {
         l2_normalize_warp<K>(sm.qk[job >> 1][which], kQkScale<K>, which == 0, lane);
       }
     }
+    if constexpr (kLazy) {
+      load_history(slot, cursor, P, T, cols, chunk);
+    }
     __syncthreads();
 
     // 3a. The operand rows xk_t and xq_t, split: up to kNarrowTokens tokens the narrow form's
     // [part][8][K] rows (keys 0..3, queries 4..7, swizzled as the stage); else, per row tile t / 8,
     // keys in rows 0..7 and queries in rows 8..15, in fragment order (fast_layout::wide_word).
-    uint32_t* const operand = reinterpret_cast<uint32_t*>(smem + Smem::operand_offset(p.T));
-    const bool narrow = T <= kNarrowTokens;
-    const int tiles = Smem::row_tiles(T);
+    // The layout is sized for the most tokens the kernel's calls hold (a lazy call's: L).
+    uint32_t* const operand =
+        reinterpret_cast<uint32_t*>(smem + Smem::operand_offset(kLazy ? p.L : p.T));
+    const bool narrow = C <= kNarrowTokens;
+    const int tiles = Smem::row_tiles(C);
     constexpr int kTileWords = Smem::kTileWords;
     if (tid < 2 * K) {
       const int which = tid / K;  // 0: keys (kn), 1: queries (qs)
@@ -390,18 +464,19 @@ struct FastItem : ItemPrologue<Traits> {
                       : (t >> 3) * kTileWords +
                             fast_layout::wide_word<K>(part, (t & 7) + 8 * which, k);
       };
-      float P = 1.0f;
-      for (int t = 0; t < T; ++t) {
-        const TileSmem<Cfg>& sm = chunk(t);
-        P = __fmul_rn(P, sm.decay[t & 7][k]);
-        const float x = __fmul_rn(sm.qk[t & 7][1 - which][k], P);
+      float prefix = 1.0f;
+      for (int t = 0; t < C; ++t) {
+        const int rt = order.phys(t);
+        const TileSmem<Cfg>& sm = chunk(rt);
+        prefix = __fmul_rn(prefix, sm.decay[rt & 7][k]);
+        const float x = __fmul_rn(sm.qk[rt & 7][1 - which][k], prefix);
         const Tf32Split s = split_tf32(x);
         operand[word(0, t)] = s.big;
         operand[word(1, t)] = s.small;
       }
-      // Rows of tokens past T in the last row tile: zeros (their products are never read, but
+      // Rows of tokens past C in the last row tile: zeros (their products are never read, but
       // a NaN there must not exist to be read by a sanitizer or a future change).
-      for (int t = T; t < (narrow ? kNarrowTokens : tiles * 8); ++t) {
+      for (int t = C; t < (narrow ? kNarrowTokens : tiles * 8); ++t) {
         operand[word(0, t)] = 0u;
         operand[word(1, t)] = 0u;
       }
@@ -409,16 +484,16 @@ struct FastItem : ItemPrologue<Traits> {
 
     // 3b. The T x T terms: before the state tile is needed where every warp has mma tiles, else
     // on the warps without mma tiles while the others contract.
-    float* const termA = reinterpret_cast<float*>(smem + Smem::term_offset(p.T));
+    float* const termA = reinterpret_cast<float*>(smem + Smem::term_offset(kLazy ? p.L : p.T));
     float* const termM = termA + kFastMaxTokens * kFastMaxTokens;
     const int mma_warps = narrow ? kMTiles : min(kNTiles, kWarps);
     if (mma_warps >= kWarps) {
-      chunk_terms(smem, T, warp, kWarps, termA, termM);
+      chunk_terms(smem, C, order, warp, kWarps, termA, termM);
     }
     cp_async_wait_all();
     __syncthreads();
     if (mma_warps < kWarps && warp >= mma_warps) {
-      chunk_terms(smem, T, warp - mma_warps, kWarps - mma_warps, termA, termM);
+      chunk_terms(smem, C, order, warp - mma_warps, kWarps - mma_warps, termA, termM);
     }
 
     // 3c. W and QS on tensor cores (the operand rows' space then holds them: Wt, QSt).
@@ -439,8 +514,9 @@ struct FastItem : ItemPrologue<Traits> {
       float u[kFastMaxTokens];
 #pragma unroll
       for (int t = 0; t < kFastMaxTokens; ++t) {
-        if (t < T) {
-          const TileSmem<Cfg>& sm = chunk(t);
+        if (t < C) {
+          const int rt = order.phys(t);
+          const TileSmem<Cfg>& sm = chunk(rt);
           float ks = Wt[t * BV + c];
 #pragma unroll
           for (int i = 0; i < t; ++i) {
@@ -448,7 +524,7 @@ struct FastItem : ItemPrologue<Traits> {
               ks = __fmaf_rn(termA[t * kFastMaxTokens + i], u[i], ks);
             }
           }
-          u[t] = __fmul_rn(__fsub_rn(sm.v[t & 7][c], ks), sm.beta[t & 7]);
+          u[t] = __fmul_rn(__fsub_rn(sm.v[rt & 7][c], ks), sm.beta[rt & 7]);
           float o = QSt[t * BV + c];
 #pragma unroll
           for (int i = 0; i <= t; ++i) {
@@ -458,7 +534,9 @@ struct FastItem : ItemPrologue<Traits> {
               o = __fmaf_rn(termM[t * kFastMaxTokens + i], u[i], o);
             }
           }
-          p.out[((row0 + t) * p.HV + hv) * p.V + v0 + c] = to_bf16(o);
+          if (t >= P) {  // the history's outputs are not the call's
+            p.out[((row0 + t - P) * p.HV + hv) * p.V + v0 + c] = to_bf16(o);
+          }
         }
       }
     }

@@ -22,9 +22,20 @@ void launch_verify_fast(const TileArgs& call, const VerifyPlan& plan, cudaStream
     // largest carveout, so two CTAs of a call reside per SM (__launch_bounds__; cached per device).
     persistent_ctas_per_sm(reinterpret_cast<const void*>(kernel), 256, Smem::bytes(kFastMaxTokens),
                            /*max_shared_carveout=*/true);
-    launch_pdl(kernel, grid, dim3(256), Smem::bytes(p.T), stream, plan.pdl, args);
+    // A lazy call's chunk holds up to L tokens (its history and its draft).
+    const int tokens = (plan.features & kLazyHistory) != 0 ? p.L : p.T;
+    launch_pdl(kernel, grid, dim3(256), Smem::bytes(tokens), stream, plan.pdl, args);
   };
-  if ((plan.features & kRaggedRows) != 0) {
+  constexpr VerifyFeatures kLazyRagged = kLazyHistory | kRaggedRows;
+  if ((plan.features & kLazyHistory) != 0) {
+    if ((plan.features & kRaggedRows) != 0) {
+      launch(&verify_fast_kernel<
+             VerifyTraits<W, K, BV, VerifyPath::kFused, VerifySchedule::kFastChunk, kLazyRagged>>);
+    } else {
+      launch(&verify_fast_kernel<
+             VerifyTraits<W, K, BV, VerifyPath::kFused, VerifySchedule::kFastChunk, kLazyHistory>>);
+    }
+  } else if ((plan.features & kRaggedRows) != 0) {
     launch(&verify_fast_kernel<
            VerifyTraits<W, K, BV, VerifyPath::kFused, VerifySchedule::kFastChunk, kRaggedRows>>);
   } else {

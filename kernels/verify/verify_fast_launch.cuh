@@ -1,7 +1,7 @@
 // verify_fast_launch.cuh: launches a kFastChunk plan (verify_plan.h; the kernel:
 // verify/fast_item.cuh). Its table: conv weight type x K x the fast tiles (tile_policy.h
-// kFastBlockVs) x {dense, ragged rows}, instantiated in verify/inst/verify_fast_*.cu; the
-// launcher launches what the plan says and decides nothing.
+// kFastBlockVs) x {dense, ragged rows} x {no history, the lazy history}, instantiated in
+// verify/inst/verify_fast_*.cu; the launcher launches what the plan says and decides nothing.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,11 +18,12 @@
 
 namespace kda::kernels {
 
-/// Fast-output kernels: 2 conv weight types x 2 K x kFastBlockVs x {dense, ragged}.
-inline constexpr int kFastVerifyKernelCount = 2 * 2 * 3 * 2;
+/// Fast-output kernels: 2 conv weight types x 2 K x kFastBlockVs x {dense, ragged} x {without,
+/// with the lazy history}.
+inline constexpr int kFastVerifyKernelCount = 2 * 2 * 3 * 2 * 2;
 
 /// Launches the fast-output kernel of configuration (W, K, BV) that `plan` names (its features:
-/// none or kRaggedRows). Enqueues only.
+/// none, kRaggedRows, kLazyHistory or both). Enqueues only.
 template <typename W, int K, int BV>
 void launch_verify_fast(const TileArgs& call, const VerifyPlan& plan, cudaStream_t stream);
 

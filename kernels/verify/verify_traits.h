@@ -78,6 +78,8 @@ struct VerifyTraits {
   static constexpr bool kDeferred = (FEATURES & kDeferredFold) != 0;
   static constexpr bool kShaped = (FEATURES & kRaggedRows) != 0;
   static constexpr bool kTrackedExtend = (FEATURES & kExtendTracks) != 0;
+  /// A lazy verify (contract §11): the fast chunk's pending history.
+  static constexpr bool kLazy = (FEATURES & kLazyHistory) != 0;
 
   static_assert(K == 64 || K == 128, "K must be 64 or 128 (contract §2)");
   static_assert(!is_persistent(SCHEDULE) || BV == 128, "persistent kernels run BV = 128 tiles");
@@ -90,6 +92,8 @@ struct VerifyTraits {
                 "the deferred commit is ring mode");
   static_assert(!(kTrackedExtend && (kDeferred || kShaped || is_persistent(SCHEDULE))),
                 "tracked extend runs the dense per-item kernels");
+  static_assert(!kLazy || (SCHEDULE == VerifySchedule::kFastChunk && !kDeferred),
+                "the lazy history is the fast chunk's (it folds nothing)");
 };
 
 /// The traits' compile-time choices as members of a work-item template (ItemPrologue, ItemSteps,
