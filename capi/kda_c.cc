@@ -916,6 +916,8 @@ int kda_op_verify(const kda_verify_op* op, void* stream, kda_dispatch_info* info
     a.options.dispatch.fused_ring_max_batch = op->fused_ring_max_batch;
     a.options.dispatch.block_v = op->block_v;
     a.options.dispatch.numerics = static_cast<NumericsRequest>(op->numerics);
+    KDA_CHECK(op->lazy == 0 || op->lazy == 1, "ops.verify: lazy = {}, expected 0 or 1", op->lazy);
+    a.options.lazy = op->lazy != 0;
     KDA_CHECK(a.state.ssm_state.defined(), "ops.verify: state.ssm_state: NULL DLTensor");
     capi::OpsKernels& k = capi::ops_kernels(a.state.ssm_state.device());
     const std::lock_guard<std::mutex> lock(k.mu);
@@ -943,12 +945,15 @@ int kda_op_commit(const kda_commit_op* op, void* stream, kda_commit_info* info) 
     a.checked_accepted =
         capi::to_view(op->checked_accepted, call, "checked_accepted", {DType::kI32}, true);
     a.error_flag = capi::to_view(op->error_flag, call, "error_flag", {DType::kI32}, true);
+    KDA_CHECK(op->lazy == 0 || op->lazy == 1, "ops.commit: lazy = {}, expected 0 or 1", op->lazy);
+    a.lazy = op->lazy != 0;
+    a.lazy_fold_interval = op->lazy_fold_interval;
     KDA_CHECK(a.state.ssm_state.defined(), "ops.commit: state.ssm_state: NULL DLTensor");
     capi::OpsKernels& k = capi::ops_kernels(a.state.ssm_state.device());
     const std::lock_guard<std::mutex> lock(k.mu);
     const ops::CommitDecision d = ops::commit(*k.kernels, a, static_cast<cudaStream_t>(stream));
     if (info != nullptr) {
-      info->deferred = d.kind == CommitKind::kDeferred ? 1 : 0;
+      info->deferred = d.kind == CommitKind::kDeferred || d.kind == CommitKind::kLazy ? 1 : 0;
       info->reason = d.reason;
     }
   });
@@ -962,6 +967,8 @@ int kda_op_materialize(const kda_state_tensors* state, const DLTensor* slots, vo
     ops::MaterializeArgs a;
     a.state = capi::state_of(*state, call, "state");
     a.slots = capi::to_view(slots, call, "slots", {DType::kI32});
+    // Pending counts without u records: the lazy write-back's state (its folds compute u).
+    a.lazy = a.state.ring_pending.defined() && !a.state.ring_u.defined();
     KDA_CHECK(a.state.ssm_state.defined(), "ops.materialize: state.ssm_state: NULL DLTensor");
     capi::OpsKernels& k = capi::ops_kernels(a.state.ssm_state.device());
     const std::lock_guard<std::mutex> lock(k.mu);

@@ -57,7 +57,7 @@ extern "C" {
 /** Bumped when a struct or a signature of this header changes (3: engine-owned memory in
  * kda_backend_options, kda_claim_slot, kda_memory_report_get, the kda_op_* functions; 4: the
  * outputs' numerics in kda_verify_op and kda_dispatch_info). */
-#define KDA_C_ABI_VERSION 4
+#define KDA_C_ABI_VERSION 5
 
 /* Status codes (kda::ErrorCode + 1; 0 = success). */
 #define KDA_OK 0
@@ -212,6 +212,10 @@ typedef struct {
   int32_t fused_ring_max_batch; /**< ring mode: largest B fused (--kda-fused-ring-max-batch) */
   int32_t block_v;              /**< fused V tile, 0 = auto (--kda-verify-block-v) */
   int32_t numerics;             /**< KDA_NUMERICS_* (--kda-verify-numerics); 0 = auto */
+  /** 1: the state is the lazy write-back's (contract §11; ring_pending and ring_cursor given, no
+   * ring_u): the verify folds nothing, its fast outputs take the pending steps as history
+   * (numerics fast or auto). 0: eager or deferred, by the state's tensors. */
+  int32_t lazy;
 } kda_verify_op;
 
 /** kda_op_commit's arguments (kda::ops::CommitArgs). */
@@ -224,12 +228,14 @@ typedef struct {
   const DLTensor* track_steps;      /**< optional [B] int32, -1 = no track */
   const DLTensor* checked_accepted; /**< ragged / tree: [B] int32 scratch */
   const DLTensor* error_flag;       /**< optional [1] int32: CommitError bits or-ed in */
+  int32_t lazy;                     /**< 1: the lazy write-back's commit (kda_verify_op.lazy) */
+  int32_t lazy_fold_interval;       /**< with lazy: also fold at this many pending steps (0..16) */
 } kda_commit_op;
 
 /** What kda_op_commit ran. */
 typedef struct {
-  int32_t deferred;   /**< 1: recorded the counts (deferred commit), 0: committed the state */
-  const char* reason; /**< "ring_fold", "snapshot_copy" or "deferred_record" (static string) */
+  int32_t deferred;   /**< 1: recorded the counts (deferred or lazy), 0: committed the state */
+  const char* reason; /**< "ring_fold", "snapshot_copy", "deferred_record" or "lazy_record" */
 } kda_commit_info;
 
 /** What a verify chose (kda::DispatchDecision). */
@@ -381,7 +387,8 @@ int kda_op_verify(const kda_verify_op* op, void* stream, kda_dispatch_info* info
 /** Commits every layer of `op->state` (or, with ring_pending given, records the deferred counts);
  * `info` may be NULL. */
 int kda_op_commit(const kda_commit_op* op, void* stream, kda_commit_info* info);
-/** Folds the pending steps of slots ([n] int32) into every layer's state (deferred commit). */
+/** Folds the pending steps of slots ([n] int32) into every layer's state (deferred commit; a
+ * state without ring_u is the lazy write-back's, whose folds compute u: the same bits). */
 int kda_op_materialize(const kda_state_tensors* state, const DLTensor* slots, void* stream);
 
 /** A view of the pool tensor `name` (kda_state_pool.h: "conv_state", "ssm_state",

@@ -285,12 +285,13 @@ DispatchDecision choose_path(const DispatchProblem& p, const Platform& platform,
     return d;
   }
   // Ring mode: fused+ring is only a measured win for small batches on SM90/SM100
-  // (upstream §8.1: at B >= 4 it regressed 1.9-5.6x on H20), hence the explicit gates.
+  // (upstream §8.1: at B >= 4 it regressed 1.9-5.6x on H20), hence the explicit gates. The lazy
+  // write-back's verify runs the fast outputs or nothing: it skips both.
   if (p.B > flags.fused_ring_max_batch && !p.lazy) {
     d.reason = R::kRingBatchAboveLimit;
     return d;
   }
-  if (d.arch != ArchFamily::kSM90 && d.arch != ArchFamily::kSM100) {
+  if (d.arch != ArchFamily::kSM90 && d.arch != ArchFamily::kSM100 && !p.lazy) {
     d.reason = R::kRingPlatformUnmeasured;
     return d;
   }

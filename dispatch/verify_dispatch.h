@@ -9,9 +9,9 @@
 //   3. unfused if shapes, dtypes, strides, devices or index tensors are outside what the
 //      fused kernel supports (see kFusedMaxTokens below), or block_v is not a fused tile;
 //   4. snapshot mode: fused (no batch or platform gate);
-//   5. ring mode: fused only if B <= fused_ring_max_batch (default 1; the lazy write-back,
-//      whose verify runs the fast outputs only, skips this gate) AND the platform is SM90 or
-//      SM100-family AND the ring views pass check_ring_layout; else unfused.
+//   5. ring mode: fused only if B <= fused_ring_max_batch (default 1) AND the platform is SM90
+//      or SM100-family (the lazy write-back, whose verify runs the fast outputs only, skips
+//      both gates) AND the ring views pass check_ring_layout; else unfused.
 // Both paths produce bitwise-identical results (contract §3), so the choice is a speed
 // decision only; the reason records why, for logs and tests.
 //
@@ -138,7 +138,7 @@ struct DispatchProblem {
   bool u_records = false;
   /// Ring mode with the lazy write-back (contract §11; with `deferred`, no u records): the
   /// verify's pending steps are its fast chunk's history, so it runs fused with fast outputs
-  /// (rule 5's batch gate and auto's table do not apply).
+  /// (rule 5's batch and platform gates and auto's table do not apply).
   bool lazy = false;
 };
 

@@ -1073,8 +1073,36 @@ TEST_CASE("dispatch: numerics names are stable", "[dispatch][numerics]") {
       {NumericsReason::kExactUnfused, "exact_unfused"},
       {NumericsReason::kExactDeferredFold, "exact_deferred_fold"},
       {NumericsReason::kExactBlockV, "exact_block_v"},
+      {NumericsReason::kLazyHistory, "lazy_history"},
   };
   for (const auto& [reason, name] : names) {
     CHECK(numerics_reason_name(reason) == name);
   }
+}
+
+TEST_CASE("dispatch: the lazy write-back's verify runs fused and fast", "[dispatch][numerics]") {
+  // Contract §11: its pending steps exist only as the fast chunk's history, so neither rule 5's
+  // batch or platform gate nor auto's table (no row: exact) may take it elsewhere.
+  DispatchProblem p = fixture().problem(4, RecordMode::kRing);
+  p.deferred = true;
+  p.lazy = true;
+  DispatchFlags flags;  // fused_ring_max_batch = 1, numerics auto
+  for (const Platform& platform :
+       {fake_platform(9, 0, 132), fake_platform(8, 0, 108), Platform{}}) {
+    CAPTURE(platform.describe());
+    const DispatchDecision d = choose_verify_path(p, platform, flags);
+    CHECK(d.fused());
+    CHECK(d.reason == DispatchReason::kRingFused);
+    CHECK(d.fast_outputs());
+    CHECK(d.numerics_reason == NumericsReason::kLazyHistory);
+    CHECK(kernels::is_fast_block_v(d.block_v));
+    CHECK_THAT(d.describe_numerics(), Catch::Contains("the lazy write-back"));
+  }
+  // What it cannot take, it reports (the plan then refuses the call: kernels::check_lazy_plan).
+  flags.fused_verify = false;
+  CHECK_FALSE(choose_verify_path(p, fake_platform(9, 0, 132), flags).fast_outputs());
+  flags.fused_verify = true;
+  p.plain_chain = false;
+  CHECK(choose_verify_path(p, fake_platform(9, 0, 132), flags).numerics_reason ==
+        NumericsReason::kExactTree);
 }

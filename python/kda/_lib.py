@@ -7,7 +7,7 @@ import sys
 
 from ._dlpack import DLTensor
 
-ABI_VERSION = 4  # KDA_C_ABI_VERSION of the header this package was written against
+ABI_VERSION = 5  # KDA_C_ABI_VERSION of the header this package was written against
 
 # Library file names, most specific first: the C ABI library of the Bazel tree, then the
 # installed libkda.so (its soname libkda.so.0; it exports the same kda_* symbols).
@@ -79,13 +79,14 @@ class VerifyOp(ctypes.Structure):
         ("state", StateTensors), ("batch", BatchTensors), ("gate", ctypes.c_int32),
         ("lower_bound", ctypes.c_float), ("fused_verify", ctypes.c_int32),
         ("fused_ring_max_batch", ctypes.c_int32), ("block_v", ctypes.c_int32),
-        ("numerics", ctypes.c_int32)]
+        ("numerics", ctypes.c_int32), ("lazy", ctypes.c_int32)]
 
 
 class CommitOp(ctypes.Structure):
     _fields_ = [("state", StateTensors), ("batch", BatchTensors)] + [
         (name, _dl) for name in ("accepted_lengths", "accepted_paths", "track_slots",
-                                 "track_steps", "checked_accepted", "error_flag")]
+                                 "track_steps", "checked_accepted", "error_flag")] + [
+        ("lazy", ctypes.c_int32), ("lazy_fold_interval", ctypes.c_int32)]
 
 
 class CommitInfo(ctypes.Structure):

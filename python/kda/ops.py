@@ -125,8 +125,8 @@ class _Args:
 
 def verify(mixed_qkv, a, b, out, *, A_log, dt_bias, conv_weight, conv_bias=None, state, slots,
            rows, T, query_start_loc=None, parents=None, gate="standard", lower_bound=0.0,
-           fused=True, fused_ring_max_batch=1, block_v=0, numerics="auto", stream=None,
-           library=None):
+           fused=True, fused_ring_max_batch=1, block_v=0, numerics="auto", lazy=False,
+           stream=None, library=None):
     """Verifies one layer (contract §1) on the caller's tensors: mixed_qkv [N, D], a [N, HV*K],
     b [N, HV] bf16 (inner dim contiguous), out [N, HV, V] bf16; the weights; state: one layer's
     dict (conv_state, ssm_state, conv_window, the snapshots or the four rings; deferred:
@@ -134,7 +134,9 @@ def verify(mixed_qkv, a, b, out, *, A_log, dt_bias, conv_weight, conv_bias=None,
     on the device; T tokens per request; query_start_loc [B + 1] (a ragged chain) or parents
     [B, T] (a tree). gate "standard" / "safe" (with lower_bound); fused, fused_ring_max_batch,
     block_v and numerics ("auto", "exact" or "fast") are --kda-fused-verify,
-    --kda-fused-ring-max-batch, --kda-verify-block-v and --kda-verify-numerics. Returns the
+    --kda-fused-ring-max-batch, --kda-verify-block-v and --kda-verify-numerics. lazy: the
+    state is the lazy write-back's (contract §11: ring_cursor and ring_pending, no ring_u); the
+    verify folds nothing and its fast outputs take the pending steps as history. Returns the
     dispatcher's kda.DispatchInfo."""
     from . import DispatchInfo
     call = "ops.verify"
@@ -163,6 +165,7 @@ def verify(mixed_qkv, a, b, out, *, A_log, dt_bias, conv_weight, conv_bias=None,
         raise Error(INVALID_ARGUMENT, f"{call}: numerics '{n}' unsupported, expected 'auto', "
                     "'exact' or 'fast'")
     op.numerics = numerics_values[n]
+    op.lazy = _args.flag(lazy, call, "lazy")
     info = _lib.DispatchInfo()
     _check(lib, lib.kda_op_verify(ctypes.byref(op), st, ctypes.byref(info)))
     return DispatchInfo._of(info)
@@ -170,13 +173,15 @@ def verify(mixed_qkv, a, b, out, *, A_log, dt_bias, conv_weight, conv_bias=None,
 
 def commit(*, state, slots, rows, T, accepted_lengths, query_start_loc=None, parents=None,
            accepted_paths=None, track_slots=None, track_steps=None, checked_accepted=None,
-           error_flag=None, stream=None, library=None):
+           error_flag=None, lazy=False, lazy_fold_interval=0, stream=None, library=None):
     """Commits every layer of `state` (all layers' dict) after a verify round of the batch
     (slots, rows, T, query_start_loc / parents as verified): accepted_lengths [B] int32 (tree:
     with accepted_paths [B, T]); optional prefix-cache tracks (track_slots, track_steps [B]);
     checked_accepted [B] int32 scratch for a ragged or tree round; error_flag [1] int32 gets the
     CommitError bits of bad lengths / paths / tracks. With ring_pending in `state` it records the
-    deferred counts instead of folding. Returns a CommitInfo."""
+    deferred counts instead of folding; lazy (the state as verify's lazy): the accepted steps join
+    the pending ones, folded where the next draft would not fit the ring (or at
+    lazy_fold_interval pending steps). Returns a CommitInfo."""
     call = "ops.commit"
     lib = _lib_of(library)
     st = _stream(stream, state, call)
@@ -188,6 +193,8 @@ def commit(*, state, slots, rows, T, accepted_lengths, query_start_loc=None, par
                     ("track_slots", track_slots), ("track_steps", track_steps),
                     ("checked_accepted", checked_accepted), ("error_flag", error_flag)):
         setattr(op, name, args.tensor(t, name))
+    op.lazy = _args.flag(lazy, call, "lazy")
+    op.lazy_fold_interval = _args.integer(lazy_fold_interval, call, "lazy_fold_interval", 0)
     info = _lib.CommitInfo()
     _check(lib, lib.kda_op_commit(ctypes.byref(op), st, ctypes.byref(info)))
     return CommitInfo(bool(info.deferred), info.reason.decode() if info.reason else "")
@@ -195,7 +202,8 @@ def commit(*, state, slots, rows, T, accepted_lengths, query_start_loc=None, par
 
 def materialize(*, state, slots, stream=None, library=None):
     """Deferred commit: folds the pending steps of slots ([n] int32 on the device, distinct)
-    into every layer's state (all layers' dict with ring_cursor, ring_pending, ring_u)."""
+    into every layer's state (all layers' dict with ring_cursor, ring_pending, and ring_u
+    unless the state is the lazy write-back's)."""
     call = "ops.materialize"
     lib = _lib_of(library)
     st = _stream(stream, state, call)

@@ -2,7 +2,7 @@
 
 * kda.ops on SGLang-shaped buffers (an engine's own [layers, size + 1, ...] pool in contract §2's
   layouts, int32 index arrays) is bitwise kda.Backend over random rounds: dense, ragged and tree
-  drafts; snapshot, eager ring and deferred ring mode; padding rows, explicit rows; then
+  drafts; snapshot, eager ring, deferred and lazy ring mode; padding rows, explicit rows; then
   materialize (check_ops_sglang);
 * an external-pool Backend (the engine's numpy tensors, padded pitches, spare slots), a
   NumpyAllocator-hooked Backend and one with both are bitwise the owning Backend over random
@@ -50,10 +50,11 @@ def bits(rng, shape, scale):
     return (x.view(np.uint32) >> 16).astype(np.uint16)
 
 
-def flags(ring, deferred, topk=1):
+def flags(ring, deferred, topk=1, lazy=False):
+    commit = "lazy" if lazy else "on" if deferred else "off"
     f = ["--speculative-num-draft-tokens", str(T_MAX), "--max-running-requests", str(R),
          "--linear-replayssm-cache-len", str(RING_LEN), "--speculative-eagle-topk", str(topk),
-         "--kda-fused-ring-max-batch", "2", "--kda-deferred-commit", "on" if deferred else "off"]
+         "--kda-fused-ring-max-batch", "2", "--kda-deferred-commit", commit]
     return f + (["--enable-linear-replayssm-spec"] if ring else [])
 
 
@@ -69,10 +70,11 @@ def weights(seed):
              (rng.standard_normal(D) * 0.1).astype(np.float32)) for _ in range(L_)]
 
 
-def pool_shapes(ring, deferred, slots=S, rows=R, steps=T_MAX, cursor=False):
+def pool_shapes(ring, deferred, slots=S, rows=R, steps=T_MAX, cursor=False, lazy=False):
     """name -> (dtype, shape) of the pool tensors of a mode ([layers, ...]); the ring cursor and
     pending counts with the deferred commit (an eager ops call takes none), or with `cursor`
-    in ring mode (a backend's pool has them)."""
+    in ring mode (a backend's pool has them); the u records with the deferred commit but the lazy
+    write-back."""
     s = {"conv_state": (np.uint16, (L_, slots, 3, D)),
          "ssm_state": (np.float32, (L_, slots, HV, V, K)),
          "conv_window": (np.uint16, (L_, rows, steps, 3, D)),
@@ -85,7 +87,7 @@ def pool_shapes(ring, deferred, slots=S, rows=R, steps=T_MAX, cursor=False):
         if deferred or cursor:
             s.update({"ring_cursor": (np.int32, (slots,)),
                       "ring_pending": (np.int32, (L_, slots))})
-        if deferred:
+        if deferred and not lazy:
             s["ring_u"] = (np.float32, (L_, slots, HV, RING_LEN, V))
     else:
         s["snapshots"] = (np.float32, (L_, rows, steps, HV, V, K))
@@ -96,8 +98,8 @@ def wrap(name, arr):
     return kda.bf16(arr) if arr.dtype == np.uint16 else arr
 
 
-def make_backend(library, ring, deferred, topk, seed=5, **kw):
-    be = kda.Backend(model=model(), flags=flags(ring, deferred, topk), extra_slots=1,
+def make_backend(library, ring, deferred, topk, seed=5, lazy=False, **kw):
+    be = kda.Backend(model=model(), flags=flags(ring, deferred, topk, lazy), extra_slots=1,
                      library=library, **kw)
     be._w = weights(100)
     for layer, w in enumerate(be._w):
@@ -190,9 +192,9 @@ def same(name, got, want):
         raise AssertionError(f"{name}: not bitwise equal ({diff.size} bytes differ)")
 
 
-def compare_pools(be, pool, ring, deferred, what):
+def compare_pools(be, pool, ring, deferred, what, lazy=False):
     """The engine's pool (first S slots) against the Backend's pool tensors."""
-    for name in pool_shapes(ring, deferred):
+    for name in pool_shapes(ring, deferred, lazy=lazy):
         if name == "qkv_act":
             continue
         got = pool[name]
@@ -209,17 +211,19 @@ MODES = [("snapshot", False, False, 1), ("ring eager", True, False, 1),
 
 
 def check_ops_sglang(library, seed):
-    """kda.ops on SGLang-shaped numpy buffers is bitwise kda.Backend."""
+    """kda.ops on SGLang-shaped numpy buffers is bitwise kda.Backend (and the lazy write-back,
+    contract §11: its fast outputs too, the host's)."""
     checks = 0
-    for what, ring, deferred, topk in MODES:
-        be = make_backend(library, ring, deferred, topk)
+    for what, ring, deferred, topk in MODES + [("ring lazy", True, True, 1)]:
+        lazy = what == "ring lazy"
+        be = make_backend(library, ring, deferred, topk, lazy=lazy)
         for _ in range(S):
             be.allocate_slot()
         fill_backend(be, ring, seed)
         # The engine's pool: size + 1 slots (SGLang's MambaPool keeps a dummy last one), a copy
         # of the backend's state, scratch and records.
         pool = {}
-        for name, (dtype, shape) in pool_shapes(ring, deferred, slots=S + 1).items():
+        for name, (dtype, shape) in pool_shapes(ring, deferred, slots=S + 1, lazy=lazy).items():
             arr = np.zeros(shape, dtype)
             if name == "qkv_act":
                 pool[name] = arr
@@ -252,10 +256,12 @@ def check_ops_sglang(library, seed):
                                       conv_weight=w[layer][2], conv_bias=w[layer][3],
                                       state=kda.ops.layer(state, layer), slots=slots, rows=rows,
                                       T=r.T, query_start_loc=qsl, parents=parents,
-                                      fused_ring_max_batch=2, library=library)
+                                      fused_ring_max_batch=2, lazy=lazy, library=library)
                 assert isinstance(info, kda.DispatchInfo) and info.reason, info
-                # The host platform: ring mode unfused, so auto's outputs stay exact.
-                assert not info.fast_outputs and info.numerics_reason.startswith("exact_"), info
+                if lazy:  # the lazy verify: fast outputs over the pending history
+                    assert info.fast_outputs and info.numerics_reason == "lazy_history", info
+                else:  # the host platform: ring mode unfused, so auto's outputs stay exact
+                    assert not info.fast_outputs and info.numerics_reason.startswith("exact_"), info
                 same(f"{what} round {rnd} layer {layer}: out", out, outs[layer])
             flag = np.zeros(1, np.int32)
             ci = kda.ops.commit(
@@ -263,17 +269,19 @@ def check_ops_sglang(library, seed):
                 accepted_lengths=np.array(r.accepted, np.int32), query_start_loc=qsl,
                 parents=parents,
                 accepted_paths=np.array(r.paths, np.int32).reshape(r.B, r.T) if r.tree else None,
-                checked_accepted=np.zeros(r.B, np.int32), error_flag=flag, library=library)
+                checked_accepted=np.zeros(r.B, np.int32), error_flag=flag, lazy=lazy,
+                library=library)
             assert ci.deferred == deferred and ci.reason == (
-                "deferred_record" if deferred else "ring_fold" if ring else "snapshot_copy"), ci
+                "lazy_record" if lazy else "deferred_record" if deferred else "ring_fold" if ring
+                else "snapshot_copy"), ci
             assert flag[0] == 0, flag
-            compare_pools(be, pool, ring, deferred, f"{what} round {rnd}")
+            compare_pools(be, pool, ring, deferred, f"{what} round {rnd}", lazy)
             checks += 1
         if deferred:
             every = list(range(S))
             be.materialize(every)
             kda.ops.materialize(state=state, slots=np.array(every, np.int32), library=library)
-            compare_pools(be, pool, ring, deferred, f"{what} materialized")
+            compare_pools(be, pool, ring, deferred, f"{what} materialized", lazy)
             assert not pool["ring_pending"][:, :S].any()
         # The dummy slot is never touched.
         for name in SLOT_TENSORS:
