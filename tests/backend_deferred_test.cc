@@ -47,18 +47,12 @@ std::vector<int32_t> cursors(const Harness& h) {
   return to_host_vector<int32_t>(h.pool().ring_cursor());
 }
 
-// Ring record `t` of (slot, head) in a [S, heads, L, width] ring.
-std::vector<uint8_t> record(const TensorView& ring, int slot, int head, int pos) {
-  return bytes_of(ring.select(0, slot).select(0, head).select(0, pos));
-}
-
 // This round's outputs, windows and ring records of both backends, bitwise. `c` = the deferred
 // backend's cursors before the round (the eager backend's are 0).
 void check_round(const Pair& p, const std::vector<Activations>& eager,
                  const std::vector<Activations>& deferred, const BatchSpec& batch,
                  const std::vector<int32_t>& c) {
   const ModelConfig& m = p.eager.model;
-  const int L = p.eager.pool().ring_len();
   for (int layer = 0; layer < kLayers; ++layer) {
     CAPTURE(layer);
     CHECK(same_bits(eager[static_cast<size_t>(layer)].out_view,
@@ -70,36 +64,10 @@ void check_round(const Pair& p, const std::vector<Activations>& eager,
       }
       const int row = batch.rows.empty() ? static_cast<int>(i) : batch.rows[i];
       CAPTURE(i, slot, row);
-      CHECK(same_bits(
-          p.eager.pool().conv_window(layer).select(0, row).narrow(0, 0, batch.T),
-          bytes_of(p.deferred.pool().conv_window(layer).select(0, row).narrow(0, 0, batch.T))));
-      for (int t = 0; t < batch.T; ++t) {
-        const int pos = (c[static_cast<size_t>(slot)] + t) & (L - 1);
-        for (int hv = 0; hv < m.HV; ++hv) {
-          CHECK(record(p.eager.pool().ring_rawv(layer), slot, hv, t) ==
-                record(p.deferred.pool().ring_rawv(layer), slot, hv, pos));
-          CHECK(record(p.eager.pool().ring_g(layer), slot, hv, t) ==
-                record(p.deferred.pool().ring_g(layer), slot, hv, pos));
-          CHECK(record(p.eager.pool().ring_beta(layer), slot, hv, t) ==
-                record(p.deferred.pool().ring_beta(layer), slot, hv, pos));
-        }
-        for (int h = 0; h < m.H; ++h) {
-          CHECK(record(p.eager.pool().ring_rawk(layer), slot, h, t) ==
-                record(p.deferred.pool().ring_rawk(layer), slot, h, pos));
-        }
-      }
+      check_request_records(p.eager.pool(), p.deferred.pool(), m, layer, slot, row, batch.T,
+                            c[static_cast<size_t>(slot)]);
     }
   }
-}
-
-std::vector<int32_t> allocated_slots(const Harness& h) {
-  std::vector<int32_t> s;
-  for (int i = 0; i < h.pool().num_slots(); ++i) {
-    if (h.pool().is_slot_allocated(i)) {
-      s.push_back(i);
-    }
-  }
-  return s;
 }
 
 // Materializes every allocated slot of the deferred backend and compares all committed state.
@@ -156,36 +124,11 @@ TEST_CASE("backend deferred: random rounds equal the eager commit bitwise", "[ba
   const int S = p.eager.pool().num_slots();
   for (int r = 0; r < 14; ++r) {
     CAPTURE(r);
-    // A batch of 1..R requests in random order over the S slots (the others sit out), a
-    // padding row now and then, explicit scratch rows now and then, T in 1..kT.
-    std::vector<int32_t> slots(static_cast<size_t>(S));
-    std::iota(slots.begin(), slots.end(), 0);
-    std::shuffle(slots.begin(), slots.end(), rng);
-    const int B = 1 + static_cast<int>(rng() % kMaxRunning);
-    slots.resize(static_cast<size_t>(B));
-    if (B > 1 && rng() % 3 == 0) {
-      slots[rng() % static_cast<size_t>(B)] = -1;
-    }
-    BatchSpec batch{1 + static_cast<int>(rng() % kT), slots, {}};
-    if (rng() % 3 == 0) {
-      std::vector<int32_t> rows(static_cast<size_t>(kMaxRunning));
-      std::iota(rows.begin(), rows.end(), 0);
-      std::shuffle(rows.begin(), rows.end(), rng);
-      rows.resize(static_cast<size_t>(B));
-      batch.rows = rows;
-    }
-    // Now and then a bad accepted length (0, T + 1, -1): both backends skip that request and
-    // flag it; the deferred one records nothing pending for it and leaves its cursor.
-    std::vector<int32_t> accepted;
-    bool bad = false;
-    for (int i = 0; i < B; ++i) {
-      accepted.push_back(1 + static_cast<int>(rng() % static_cast<unsigned>(batch.T)));
-      if (rng() % 6 == 0 && slots[static_cast<size_t>(i)] >= 0) {
-        const int32_t bad_lengths[] = {0, batch.T + 1, -1};
-        accepted.back() = bad_lengths[rng() % 3];
-        bad = true;
-      }
-    }
+    // A random batch (random_round); a bad accepted length: both backends skip and flag it.
+    const RandomRound rr = random_round(rng, S);
+    const BatchSpec& batch = rr.batch;
+    const std::vector<int32_t>& accepted = rr.accepted;
+    const bool bad = rr.bad;
     CAPTURE(accepted);
     round_on_both(p, batch, accepted, 500 + 10 * static_cast<uint64_t>(r));
     for (const auto& d : p.deferred.backend->stats().last_decision) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <numeric>
 #include <random>
 
 #include "backend/kernel_set_factory.h"
@@ -207,6 +208,66 @@ std::vector<uint8_t> bytes_of(const TensorView& v) {
 
 bool same_bits(const TensorView& x, const TensorView& y) { return bytes_of(x) == bytes_of(y); }
 bool same_bits(const TensorView& x, const std::vector<uint8_t>& y) { return bytes_of(x) == y; }
+
+std::vector<int32_t> allocated_slots(const Harness& h) {
+  std::vector<int32_t> s;
+  for (int i = 0; i < h.pool().num_slots(); ++i) {
+    if (h.pool().is_slot_allocated(i)) {
+      s.push_back(i);
+    }
+  }
+  return s;
+}
+
+RandomRound random_round(std::mt19937& rng, int num_slots) {
+  std::vector<int32_t> slots(static_cast<size_t>(num_slots));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  const int B = 1 + static_cast<int>(rng() % kMaxRunning);
+  slots.resize(static_cast<size_t>(B));
+  if (B > 1 && rng() % 3 == 0) {
+    slots[rng() % static_cast<size_t>(B)] = -1;
+  }
+  RandomRound r{BatchSpec{1 + static_cast<int>(rng() % kT), slots, {}}, {}, false};
+  if (rng() % 3 == 0) {
+    std::vector<int32_t> rows(static_cast<size_t>(kMaxRunning));
+    std::iota(rows.begin(), rows.end(), 0);
+    std::shuffle(rows.begin(), rows.end(), rng);
+    rows.resize(static_cast<size_t>(B));
+    r.batch.rows = rows;
+  }
+  for (int i = 0; i < B; ++i) {
+    r.accepted.push_back(1 + static_cast<int>(rng() % static_cast<unsigned>(r.batch.T)));
+    if (rng() % 6 == 0 && slots[static_cast<size_t>(i)] >= 0) {
+      const int32_t bad_lengths[] = {0, r.batch.T + 1, -1};
+      r.accepted.back() = bad_lengths[rng() % 3];
+      r.bad = true;
+    }
+  }
+  return r;
+}
+
+void check_request_records(const KdaStatePool& want, const KdaStatePool& got, const ModelConfig& m,
+                           int layer, int slot, int row, int T, int cursor) {
+  const int L = want.ring_len();
+  const auto record = [&](const TensorView& ring, int head, int pos) {
+    return bytes_of(ring.select(0, slot).select(0, head).select(0, pos));
+  };
+  CHECK(same_bits(want.conv_window(layer).select(0, row).narrow(0, 0, T),
+                  bytes_of(got.conv_window(layer).select(0, row).narrow(0, 0, T))));
+  for (int t = 0; t < T; ++t) {
+    const int pos = (cursor + t) & (L - 1);
+    CAPTURE(t, pos);
+    for (int hv = 0; hv < m.HV; ++hv) {
+      CHECK(record(want.ring_rawv(layer), hv, t) == record(got.ring_rawv(layer), hv, pos));
+      CHECK(record(want.ring_g(layer), hv, t) == record(got.ring_g(layer), hv, pos));
+      CHECK(record(want.ring_beta(layer), hv, t) == record(got.ring_beta(layer), hv, pos));
+    }
+    for (int h = 0; h < m.H; ++h) {
+      CHECK(record(want.ring_rawk(layer), h, t) == record(got.ring_rawk(layer), h, pos));
+    }
+  }
+}
 
 uint64_t pool_checksum(const KdaStatePool& pool) {
   uint64_t h = 1469598103934665603ull;

@@ -90,6 +90,22 @@ std::vector<uint8_t> bytes_of(const TensorView& v);
 bool same_bits(const TensorView& x, const TensorView& y);
 bool same_bits(const TensorView& x, const std::vector<uint8_t>& y);
 
+// One request's conv windows (scratch row `row`, steps 0..T-1) and ring records of one layer,
+// bitwise: an eager pool's (`want`, records at ring positions 0..T-1) against a pool that keeps
+// a ring cursor (`got`, records at positions (cursor + t) mod L): the deferred and lazy tests.
+void check_request_records(const KdaStatePool& want, const KdaStatePool& got, const ModelConfig& m,
+                           int layer, int slot, int row, int T, int cursor);
+
+// A random verify round over `num_slots` slots: 1..kMaxRunning requests in random order (the other
+// slots sit out), a padding row now and then, explicit scratch rows now and then, T in 1..kT,
+// accepted lengths in 1..T, now and then a bad one (0, T + 1 or -1: `bad`).
+struct RandomRound {
+  BatchSpec batch;
+  std::vector<int32_t> accepted;
+  bool bad = false;
+};
+RandomRound random_round(std::mt19937& rng, int num_slots);
+
 // FNV-1a over every pool tensor: committed state, rings, scratch.
 uint64_t pool_checksum(const KdaStatePool& pool);
 
@@ -125,6 +141,9 @@ struct Harness {
 
 // Runs verify on every layer; returns the layers' activations (inputs kept for oracles).
 std::vector<Activations> verify_all(Harness& h, const BatchSpec& batch, uint64_t seed);
+
+// The harness's allocated slots, in order.
+std::vector<int32_t> allocated_slots(const Harness& h);
 
 // `v` uploaded to a buffer on the test device (at least 4 bytes, so an empty list still has an
 // address; its bytes past v.size() are unspecified).

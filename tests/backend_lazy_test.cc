@@ -61,16 +61,11 @@ std::vector<int32_t> pending_all(const Harness& h) {
   return to_host_vector<int32_t>(h.pool().ring_pending_all());
 }
 
-std::vector<uint8_t> record(const TensorView& ring, int slot, int head, int pos) {
-  return bytes_of(ring.select(0, slot).select(0, head).select(0, pos));
-}
-
 // This round's outputs (§10 (b)), windows and ring records (bitwise at the lazy cursors `c`).
 void check_round(Pair& p, const std::vector<Activations>& eager,
                  const std::vector<Activations>& lazy, const BatchSpec& batch,
                  const std::vector<int32_t>& c) {
   const ModelConfig& m = p.eager.model;
-  const int L = p.eager.pool().ring_len();
   const int B = static_cast<int>(batch.slots.size());
   std::vector<int64_t> first;
   std::vector<int32_t> lengths(static_cast<size_t>(B), batch.T);
@@ -104,36 +99,10 @@ void check_round(Pair& p, const std::vector<Activations>& eager,
       }
       const int row = batch.rows.empty() ? static_cast<int>(i) : batch.rows[i];
       CAPTURE(i, slot, row);
-      CHECK(same_bits(
-          p.eager.pool().conv_window(layer).select(0, row).narrow(0, 0, batch.T),
-          bytes_of(p.lazy.pool().conv_window(layer).select(0, row).narrow(0, 0, batch.T))));
-      for (int t = 0; t < batch.T; ++t) {
-        const int pos = (c[static_cast<size_t>(slot)] + t) & (L - 1);
-        for (int hv = 0; hv < m.HV; ++hv) {
-          CHECK(record(p.eager.pool().ring_rawv(layer), slot, hv, t) ==
-                record(p.lazy.pool().ring_rawv(layer), slot, hv, pos));
-          CHECK(record(p.eager.pool().ring_g(layer), slot, hv, t) ==
-                record(p.lazy.pool().ring_g(layer), slot, hv, pos));
-          CHECK(record(p.eager.pool().ring_beta(layer), slot, hv, t) ==
-                record(p.lazy.pool().ring_beta(layer), slot, hv, pos));
-        }
-        for (int h = 0; h < m.H; ++h) {
-          CHECK(record(p.eager.pool().ring_rawk(layer), slot, h, t) ==
-                record(p.lazy.pool().ring_rawk(layer), slot, h, pos));
-        }
-      }
+      check_request_records(p.eager.pool(), p.lazy.pool(), m, layer, slot, row, batch.T,
+                            c[static_cast<size_t>(slot)]);
     }
   }
-}
-
-std::vector<int32_t> allocated_slots(const Harness& h) {
-  std::vector<int32_t> s;
-  for (int i = 0; i < h.pool().num_slots(); ++i) {
-    if (h.pool().is_slot_allocated(i)) {
-      s.push_back(i);
-    }
-  }
-  return s;
 }
 
 void check_states(Pair& p) {
@@ -200,32 +169,11 @@ TEST_CASE("backend lazy: random rounds equal the eager commit bitwise", "[backen
   const int S = p.eager.pool().num_slots();
   for (int r = 0; r < 30; ++r) {
     CAPTURE(r);
-    std::vector<int32_t> slots(static_cast<size_t>(S));
-    std::iota(slots.begin(), slots.end(), 0);
-    std::shuffle(slots.begin(), slots.end(), rng);
-    const int B = 1 + static_cast<int>(rng() % kMaxRunning);
-    slots.resize(static_cast<size_t>(B));
-    if (B > 1 && rng() % 3 == 0) {
-      slots[rng() % static_cast<size_t>(B)] = -1;
-    }
-    BatchSpec batch{1 + static_cast<int>(rng() % kT), slots, {}};
-    if (rng() % 3 == 0) {
-      std::vector<int32_t> rows(static_cast<size_t>(kMaxRunning));
-      std::iota(rows.begin(), rows.end(), 0);
-      std::shuffle(rows.begin(), rows.end(), rng);
-      rows.resize(static_cast<size_t>(B));
-      batch.rows = rows;
-    }
-    std::vector<int32_t> accepted;
-    bool bad = false;
-    for (int i = 0; i < B; ++i) {
-      accepted.push_back(1 + static_cast<int>(rng() % static_cast<unsigned>(batch.T)));
-      if (rng() % 6 == 0 && slots[static_cast<size_t>(i)] >= 0) {
-        const int32_t bad_lengths[] = {0, batch.T + 1, -1};
-        accepted.back() = bad_lengths[rng() % 3];
-        bad = true;
-      }
-    }
+    // A random batch (random_round); a bad accepted length: both backends skip and flag it.
+    const RandomRound rr = random_round(rng, S);
+    const BatchSpec& batch = rr.batch;
+    const std::vector<int32_t>& accepted = rr.accepted;
+    const bool bad = rr.bad;
     CAPTURE(accepted);
     round_on_both(p, batch, accepted, 500 + 10 * static_cast<uint64_t>(r));
     for (Harness* h : {&p.eager, &p.lazy}) {

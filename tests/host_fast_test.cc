@@ -162,17 +162,6 @@ VerifyProblem run(const FastProblem& f, const VerifyFn& verify) {
   return p;
 }
 
-// The elements of the given token rows ([N, HV, V] outputs, `width` = HV * V per row).
-template <typename T>
-std::vector<T> gather_rows(const std::vector<T>& out, const std::vector<int64_t>& rows,
-                           int64_t width) {
-  std::vector<T> r;
-  for (const int64_t row : rows) {
-    r.insert(r.end(), out.begin() + row * width, out.begin() + (row + 1) * width);
-  }
-  return r;
-}
-
 // One problem's fast outputs against the exact path's and the fp64 oracle.
 struct Accuracy {
   OutCompare vs_exact;

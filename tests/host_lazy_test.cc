@@ -181,23 +181,6 @@ VerifyProblem exact_twin(LazyProblem& f) {
   return e;
 }
 
-std::vector<double> gather(const std::vector<double>& all, const std::vector<int64_t>& rows,
-                           int64_t width) {
-  std::vector<double> r;
-  for (const int64_t row : rows) {
-    r.insert(r.end(), all.begin() + row * width, all.begin() + (row + 1) * width);
-  }
-  return r;
-}
-std::vector<bf16_t> gather(const std::vector<bf16_t>& all, const std::vector<int64_t>& rows,
-                           int64_t width) {
-  std::vector<bf16_t> r;
-  for (const int64_t row : rows) {
-    r.insert(r.end(), all.begin() + row * width, all.begin() + (row + 1) * width);
-  }
-  return r;
-}
-
 struct LazyAccuracy {
   OutCompare vs_exact;
   double fast_error = 0.0, exact_error = 0.0;  ///< rel L2 vs the fp64 oracle (dense only)
@@ -231,9 +214,9 @@ LazyAccuracy run_case(const Shape& s, int P, ChunkFault fault = ChunkFault::kNon
   if (f.offsets.empty()) {
     const host::Fp64Verify oracle = host::verify_fp64(exact.params(RecordMode::kRing), false);
     const std::vector<int64_t> rows = f.real_rows();
-    const std::vector<double> want = gather(oracle.out, rows, width);
-    a.fast_error = rel_l2(gather(lazy.out(), rows, width), want);
-    a.exact_error = rel_l2(gather(exact.out(), rows, width), want);
+    const std::vector<double> want = gather_rows(oracle.out, rows, width);
+    a.fast_error = rel_l2(gather_rows(lazy.out(), rows, width), want);
+    a.exact_error = rel_l2(gather_rows(exact.out(), rows, width), want);
     a.has_fp64 = true;
   }
   if (lazy_out != nullptr) {

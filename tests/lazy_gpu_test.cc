@@ -163,23 +163,6 @@ void fast_verify(const VerifyParams& p, int bv) {
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
 }
 
-std::vector<double> gather(const std::vector<double>& all, const std::vector<int64_t>& rows,
-                           int64_t width) {
-  std::vector<double> r;
-  for (const int64_t row : rows) {
-    r.insert(r.end(), all.begin() + row * width, all.begin() + (row + 1) * width);
-  }
-  return r;
-}
-std::vector<bf16_t> gather(const std::vector<bf16_t>& all, const std::vector<int64_t>& rows,
-                           int64_t width) {
-  std::vector<bf16_t> r;
-  for (const int64_t row : rows) {
-    r.insert(r.end(), all.begin() + row * width, all.begin() + (row + 1) * width);
-  }
-  return r;
-}
-
 }  // namespace
 
 TEST_CASE("lazy verify: the CUDA fast kernel over every pending length within contract §10",
@@ -284,9 +267,9 @@ TEST_CASE("lazy verify: the CUDA fast kernel over every pending length within co
             rows.push_back(r);
           }
           const int64_t width = int64_t{c.HV} * c.V;
-          const std::vector<double> want = gather(oracle.out, rows, width);
-          const double e_fast = rel_l2(gather(lazy.out(), rows, width), want);
-          const double e_exact = rel_l2(gather(exact.out(), rows, width), want);
+          const std::vector<double> want = gather_rows(oracle.out, rows, width);
+          const double e_fast = rel_l2(gather_rows(lazy.out(), rows, width), want);
+          const double e_exact = rel_l2(gather_rows(exact.out(), rows, width), want);
           const double ratio = e_fast / std::max(e_exact, 1e-12);
           CAPTURE(e_fast, e_exact);
           CHECK(ratio <= 1.25);

@@ -220,6 +220,19 @@ struct BitwiseResult {
 };
 std::ostream& operator<<(std::ostream& os, const BitwiseResult& r);
 
+/// The given token rows of a [N, width] row-major tensor's host copy, in order (e.g. the real
+/// requests' outputs: width = HV * V).
+template <typename T>
+std::vector<T> gather_rows(const std::vector<T>& all, const std::vector<int64_t>& rows,
+                           int64_t width) {
+  std::vector<T> r;
+  r.reserve(rows.size() * static_cast<size_t>(width));
+  for (const int64_t row : rows) {
+    r.insert(r.end(), all.begin() + row * width, all.begin() + (row + 1) * width);
+  }
+  return r;
+}
+
 /// Bit-pattern equality (NaN == NaN of the same payload, +0 != -0).
 BitwiseResult bitwise_equal(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b);
 BitwiseResult bitwise_equal(const std::vector<float>& a, const std::vector<float>& b);
