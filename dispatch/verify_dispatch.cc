@@ -101,6 +101,8 @@ const char* dispatch_reason_name(DispatchReason reason) noexcept {
       return "snapshot_fused";
     case DispatchReason::kRingFused:
       return "ring_fused";
+    case DispatchReason::kRingLazyFused:
+      return "ring_lazy_fused";
     case DispatchReason::kFusedDisabled:
       return "fused_disabled";
     case DispatchReason::kNotPlainChain:
@@ -310,7 +312,7 @@ DispatchDecision choose_path(const DispatchProblem& p, const Platform& platform,
     return d;
   }
   d.path = VerifyPath::kFused;
-  d.reason = R::kRingFused;
+  d.reason = p.lazy ? R::kRingLazyFused : R::kRingFused;
   d.block_v = block_v;
   return d;
 }
@@ -446,6 +448,11 @@ std::string DispatchDecision::describe_path() const {
           "fused (block_v = {}): ring mode with B = {} <= --kda-fused-ring-max-batch = {} on "
           "{}, ring layout ok",
           block_v, B, limit, arch_family_name(arch));
+    case DispatchReason::kRingLazyFused:
+      return fmt::format(
+          "fused (block_v = {}): ring mode, the lazy write-back (its verify runs the fast "
+          "outputs: no batch or platform gate), ring layout ok",
+          block_v);
     case DispatchReason::kFusedDisabled:
       return fmt::format("{}: fused verify switched off (--kda-fused-verify)", path_text);
     case DispatchReason::kNotPlainChain:

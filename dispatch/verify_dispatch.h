@@ -65,6 +65,7 @@ enum class DispatchReason : uint8_t {
   kRingBatchAboveLimit,     ///< rule 5: B > fused_ring_max_batch
   kRingPlatformUnmeasured,  ///< rule 5: neither SM90 nor SM100-family
   kRingLayoutRejected,      ///< rule 5: check_ring_layout failed (see DispatchDecision::ring)
+  kRingLazyFused,           ///< rule 5 for the lazy write-back: fused whatever B and platform
 };
 /// Short stable name ("snapshot_fused", "ring_batch_above_limit", ...).
 const char* dispatch_reason_name(DispatchReason reason) noexcept;

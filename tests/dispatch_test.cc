@@ -1092,7 +1092,9 @@ TEST_CASE("dispatch: the lazy write-back's verify runs fused and fast", "[dispat
     CAPTURE(platform.describe());
     const DispatchDecision d = choose_verify_path(p, platform, flags);
     CHECK(d.fused());
-    CHECK(d.reason == DispatchReason::kRingFused);
+    CHECK(d.reason == DispatchReason::kRingLazyFused);
+    CHECK(std::string(dispatch_reason_name(d.reason)) == "ring_lazy_fused");
+    CHECK_THAT(d.describe_path(), Catch::Contains("the lazy write-back"));
     CHECK(d.fast_outputs());
     CHECK(d.numerics_reason == NumericsReason::kLazyHistory);
     CHECK(kernels::is_fast_block_v(d.block_v));

@@ -107,6 +107,12 @@ std::string rule_text(CompareRule rule) {
 RunSpec other_mode_spec(const RunSpec& primary, std::string* note) {
   RunSpec s = primary;
   s.flags.replayssm_spec = !primary.flags.replayssm_spec;
+  if (!s.flags.replayssm_spec && s.flags.lazy_write_back()) {
+    // Snapshot mode commits eagerly: the lazy write-back's flags are ring mode's alone (the
+    // committed state is the same by contract §11, which is what the check compares).
+    s.flags.deferred_commit = static_cast<int>(DeferredCommit::kOff);
+    s.flags.lazy_fold_interval = 0;
+  }
   s.label = fmt::format("check ({} {})", device_name(s.device), mode_name(s.flags));
   if (s.flags.replayssm_spec && s.flags.replayssm_cache_len < 2 * s.flags.num_draft_tokens) {
     int L = 2;
