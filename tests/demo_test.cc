@@ -87,11 +87,12 @@ RunSpec tiny_spec(bool ring, uint64_t seed) {
 }  // namespace
 
 TEST_CASE("demo: a small run passes its own check in ring and snapshot mode", "[demo]") {
-  // Ring mode with the deferred commit too: its check folds the pending steps first and
-  // compares with an independent snapshot-mode run, bitwise.
+  // Ring mode with the deferred commit and the lazy write-back too: their check folds the
+  // pending steps first and compares with an independent snapshot-mode run, bitwise.
   const std::vector<std::string> mode = GENERATE(
       std::vector<std::string>{"--enable-linear-replayssm-spec"},
       std::vector<std::string>{"--enable-linear-replayssm-spec", "--kda-deferred-commit", "on"},
+      std::vector<std::string>{"--enable-linear-replayssm-spec", "--kda-deferred-commit", "lazy"},
       std::vector<std::string>{"--enable-linear-replayssm-spec=off"});
   CAPTURE(mode);
   const DemoResult r = run_demo(tiny_with(mode));
@@ -388,12 +389,13 @@ RunSpec tiny_prefix_spec(bool ring, bool deferred, PrefixFault fault) {
 
 }  // namespace
 
-TEST_CASE("demo: --prefix-cache passes its checks in snapshot, ring and deferred ring mode",
+TEST_CASE("demo: --prefix-cache passes its checks in snapshot, ring, deferred and lazy ring mode",
           "[demo]") {
   const std::vector<std::string> mode = GENERATE(
       std::vector<std::string>{"--enable-linear-replayssm-spec=off"},
       std::vector<std::string>{"--enable-linear-replayssm-spec"},
-      std::vector<std::string>{"--enable-linear-replayssm-spec", "--kda-deferred-commit", "on"});
+      std::vector<std::string>{"--enable-linear-replayssm-spec", "--kda-deferred-commit", "on"},
+      std::vector<std::string>{"--enable-linear-replayssm-spec", "--kda-deferred-commit", "lazy"});
   CAPTURE(mode);
   std::vector<std::string> args = tiny_with({"--prefix-cache", "--track-interval", "4"});
   args.insert(args.end(), mode.begin(), mode.end());
