@@ -71,14 +71,7 @@ void check_round(const Pair& p, const std::vector<Activations>& eager,
 }
 
 // Materializes every allocated slot of the deferred backend and compares all committed state.
-void check_states(Pair& p) {
-  p.deferred.backend->materialize(allocated_slots(p.deferred), nullptr);
-  CHECK(same_bits(p.eager.pool().ssm_state_all(), bytes_of(p.deferred.pool().ssm_state_all())));
-  CHECK(same_bits(p.eager.pool().conv_state_all(), bytes_of(p.deferred.pool().conv_state_all())));
-  for (const int32_t n : to_host_vector<int32_t>(p.deferred.pool().ring_pending_all())) {
-    REQUIRE(n == 0);
-  }
-}
+void check_states(Pair& p) { check_materialized_states(p.eager, p.deferred); }
 
 // One verify round on both backends: every layer, then commit (or abort after `abort_after`
 // layers, -1: commit).
@@ -87,12 +80,7 @@ void round_on_both(Pair& p, const BatchSpec& batch, const std::vector<int32_t>& 
   const std::vector<int32_t> c = cursors(p.deferred);
   if (abort_after >= 0) {
     for (Harness* h : {&p.eager, &p.deferred}) {
-      h->backend->prepare(batch, nullptr);
-      for (int layer = 0; layer < abort_after; ++layer) {
-        Activations x = make_activations(h->model, batch.slots, batch.T, seed + layer);
-        h->backend->verify(layer, x.in, x.out_view, nullptr);
-      }
-      h->backend->abort_round(nullptr);
+      abort_after_layers(*h, batch, seed, abort_after);
     }
     return;
   }

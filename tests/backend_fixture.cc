@@ -219,6 +219,24 @@ std::vector<int32_t> allocated_slots(const Harness& h) {
   return s;
 }
 
+void abort_after_layers(Harness& h, const BatchSpec& batch, uint64_t seed, int layers) {
+  h.backend->prepare(batch, nullptr);
+  for (int layer = 0; layer < layers; ++layer) {
+    Activations x = make_activations(h.model, batch.slots, batch.T, seed + layer);
+    h.backend->verify(layer, x.in, x.out_view, nullptr);
+  }
+  h.backend->abort_round(nullptr);
+}
+
+void check_materialized_states(const Harness& eager, Harness& ring) {
+  ring.backend->materialize(allocated_slots(ring), nullptr);
+  CHECK(same_bits(eager.pool().ssm_state_all(), bytes_of(ring.pool().ssm_state_all())));
+  CHECK(same_bits(eager.pool().conv_state_all(), bytes_of(ring.pool().conv_state_all())));
+  for (const int32_t n : to_host_vector<int32_t>(ring.pool().ring_pending_all())) {
+    REQUIRE(n == 0);
+  }
+}
+
 RandomRound random_round(std::mt19937& rng, int num_slots) {
   std::vector<int32_t> slots(static_cast<size_t>(num_slots));
   std::iota(slots.begin(), slots.end(), 0);

@@ -145,6 +145,13 @@ std::vector<Activations> verify_all(Harness& h, const BatchSpec& batch, uint64_t
 // The harness's allocated slots, in order.
 std::vector<int32_t> allocated_slots(const Harness& h);
 
+// A verify round of `batch` abandoned after its first `layers` layers (abort_round), on `h`.
+void abort_after_layers(Harness& h, const BatchSpec& batch, uint64_t seed, int layers);
+
+// Materializes every allocated slot of `ring` (a deferred or lazy backend) and checks that its
+// SSM and conv state equal `eager`'s bitwise and that nothing is pending.
+void check_materialized_states(const Harness& eager, Harness& ring);
+
 // `v` uploaded to a buffer on the test device (at least 4 bytes, so an empty list still has an
 // address; its bytes past v.size() are unspecified).
 Buffer device_i32(const std::vector<int32_t>& v);

@@ -105,26 +105,14 @@ void check_round(Pair& p, const std::vector<Activations>& eager,
   }
 }
 
-void check_states(Pair& p) {
-  p.lazy.backend->materialize(allocated_slots(p.lazy), nullptr);
-  CHECK(same_bits(p.eager.pool().ssm_state_all(), bytes_of(p.lazy.pool().ssm_state_all())));
-  CHECK(same_bits(p.eager.pool().conv_state_all(), bytes_of(p.lazy.pool().conv_state_all())));
-  for (const int32_t n : pending_all(p.lazy)) {
-    REQUIRE(n == 0);
-  }
-}
+void check_states(Pair& p) { check_materialized_states(p.eager, p.lazy); }
 
 void round_on_both(Pair& p, const BatchSpec& batch, const std::vector<int32_t>& accepted,
                    uint64_t seed, int abort_after = -1) {
   const std::vector<int32_t> c = cursors(p.lazy);
   if (abort_after >= 0) {
     for (Harness* h : {&p.eager, &p.lazy}) {
-      h->backend->prepare(batch, nullptr);
-      for (int layer = 0; layer < abort_after; ++layer) {
-        Activations x = make_activations(h->model, batch.slots, batch.T, seed + layer);
-        h->backend->verify(layer, x.in, x.out_view, nullptr);
-      }
-      h->backend->abort_round(nullptr);
+      abort_after_layers(*h, batch, seed, abort_after);
     }
     return;
   }
