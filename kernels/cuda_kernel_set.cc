@@ -21,8 +21,8 @@ class CudaKernelSet final : public KernelSet {
               cudaStream_t stream) override {
     kernels::invoke_verify(p, plan, stream);
   }
-  /// The CUDA fast kernel takes no pending history yet (plan_verify_on_device refuses a lazy
-  /// verify, invoke_commit a kLazy commit).
+  /// Not yet: the lazy kernels (the fast kernel's kLazyHistory instantiations, the kLazy commit)
+  /// are built and planned, but not yet validated on a device (tests/lazy_gpu_test.cc).
   bool runs_lazy_write_back() const override { return false; }
   void extend(const ExtendParams& p, cudaStream_t stream) override {
     kernels::invoke_extend(p, stream, overrides_);

@@ -11,8 +11,9 @@
 //    lengths (one bad), with and without a prefix-cache track and a fold interval. After the
 //    commit the committed SSM and conv state (every slot), the pending counts, the cursors and
 //    the error flag equal the host's.
-// The CUDA kernel set still refuses lazy calls (plan_verify_on_device): these tests plan with
-// kernels::plan_verify on the device's caps and launch with invoke_verify.
+// The CUDA kernel set does not offer the lazy write-back to the backend and the ops until these
+// have run (CudaKernelSet::runs_lazy_write_back); they plan with kernels::plan_verify on the
+// device's caps and launch with invoke_verify.
 #include <cuda_runtime_api.h>
 #include <catch2/catch.hpp>
 

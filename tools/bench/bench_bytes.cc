@@ -68,6 +68,35 @@ int64_t deferred_round_delta(const Shape& s, int layers, int B, int T, int64_t a
   return u - int64_t{layers} * B * state_bytes(s);
 }
 
+LazyRound lazy_round(const Shape& s, int layers, int B, int T_max, int L, int accepted,
+                     int rounds) {
+  LazyRound r;
+  r.rounds = rounds;
+  int64_t pending = 0, history = 0, folded_steps = 0;
+  for (int i = 0; i < rounds; ++i) {
+    history += pending;  // this round's verifies read the history before the commit
+    const int64_t m = pending + accepted;
+    if (m + T_max > L) {
+      ++r.folds;
+      folded_steps += m;
+      pending = 0;
+    } else {
+      pending = m;
+    }
+  }
+  r.history = static_cast<double>(history) / rounds;
+  const int64_t per = int64_t{layers} * B;
+  // Per round on average: + the history's records, + the folds' state passes and records,
+  // - the eager fold's (2 state passes and the accepted steps' records, every round).
+  const int64_t lazy = per *
+                       (history * ring_step_bytes(s) + r.folds * 2 * state_bytes(s) +
+                        folded_steps * ring_step_bytes(s)) /
+                       rounds;
+  const int64_t eager = per * (2 * state_bytes(s) + int64_t{accepted} * ring_step_bytes(s));
+  r.delta = lazy - eager;
+  return r;
+}
+
 StepBytes step_kda_bytes(const Shape& s, int layers, int B, int T,
                          const std::vector<int>& accepted) {
   int64_t sum = 0;

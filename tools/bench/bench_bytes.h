@@ -64,6 +64,22 @@ TrackBytes track_bytes(const Shape& s, int layers, int tracks, int step);
 /// of its rawv and beta). Negative: it saves bytes.
 int64_t deferred_round_delta(const Shape& s, int layers, int B, int T, int64_t accepted_sum);
 
+/// The lazy write-back (contract §11) in a round of `layers` layers, B requests that each accept
+/// `accepted` steps every round (drafts of up to T_max tokens), on a ring of L (the slots' pending
+/// counts follow the lazy commit's rule from zero, over `rounds` rounds): what changes against the
+/// eager round, per round on average. Each verify reads its slot's history (the pending steps'
+/// records: `history` steps a request on average); the state's fold (read + write + the folded
+/// steps' records) runs only where the commit folds (`folds` of `rounds` rounds), not every round.
+/// Negative: it saves.
+struct LazyRound {
+  int64_t delta = 0;     ///< bytes against the eager round, per round on average
+  double history = 0.0;  ///< pending steps a verify reads, on average
+  int folds = 0;         ///< rounds whose commit folds, of `rounds`
+  int rounds = 0;
+};
+LazyRound lazy_round(const Shape& s, int layers, int B, int T_max, int L, int accepted,
+                     int rounds = 240);
+
 /// The KDA share of one step (contract §6 "step"): every layer's verify of B requests of T tokens
 /// plus the commit of all layers, request i accepting accepted[i] steps (1..T). The step's GEMMs
 /// are not part of it. Deferred ring mode moves the fewest bytes: its model is the two-pass floor.

@@ -408,6 +408,26 @@ TEST_CASE("kda_bench args: the step phase", "[tools][bench]") {
   CHECK(bench_usage().find("--hidden") != std::string::npos);
 }
 
+TEST_CASE("kda_bench bytes: the lazy write-back's round", "[tools][bench]") {
+  const Shape kimi = preset_shape(Preset::kKimiLinear);
+  const int64_t state = int64_t{kimi.HV} * kimi.V * kimi.K * 4, step = ring_step_bytes(kimi);
+  // T_max = 4, L = 16, 4 accepted a round: pending 0, 4, 8, 12, then the commit of the fourth
+  // round folds 16 steps (16 + 4 > 16): a fold every 4 rounds, 6 history steps a verify on average.
+  const LazyRound r = lazy_round(kimi, 20, 64, 4, 16, 4, 240);
+  CHECK(r.folds == 60);
+  CHECK(r.history == 6.0);
+  const int64_t per = 20LL * 64;
+  CHECK(r.delta == per * (6 * step + (2 * state + 16 * step) / 4) - per * (2 * state + 4 * step));
+  // It saves: 1.5 of the eager round's 2 fold passes are gone, less the history's records.
+  CHECK(r.delta < -per * state);
+  // The smallest ring (L = 2 T_max) holds one round of T_max steps: a fold every second round,
+  // one state pass a round saved, less 2 history steps a verify.
+  const LazyRound tight = lazy_round(kimi, 20, 64, 4, 8, 4, 10);
+  CHECK(tight.folds == 5);
+  CHECK(tight.history == 2.0);
+  CHECK(tight.delta == per * (2 * step - state));
+}
+
 TEST_CASE("kda_bench bytes: the step's KDA share model", "[tools][bench]") {
   const Shape kimi = preset_shape(Preset::kKimiLinear);
   const int64_t state = 32LL * 128 * 128 * 4;

@@ -97,4 +97,21 @@ CommitParams DeferredState::deferred(CommitParams p, bool u_free) const {
   return p;
 }
 
+VerifyParams DeferredState::lazy(VerifyParams p, int layer) const {
+  p.ring_cursor = cursor();
+  p.ring_pending = pending(layer);
+  p.lazy = 1;
+  p.u_free = 1;
+  return p;
+}
+
+CommitParams DeferredState::lazy(CommitParams p) const {
+  p.kind = CommitKind::kLazy;
+  p.ring_cursor = cursor();
+  p.ring_pending = pending(0);
+  p.ring_pending_layer_stride = slots_;
+  p.u_free = 1;
+  return p;
+}
+
 }  // namespace kda::bench

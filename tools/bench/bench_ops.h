@@ -80,6 +80,11 @@ class DeferredState {
   /// `p` (a ring-mode commit of every layer) as the kDeferred commit over these counts (`u_free`
   /// as above: its track folds and a materialize compute u).
   CommitParams deferred(CommitParams p, bool u_free = false) const;
+  /// `p` (a ring-mode fast verify of layer `layer`) as a lazy verify over these counts (contract
+  /// §11: the pending steps its history; no fold, no u records).
+  VerifyParams lazy(VerifyParams p, int layer) const;
+  /// `p` (a ring-mode commit of every layer) as the kLazy commit over these counts.
+  CommitParams lazy(CommitParams p) const;
 
  private:
   int64_t slots_, u_slot_;

@@ -760,6 +760,67 @@ std::optional<Row> run_deferred_round(BenchContext& ctx, const Problem& problem,
   return r;
 }
 
+/// The same round with the lazy write-back (contract §11; fast outputs): each layer's verify
+/// reads the committed checkpoint and its slots' pending steps as the fast chunk's history, the
+/// commit adds the accepted steps to the pending counts and folds a slot's when the next draft
+/// would not fit its ring. Successive replays fold every few rounds (the device's counts carry
+/// over), so the timing is the average round. Byte model: the eager round's with the fold's state
+/// passes where the commit folds and the history's records (lazy_round). Guarded as the fast
+/// deferred round (windows, the materialized state, outputs by §10 (b)). Not timed where its
+/// plan does not run fast or the ring cannot hold a history (std::nullopt, a note).
+std::optional<Row> run_lazy_round(BenchContext& ctx, const Problem& problem, Variant v, int bv,
+                                  int T, int B, const Row& eager) {
+  const BenchArgs& a = ctx.args;
+  const int L = problem.config().L, T_max = problem.config().T_max;
+  if (L > kFastMaxChunk || 2 * T_max > L) {
+    note(ctx, fmt::format("{}+lazy (round) T={}: a ring of L={} does not hold a lazy history "
+                          "(2 T_max <= L <= {})",
+                          variant_name(v), T, L, kFastMaxChunk));
+    return std::nullopt;
+  }
+  const DeferredState state(ctx, problem);
+  std::vector<VerifyParams> params;
+  for (int l = 0; l < a.layers; ++l) {
+    params.push_back(state.lazy(
+        with_numerics(problem.verify_params(l, T, RecordMode::kRing), VerifyNumerics::kFast), l));
+  }
+  const PlannedLayers plan = planned_layers(v, bv, params, a.launch);
+  if (plan.numerics != VerifyNumerics::kFast) {
+    note(ctx, fmt::format("{}+lazy (round) T={} BV={}: the plan runs exact ({})", variant_name(v),
+                          T, bv, plan.kernel));
+    return std::nullopt;
+  }
+  const CommitParams cp = state.lazy(problem.commit_params(T, RecordMode::kRing, a.layers));
+  Row r = eager;
+  r.what = eager.what + "+lazy";
+  r.bv = bv;
+  r.diff.reset();
+  const int n = a.accepted > 0 ? a.accepted : T;
+  const LazyRound lr = lazy_round(a.shape, a.layers, B, T_max, L, n);
+  r.model_bytes += lr.delta;
+  r.moved_bytes += lr.delta;
+  fmt::print(stderr,
+             "kda_bench: [round] lazy T={} B={}: a fold every {:.2f} rounds, {:.2f} history steps "
+             "a verify (L={}, {} accepted)\n",
+             T, B, static_cast<double>(lr.rounds) / std::max(lr.folds, 1), lr.history, L, n);
+  if (a.guard) {
+    std::vector<VerifyParams> eager_params;
+    for (int l = 0; l < a.layers; ++l) {
+      eager_params.push_back(problem.verify_params(l, T, RecordMode::kRing));
+    }
+    OutputDiff diff;
+    run_round_guard(ctx, problem, v, eager.bv, bv, state, eager_params,
+                    problem.commit_params(T, RecordMode::kRing, a.layers), params, cp, &diff);
+    r.diff = diff;
+  } else {
+    note(ctx,
+         "lazy rounds: no §10 (b) statistics with --skip-guard (the round guard measures "
+         "them)");
+  }
+  time_round(ctx, problem, v, bv, params, cp, "lazy round", r);
+  return r;
+}
+
 /// Contract §10 (b) for a fast round: every layer's fast verify (`params`, copy = layer) against
 /// its exact twin (FastCheck), untimed; the records and windows must be exact's.
 OutputDiff fast_round_diff(BenchContext& ctx, FastCheck& check,
@@ -836,6 +897,9 @@ void run_round_phase(BenchContext& ctx) {
                 fast ? ", fast outputs" : "",
                 deferred->timing.median_us < r.timing.median_us ? "deferred" : "eager", T, B,
                 deferred->timing.median_us, r.timing.median_us);
+          }
+          if (fast && variant_is_fused(v)) {
+            (void)run_lazy_round(ctx, problem, v, bv, T, B, r);
           }
         }
       }
