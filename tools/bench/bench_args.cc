@@ -223,8 +223,9 @@ Sweep:
                          every layer's verify in one untimed step (each layer's exact and fast
                          verify on the same projection output; the step then goes on with the
                          fast outputs). Their records and conv windows must be bitwise exact's.
-                         Fast fused+ring rounds also time the lazy write-back (contract §11,
-                         +lazy: L <= 16; the commit's folds every few rounds, the history read).
+                         Fast fused+ring rounds and steps also time the lazy write-back
+                         (contract §11, +lazy: L <= 16; the commit's folds every few rounds, the
+                         history read; a lazy step's share is set against the exact eager one).
   --phases LIST          verify,commit,round,step or all (default verify)
                          commit: fold (ring), snapshot commit and conv commit of all layers;
                          round: every layer's verify + the commit in one graph;

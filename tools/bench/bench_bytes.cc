@@ -97,8 +97,8 @@ LazyRound lazy_round(const Shape& s, int layers, int B, int T_max, int L, int ac
   return r;
 }
 
-StepBytes step_kda_bytes(const Shape& s, int layers, int B, int T,
-                         const std::vector<int>& accepted) {
+StepBytes step_kda_bytes(const Shape& s, int layers, int B, int T, const std::vector<int>& accepted,
+                         int T_max, int L) {
   int64_t sum = 0;
   for (const int n : accepted) {
     sum += n;
@@ -111,6 +111,12 @@ StepBytes step_kda_bytes(const Shape& s, int layers, int B, int T,
   b.ring = verify_ring + all.fold + int64_t{layers} * sum * ring_step_bytes(s) + all.conv;
   b.deferred = b.ring + deferred_round_delta(s, layers, B, T, sum);
   b.snapshot = verify_snap + all.snapshot + all.conv;
+  if (T_max > 0 && L > 0) {
+    b.lazy = b.ring;
+    for (const int n : accepted) {
+      b.lazy += lazy_round(s, layers, 1, T_max, L, n).delta;
+    }
+  }
   return b;
 }
 

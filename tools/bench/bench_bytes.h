@@ -82,14 +82,17 @@ LazyRound lazy_round(const Shape& s, int layers, int B, int T_max, int L, int ac
 
 /// The KDA share of one step (contract §6 "step"): every layer's verify of B requests of T tokens
 /// plus the commit of all layers, request i accepting accepted[i] steps (1..T). The step's GEMMs
-/// are not part of it. Deferred ring mode moves the fewest bytes: its model is the two-pass floor.
+/// are not part of it. Deferred ring mode's model is the two-pass floor.
 struct StepBytes {
   int64_t ring = 0;      ///< eager ring: verifies + fold (three state passes) + conv commit
   int64_t deferred = 0;  ///< deferred ring: ring + deferred_round_delta (two state passes)
   int64_t snapshot = 0;  ///< snapshot mode: verifies (with snapshots) + snapshot copy + conv
+  /// The lazy write-back on a ring of L (T_max, L given; else 0): ring + each request's
+  /// lazy_round delta (its own accepted length every step).
+  int64_t lazy = 0;
 };
-StepBytes step_kda_bytes(const Shape& s, int layers, int B, int T,
-                         const std::vector<int>& accepted);
+StepBytes step_kda_bytes(const Shape& s, int layers, int B, int T, const std::vector<int>& accepted,
+                         int T_max = 0, int L = 0);
 /// The step's accepted lengths (contract §6 "step": seeded random 1..T): request i's, uniform in
 /// [1, T], from (seed, T, B) alone.
 std::vector<int> step_accepted(uint64_t seed, int T, int B);

@@ -451,6 +451,13 @@ TEST_CASE("kda_bench bytes: the step's KDA share model", "[tools][bench]") {
   const CommitBytes c = commit_bytes(kimi, 20, 3, 4);
   CHECK(all4.ring == 20 * verify + c.fold + c.conv);
   CHECK(all4.deferred == all4.ring + deferred_round_delta(kimi, 20, 3, 4, 12));
+  CHECK(all4.lazy == 0);  // no ring given
+  // The lazy step: each request's lazy round (its own accepted length every step).
+  const StepBytes mixed = step_kda_bytes(kimi, 20, 3, 4, {4, 1, 2}, 4, 16);
+  CHECK(mixed.lazy == mixed.ring + lazy_round(kimi, 20, 1, 4, 16, 4).delta +
+                          lazy_round(kimi, 20, 1, 4, 16, 1).delta +
+                          lazy_round(kimi, 20, 1, 4, 16, 2).delta);
+  CHECK(mixed.lazy < mixed.deferred);
   // The accepted lengths: in [1, T], reproducible, and they vary with the seed and the batch.
   for (const int T : {1, 4, 8}) {
     const std::vector<int> n = step_accepted(0, T, 64);
@@ -801,16 +808,20 @@ TEST_CASE("kda_bench report: fast step rows stay out of the step advice", "[tool
   };
   add("fused+ring", VerifyNumerics::kExact, 400.0);
   add("fused+ring+deferred", VerifyNumerics::kExact, 380.0);
-  add("fused+ring", VerifyNumerics::kFast, 300.0);  // faster, but another numerics
+  add("fused+ring", VerifyNumerics::kFast, 300.0);       // faster, but another numerics
+  add("fused+ring+lazy", VerifyNumerics::kFast, 250.0);  // fast only: against exact eager
   const StepAdvice a = step_advice(rows, args);
   REQUIRE(a.entries.size() == 1);
   CHECK(a.entries[0].eager_us == 400.0);
   CHECK(a.entries[0].defer);
   const std::vector<FastStepEntry> f = fast_step_entries(rows);
-  REQUIRE(f.size() == 1);
+  REQUIRE(f.size() == 2);
   CHECK(f[0].what == "fused+ring");
   CHECK(f[0].exact_share_us == 300.0);
   CHECK(f[0].fast_share_us == 200.0);
+  CHECK(f[1].what == "fused+ring+lazy");
+  CHECK(f[1].exact_share_us == 300.0);
+  CHECK(f[1].fast_share_us == 150.0);
 }
 
 }  // namespace kda::bench

@@ -293,8 +293,13 @@ std::vector<FastStepEntry> fast_step_entries(const std::vector<Row>& rows) {
     if (f.phase != Phase::kStep || f.numerics != VerifyNumerics::kFast) {
       continue;
     }
+    // A lazy step (fast only) against the exact eager step of its variant.
+    const std::string lazy = "+lazy";
+    const bool is_lazy = f.what.size() > lazy.size() &&
+                         f.what.compare(f.what.size() - lazy.size(), lazy.size(), lazy) == 0;
+    const std::string exact_what = is_lazy ? f.what.substr(0, f.what.size() - lazy.size()) : f.what;
     for (const Row& e : rows) {
-      if (e.phase == Phase::kStep && e.numerics == VerifyNumerics::kExact && e.what == f.what &&
+      if (e.phase == Phase::kStep && e.numerics == VerifyNumerics::kExact && e.what == exact_what &&
           e.T == f.T && e.B == f.B) {
         out.push_back({f.T, f.B, f.what, e.share_us, f.share_us});
         break;

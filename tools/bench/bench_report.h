@@ -144,10 +144,11 @@ void print_step_advice(const StepAdvice& advice);
 /// A fast step row beside the exact step row of the same variant and commit, (T, B).
 struct FastStepEntry {
   int T = 0, B = 0;
-  std::string what;                                  ///< the variant (+deferred)
+  std::string what;                                  ///< the variant (+deferred, +lazy)
   double exact_share_us = 0.0, fast_share_us = 0.0;  ///< the KDA shares
 };
-/// Every fast step row of `rows` with its exact twin, in row order.
+/// Every fast step row of `rows` with its exact twin (a +lazy row: the exact eager step of its
+/// variant), in row order.
 std::vector<FastStepEntry> fast_step_entries(const std::vector<Row>& rows);
 
 /// Writes every row to `path` (.csv or .json; JSON adds the run info and recommendation).

@@ -186,11 +186,12 @@ void enqueue_step(const StepModel& m, const StepGemms& g, const Problem& problem
 }
 
 /// A step's KDA part for `v` in eager or deferred mode, numerics `nm` (layer params on the
-/// projection views). The tile: the first of BenchArgs::block_vs (a fast one in fast numerics;
-/// needs one); an exact deferred verify takes the deferred rule's, a fast one keeps the fast tile.
+/// projection views); `lazy` (with `deferred`'s counts, fast numerics): the lazy write-back
+/// (contract §11). The tile: the first of BenchArgs::block_vs (a fast one in fast numerics; needs
+/// one); an exact deferred verify takes the deferred rule's, a fast one keeps the fast tile.
 StepKda make_kda(const BenchContext& ctx, const Problem& problem, const StepModel& m, Variant v,
                  int T, int B, const DeferredState* deferred,
-                 VerifyNumerics nm = VerifyNumerics::kExact) {
+                 VerifyNumerics nm = VerifyNumerics::kExact, bool lazy = false) {
   const BenchArgs& a = ctx.args;
   const RecordMode mode = variant_mode(v);
   const std::vector<int> bvs = a.block_vs(v, nm, B, T);
@@ -199,14 +200,20 @@ StepKda make_kda(const BenchContext& ctx, const Problem& problem, const StepMode
   if (deferred != nullptr && nm == VerifyNumerics::kExact) {
     k.bv = deferred_bv(ctx, v, T, B, k.bv);
   }
+  KDA_CHECK(!lazy || (deferred != nullptr && nm == VerifyNumerics::kFast),
+            "step: a lazy step takes the counts and the fast outputs");
   for (int l = 0; l < a.layers; ++l) {
     VerifyParams p = with_numerics(m.on_projection(problem.verify_params(l, T, mode)), nm);
     // Fast outputs record no u: their deferred commit is u-free.
-    k.verifies.push_back(deferred != nullptr ? deferred->deferred(p, l, nm == VerifyNumerics::kFast)
-                                             : p);
+    k.verifies.push_back(lazy ? deferred->lazy(p, l)
+                         : deferred != nullptr
+                             ? deferred->deferred(p, l, nm == VerifyNumerics::kFast)
+                             : p);
   }
   const CommitParams cp = problem.commit_params(T, mode, a.layers);
-  k.commit = deferred != nullptr ? deferred->deferred(cp, nm == VerifyNumerics::kFast) : cp;
+  k.commit = lazy                  ? deferred->lazy(cp)
+             : deferred != nullptr ? deferred->deferred(cp, nm == VerifyNumerics::kFast)
+                                   : cp;
   return k;
 }
 
@@ -252,6 +259,7 @@ std::vector<bf16_t> download_bf16(const void* src, int64_t elems, cudaStream_t s
 /// pending steps to fold). Notes name what is left out.
 struct FastSteps {
   bool eager = false, deferred = false;
+  bool lazy = false;  ///< the lazy write-back's fast step (a ring of 2 T_max <= L <= 16)
 };
 FastSteps fast_steps(BenchContext& ctx, const Problem& problem, const StepModel& m,
                      const DeferredState& deferred, int T, int B) {
@@ -285,6 +293,17 @@ FastSteps fast_steps(BenchContext& ctx, const Problem& problem, const StepModel&
     if (!runs) {
       break;  // no deferred fast step without an eager one
     }
+  }
+  const int L = problem.config().L, T_max = problem.config().T_max;
+  if (f.eager && L <= kFastMaxChunk && 2 * T_max <= L) {
+    const StepKda kda = make_kda(ctx, problem, m, Variant::kFusedRing, T, B, &deferred,
+                                 VerifyNumerics::kFast, /*lazy=*/true);
+    f.lazy = planned_layers(kda.variant, kda.bv, kda.verifies, a.launch).numerics ==
+             VerifyNumerics::kFast;
+  } else if (f.eager) {
+    note(ctx, fmt::format("fused+ring+lazy (step) T={}: a ring of L={} does not hold a lazy "
+                          "history (2 T_max <= L <= {})",
+                          T, L, kFastMaxChunk));
   }
   return f;
 }
@@ -367,6 +386,7 @@ void run_step_guard(BenchContext& ctx, const Problem& problem, const StepModel& 
     bool deferred;
     VerifyNumerics numerics;
     Against against;
+    bool lazy = false;  ///< with `deferred`: the lazy write-back
   };
   const VerifyNumerics kExact = VerifyNumerics::kExact, kFast = VerifyNumerics::kFast;
   std::vector<Mode> modes = {
@@ -381,6 +401,9 @@ void run_step_guard(BenchContext& ctx, const Problem& problem, const StepModel& 
   if (fast.deferred) {
     modes.push_back({"fast deferred", Variant::kFusedRing, true, kFast, Against::kExactLayer0});
   }
+  if (fast.lazy) {
+    modes.push_back({"fast lazy", Variant::kFusedRing, true, kFast, Against::kExactLayer0, true});
+  }
   const int64_t layer0_elems = int64_t{B} * T * a.shape.HV * a.shape.V;
   std::vector<std::pair<std::string, OutputDiff>> layer0_diffs;
   bool first_fast = true;
@@ -388,7 +411,7 @@ void run_step_guard(BenchContext& ctx, const Problem& problem, const StepModel& 
     start.restore(problem, stream);
     deferred.reset(stream);
     const StepKda kda = make_kda(ctx, problem, m, mode.variant, T, B,
-                                 mode.deferred ? &deferred : nullptr, mode.numerics);
+                                 mode.deferred ? &deferred : nullptr, mode.numerics, mode.lazy);
     const bool saves_fast = mode.against == Against::kExactLayer0 && first_fast;
     OutputDiff layer0;
     replay_in_graph(
@@ -619,7 +642,7 @@ void run_step_phase(BenchContext& ctx) {
       if (a.guard) {
         run_step_guard(ctx, problem, model, gemms, deferred, T, B, fast);
       }
-      const StepBytes bytes = step_kda_bytes(a.shape, a.layers, B, T, accepted);
+      const StepBytes bytes = step_kda_bytes(a.shape, a.layers, B, T, accepted, cfg.T_max, cfg.L);
       std::vector<Row> rows;
       Row gemm_only = step_row(ctx, "gemm-only", Variant::kFusedRing, 0, T, B);
       gemm_only.fused = false;
@@ -637,15 +660,18 @@ void run_step_phase(BenchContext& ctx) {
           if (is_fast && (!variant_takes_fast(v) || !fast.eager)) {
             continue;  // fast_steps() noted why
           }
-          for (const bool defer : {false, true}) {
-            if ((defer && !ring) || (defer && is_fast && !fast.deferred)) {
+          // 0: eager, 1: deferred, 2: the lazy write-back (fast fused+ring steps only).
+          for (const int commit : {0, 1, 2}) {
+            const bool defer = commit != 0, lazy = commit == 2;
+            if ((defer && !ring) || (commit == 1 && is_fast && !fast.deferred) ||
+                (lazy && (!is_fast || v != Variant::kFusedRing || !fast.lazy))) {
               continue;
             }
             deferred.reset(ctx.stream);
             const StepKda kda =
-                make_kda(ctx, problem, model, v, T, B, defer ? &deferred : nullptr, nm);
-            Row r = step_row(ctx, std::string(variant_name(v)) + (defer ? "+deferred" : ""), v,
-                             kda.bv, T, B);
+                make_kda(ctx, problem, model, v, T, B, defer ? &deferred : nullptr, nm, lazy);
+            const char* suffix = lazy ? "+lazy" : defer ? "+deferred" : "";
+            Row r = step_row(ctx, std::string(variant_name(v)) + suffix, v, kda.bv, T, B);
             const PlannedLayers plan = planned_layers(v, kda.bv, kda.verifies, a.launch);
             r.kernel = plan.kernel;
             r.numerics = plan.numerics;
@@ -653,8 +679,8 @@ void run_step_phase(BenchContext& ctx) {
               r.diff = step_output_diff(ctx, problem, model, gemms, kda, *check, T, B);
             } else if (is_fast) {
               note(ctx,
-                   "fast deferred steps: no §10 (b) statistics (their verifies fold pending steps "
-                   "into the state: no exact twin on the same inputs; the step guard compares "
+                   "fast deferred and lazy steps: no §10 (b) statistics (their verifies read "
+                   "pending steps: no exact twin on the same inputs; the step guard compares "
                    "layer 0's)");
             }
             fmt::print(stderr, "kda_bench: [step] {} {}: {}\n", r.what, numerics_name(r.numerics),
@@ -665,7 +691,10 @@ void run_step_phase(BenchContext& ctx) {
                 timer);
             check_error_flag(ctx, problem, "step");
             finish_share(ctx, r, gemm_us,
-                         !ring ? bytes.snapshot : (defer ? bytes.deferred : bytes.ring));
+                         !ring   ? bytes.snapshot
+                         : lazy  ? bytes.lazy
+                         : defer ? bytes.deferred
+                                 : bytes.ring);
             print_row(r);
             rows.push_back(r);
           }
