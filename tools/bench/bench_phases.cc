@@ -702,6 +702,19 @@ void run_round_guard(BenchContext& ctx, const Problem& problem, Variant v, int e
              kRoundGuardReplays);
 }
 
+/// run_round_guard against the plain eager ring round of the problem's layers (tile eager_bv).
+void run_round_guard_against_eager(BenchContext& ctx, const Problem& problem, Variant v,
+                                   int eager_bv, int bv, const DeferredState& state, int T,
+                                   const std::vector<VerifyParams>& params, const CommitParams& cp,
+                                   OutputDiff* diff) {
+  std::vector<VerifyParams> eager;
+  for (int l = 0; l < ctx.args.layers; ++l) {
+    eager.push_back(problem.verify_params(l, T, RecordMode::kRing));
+  }
+  run_round_guard(ctx, problem, v, eager_bv, bv, state, eager,
+                  problem.commit_params(T, RecordMode::kRing, ctx.args.layers), params, cp, diff);
+}
+
 /// The same round with the deferred commit (contract §7): each layer's verify first folds the
 /// previous replay's accepted steps (n per request, from device pending counts and ring
 /// cursors) and writes the state back; the commit records the counts and commits the conv
@@ -740,14 +753,9 @@ std::optional<Row> run_deferred_round(BenchContext& ctx, const Problem& problem,
   r.model_bytes += delta;
   r.moved_bytes += delta;
   if (a.guard) {
-    std::vector<VerifyParams> eager_params;
-    for (int l = 0; l < a.layers; ++l) {
-      eager_params.push_back(problem.verify_params(l, T, RecordMode::kRing));
-    }
     OutputDiff diff;
-    run_round_guard(ctx, problem, v, eager.bv, bv, state, eager_params,
-                    problem.commit_params(T, RecordMode::kRing, a.layers), params, cp,
-                    fast ? &diff : nullptr);
+    run_round_guard_against_eager(ctx, problem, v, eager.bv, bv, state, T, params, cp,
+                                  fast ? &diff : nullptr);
     if (fast) {
       r.diff = diff;
     }
@@ -804,13 +812,8 @@ std::optional<Row> run_lazy_round(BenchContext& ctx, const Problem& problem, Var
              "a verify (L={}, {} accepted)\n",
              T, B, static_cast<double>(lr.rounds) / std::max(lr.folds, 1), lr.history, L, n);
   if (a.guard) {
-    std::vector<VerifyParams> eager_params;
-    for (int l = 0; l < a.layers; ++l) {
-      eager_params.push_back(problem.verify_params(l, T, RecordMode::kRing));
-    }
     OutputDiff diff;
-    run_round_guard(ctx, problem, v, eager.bv, bv, state, eager_params,
-                    problem.commit_params(T, RecordMode::kRing, a.layers), params, cp, &diff);
+    run_round_guard_against_eager(ctx, problem, v, eager.bv, bv, state, T, params, cp, &diff);
     r.diff = diff;
   } else {
     note(ctx,
