@@ -12,10 +12,13 @@
 //     ring_cursor  [S]                          i32   ring base c: a verify's step t goes to
 //                                                     ring position (c + t) mod L (contract §7)
 //     ring_pending [layers, S]                  i32   deferred commit: steps of the ring that
-//                                                     the next verify (or materialize) folds
-//     ring_u       [layers, S, HV, L, V]        f32   deferred commit only
-//     (config.deferred_commit):
-//                                                     each step's u, which those folds replay
+//                                                     the next verify (or materialize) folds;
+//                                                     lazy write-back (contract §11): steps the
+//                                                     commit folds once the next draft would not
+//                                                     fit (at most L - T_max: the ring's capacity)
+//     ring_u       [layers, S, HV, L, V]        f32   deferred commit only, not the lazy
+//     (config.deferred_commit, !lazy_commit):         write-back: each step's u, which those
+//                                                     folds replay
 //   indexed by scratch row (the batch position by default; valid between verify and commit):
 //     conv_window  [layers, R, T_max, W-1, D]   bf16  window after consuming token t
 //     snapshots    [layers, R, T_max, HV, V, K] f32   snapshot mode only: state after token t
@@ -27,7 +30,8 @@
 //
 // Deferred commit (contract §7): with pending steps, a slot's ssm_state is the state before
 // them: the committed state is materialized (folded) by the slot's next verify of each layer
-// or by KdaAttentionBackend::materialize. Read or copy ssm_state only with no steps pending
+// or by KdaAttentionBackend::materialize (the lazy write-back: by the commit that fills the
+// ring, or materialize). Read or copy ssm_state only with no steps pending
 // (ring_pending zero for the slot in every layer), e.g. right after materialize.
 // Ownership: the pool owns the memory it allocates (kda::Buffer, RAII) on config.device, host or
 // CUDA, from cudaMalloc / aligned_alloc or from the engine's Allocator (PoolStorage::allocator,
