@@ -55,8 +55,9 @@ constexpr FlagSpec kFlags[] = {
      "auto|N", "fused verify V tile", nullptr},
     {"--kda-deferred-commit", FlagKind::kChoice, 0, 3, &EngineFlags::deferred_commit, nullptr,
      "auto|on|off|lazy",
-     "ring mode: fold the accepted steps inside the next verify (auto: where the step "
-     "benchmark measured it faster on the nearest measured card, dispatch/commit_policy.h); "
+     "ring mode: fold the accepted steps inside the next verify (auto: lazy or deferred where the "
+     "step benchmark measured it faster on the nearest measured card, dispatch/lazy_policy.h, "
+     "dispatch/commit_policy.h); "
      "lazy: verifies fold nothing (fast outputs over the pending steps), the commit folds when "
      "the ring is full (L <= 16)",
      kDeferredCommitNames},

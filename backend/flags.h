@@ -14,8 +14,10 @@
 //                                      8|16|32|64|128
 //   --kda-deferred-commit auto|on|off|lazy  ring mode: commit only records the accepted length
 //                                      and the next verify folds it (contract §7); auto
-//                                      (default): dispatch/commit_policy.h's measured rule (the
-//                                      step table of the measured card nearest to the device);
+//                                      (default): lazy where dispatch/lazy_policy.h's measured
+//                                      rule says it pays and the configuration allows it (as
+//                                      below), else dispatch/commit_policy.h's rule (the step
+//                                      tables of the measured card nearest to the device);
 //                                      lazy: the lazy write-back (contract §11): verifies fold
 //                                      nothing (their fast outputs take the pending steps as
 //                                      history), the commit folds a slot's pending steps when

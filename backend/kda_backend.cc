@@ -11,40 +11,66 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "dispatch/commit_policy.h"
+#include "dispatch/lazy_policy.h"
 #include "dispatch/numerics_policy.h"
 
 namespace kda {
 
 namespace {
 
-// Whether the backend defers its commits (contract §7): ring mode only; on, or auto where
-// dispatch/commit_policy.h's measured rule says it pays on the step (contract §6) for the
-// configured batch on the measured card nearest to the device (by its peak memory bandwidth).
-bool defers_commit(const ModelConfig& m, const EngineFlags& f, const Platform& platform) {
-  // Trees commit eagerly: an accepted path is not a contiguous ring range (flags reject on).
+// The backend's commit (contract §7, §11), decided once: eager, deferred or the lazy write-back.
+enum class CommitMode { kEager, kDeferred, kLazy };
+
+// Whether --kda-deferred-commit auto may take the lazy write-back at all: ring chains whose
+// verifies may run fast outputs on the fused path, a ring short enough for one fast chunk, and a
+// kernel set that runs it. Whether it pays is dispatch/lazy_policy.h's measured rule.
+bool lazy_is_possible(const EngineFlags& f, const KernelSet& kernels) {
+  return f.replayssm_spec && !f.tree_drafts() && f.fused_verify &&
+         f.numerics_request() != NumericsRequest::kExact &&
+         f.replayssm_cache_len <= kFastMaxChunk &&
+         f.replayssm_cache_len >= 2 * f.num_draft_tokens && kernels.runs_lazy_write_back();
+}
+
+// Ring mode only (trees commit eagerly: an accepted path is not a contiguous ring range; flags
+// reject on and lazy there). on / lazy / off as asked; auto: lazy where dispatch/lazy_policy.h's
+// rule says the lazy step beats every other step the numerics request could run, else deferred
+// where dispatch/commit_policy.h's rule says it pays, for the configured batch on the measured
+// card nearest to the device (by its peak memory bandwidth).
+CommitMode commit_mode(const ModelConfig& m, const EngineFlags& f, const Platform& platform,
+                       const KernelSet& kernels, const BackendOptions& o) {
   if (!f.replayssm_spec || f.tree_drafts()) {
-    return false;
+    return CommitMode::kEager;
   }
   switch (static_cast<DeferredCommit>(f.deferred_commit)) {
     case DeferredCommit::kOn:
+      return CommitMode::kDeferred;
     case DeferredCommit::kLazy:
-      return true;
+      return CommitMode::kLazy;
     case DeferredCommit::kOff:
-      return false;
+      return CommitMode::kEager;
     case DeferredCommit::kAuto:
       break;
   }
+  const LazyPolicyCard& lazy_table = o.lazy_policy_table != nullptr
+                                         ? *o.lazy_policy_table
+                                         : nearest_lazy_policy_card(platform.memory_gbps);
+  if (lazy_is_possible(f, kernels) &&
+      lazy_write_back_pays(lazy_table,
+                           {m.H, m.HV, m.K, m.V, f.replayssm_cache_len, f.num_draft_tokens,
+                            f.max_running_requests, f.numerics_request()})) {
+    return CommitMode::kLazy;
+  }
   return deferred_commit_pays(
-      {m.HV, m.K, m.V, f.max_running_requests, f.num_draft_tokens, platform.memory_gbps});
+             {m.HV, m.K, m.V, f.max_running_requests, f.num_draft_tokens, platform.memory_gbps})
+             ? CommitMode::kDeferred
+             : CommitMode::kEager;
 }
 
 // Whether a deferred commit keeps u records: only where every verify's outputs are exact. Where
 // the outputs may be fast (--kda-verify-numerics fast, or auto on a card whose table picks fast
-// for this model) the commit is u-free: the chunked outputs compute no exact per-step u.
+// for this model) the commit is u-free: the chunked outputs compute no exact per-step u. The lazy
+// write-back keeps none (its verify's outputs are fast, contract §11).
 bool keeps_u_records(const ModelConfig& m, const EngineFlags& f, const Platform& platform) {
-  if (f.lazy_write_back()) {
-    return false;  // the lazy verify's outputs are fast (contract §11)
-  }
   switch (f.numerics_request()) {
     case NumericsRequest::kExact:
       return true;
@@ -58,7 +84,8 @@ bool keeps_u_records(const ModelConfig& m, const EngineFlags& f, const Platform&
 }
 
 PoolConfig make_pool_config(const ModelConfig& m, const EngineFlags& f, const Device& device,
-                            const Platform& platform, const BackendOptions& o) {
+                            const Platform& platform, const KernelSet& kernels,
+                            const BackendOptions& o) {
   KDA_CHECK(o.extra_slots >= 0 &&
                 o.extra_slots <= std::numeric_limits<int>::max() - f.max_running_requests,
             "BackendOptions.extra_slots: expected in [0, {}], got {}",
@@ -74,9 +101,10 @@ PoolConfig make_pool_config(const ModelConfig& m, const EngineFlags& f, const De
   c.T_max = f.num_draft_tokens;
   c.ring_mode = f.replayssm_spec;
   c.ring_len = f.replayssm_cache_len;
-  c.deferred_commit = defers_commit(m, f, platform);
-  c.deferred_u_records = keeps_u_records(m, f, platform);  // ring_u (kda_state_pool.h)
-  c.lazy_commit = c.deferred_commit && f.lazy_write_back();
+  const CommitMode mode = commit_mode(m, f, platform, kernels, o);
+  c.deferred_commit = mode != CommitMode::kEager;
+  c.lazy_commit = mode == CommitMode::kLazy;
+  c.deferred_u_records = !c.lazy_commit && keeps_u_records(m, f, platform);  // ring_u
   c.device = device;
   c.memory_budget_bytes = o.memory_budget_bytes;
   return c;
@@ -187,14 +215,14 @@ KdaAttentionBackend::KdaAttentionBackend(const ModelConfig& model, const EngineF
       kernels_(non_null(std::move(kernels))),
       device_(device_for(*kernels_, model_, flags_)),
       platform_(platform_for(device_, options)),
-      pool_(make_pool_config(model_, flags_, device_, platform_, options),
+      pool_(make_pool_config(model_, flags_, device_, platform_, *kernels_, options),
             PoolStorage{options.allocator, options.allocation_stream, options.external_pool}),
       weights_(static_cast<size_t>(model.num_layers)),
       indices_(device_, flags.max_running_requests, flags.num_draft_tokens, pool_.num_slots(),
                options.allocator, options.allocation_stream),
       error_flag_(zeroed_flag(device_, options)),
       round_(model.num_layers),
-      deferred_(defers_commit(model_, flags_, platform_)),
+      deferred_(pool_.config().deferred_commit),
       lazy_(pool_.config().lazy_commit),
       verify_ran_(static_cast<size_t>(model.num_layers), 0),
       checked_accepted_(device_, int64_t{flags.max_running_requests} * 4, options.allocator,

@@ -58,6 +58,7 @@
 #include "core/buffer.h"
 #include "core/platform.h"
 #include "core/tensor_view.h"
+#include "dispatch/lazy_policy.h"
 #include "dispatch/verify_dispatch.h"
 #include "kernels/kernel_set.h"
 #include "memory_pool/kda_state_pool.h"
@@ -69,6 +70,10 @@ struct BackendOptions {
   /// Pretend a platform for the dispatcher (tests, tools); default: detect_platform(device)
   /// for CUDA, "no device" (family other) for the host kernel set.
   std::optional<Platform> platform_override;
+  /// --kda-deferred-commit auto's lazy write-back table (dispatch/lazy_policy.h; rows made by
+  /// tools/bench/make_auto_table.py --table lazy on the engine's own card), read at construction
+  /// only; null (default): the built-in table of the measured card nearest to the device.
+  const LazyPolicyCard* lazy_policy_table = nullptr;
   /// Pool memory budget in bytes (0 = none); construction throws kOutOfMemory above it.
   int64_t memory_budget_bytes = 0;
   /// State slots beyond --max-running-requests (S = max_running_requests + extra_slots), for
@@ -294,11 +299,12 @@ class KdaAttentionBackend {
   void materialize(const std::vector<int32_t>& slots, cudaStream_t stream);
   /// Whether commits are deferred (--kda-deferred-commit and ring mode; fixed at construction).
   bool deferred_commit() const { return deferred_; }
-  /// Whether the deferred commit is the lazy write-back (--kda-deferred-commit lazy, contract
-  /// §11): verifies fold nothing and write no state (their fast outputs take a slot's pending
-  /// steps as history); the commit folds a slot's pending steps when the next draft would not fit
-  /// its ring (or at --kda-lazy-fold-interval). materialize() and prepare_extend fold them as with
-  /// the deferred commit; abort_round() has nothing to undo.
+  /// Whether the deferred commit is the lazy write-back (--kda-deferred-commit lazy, or auto
+  /// where dispatch/lazy_policy.h's table says it pays; contract §11): verifies fold nothing and
+  /// write no state (their fast outputs take a slot's pending steps as history); the commit folds a
+  /// slot's pending steps when the next draft would not fit its ring (or at
+  /// --kda-lazy-fold-interval). materialize() and prepare_extend fold them as with the deferred
+  /// commit; abort_round() has nothing to undo.
   bool lazy_write_back() const { return lazy_; }
 
   RoundKind round_kind() const { return round_.kind(); }
@@ -349,8 +355,8 @@ class KdaAttentionBackend {
   BatchIndices indices_;
   Buffer error_flag_;  // [1] int32 on the device; CommitParams::error_flag
   RoundTracker round_;
-  bool deferred_ = false;  // ring mode with --kda-deferred-commit on (or auto, measured) or lazy
-  bool lazy_ = false;      // --kda-deferred-commit lazy (with deferred_)
+  bool deferred_ = false;  // ring mode with --kda-deferred-commit on or lazy (or auto, measured)
+  bool lazy_ = false;      // --kda-deferred-commit lazy (or auto, measured; with deferred_)
   // Per layer of the round: its verify was enqueued for execution (not captured into a graph),
   // so it folds the layer's pending steps; abort_round drops those layers' counts only.
   std::vector<uint8_t> verify_ran_;

@@ -10,7 +10,8 @@
 // layers, extend and a released and reused slot while steps are pending. Every pending count
 // stays within the ring's capacity (L - T_max) and the commit folds as the ring fills. The
 // decisions name the lazy history; the pool keeps no u records; a kernel set without the lazy
-// write-back is refused at construction.
+// write-back is refused at construction. --kda-deferred-commit auto goes lazy exactly where its
+// table (dispatch/lazy_policy.h) says so and the configuration allows it.
 //
 // Host kernel set only: the CUDA fast kernel takes no pending history yet.
 #include <algorithm>
@@ -252,4 +253,80 @@ TEST_CASE("backend lazy: the pool, the report and the kernel set", "[backend][la
   CHECK(p.eager.backend->memory_report().lazy_pending_capacity == 0);
   // u records cost nothing in the lazy pool: its rings are the eager pool's.
   CHECK(r.ring_per_slot == p.eager.backend->memory_report().ring_per_slot);
+}
+
+TEST_CASE("backend lazy: auto takes the lazy write-back where its table says it pays",
+          "[backend][lazy][auto]") {
+  // An engine-measured table (BackendOptions::lazy_policy_table) for the fixture's model at
+  // L = 16, T = kT: at B >= 2 the lazy step's KDA share (100 us) beats the best fast step's
+  // (150 us) and every exact one; at B = 1 it does not (the fast eager share is 100.5 us: within
+  // kLazyMinGainPct). The commit table has no row of this model, so elsewhere auto commits eagerly.
+  const ModelConfig m = model_for(kGqaCase);
+  const LazyPolicyRow rows[] = {
+      {m.H, m.HV, m.K, m.V, 16, kT, 1, 1300.0, 1310.0, 1100.5, 1120.0, 1100.0, 1000.0},
+      {m.H, m.HV, m.K, m.V, 16, kT, 2, 1300.0, 1310.0, 1150.0, 1160.0, 1100.0, 1000.0},
+  };
+  const LazyPolicyCard card = {"engine card", 3352.0, rows, std::size(rows)};
+  const auto mode_of = [&](NumericsRequest numerics, int L, int max_batch, bool fused = true) {
+    EngineFlags f = flags_for(/*ring=*/true, /*deferred=*/false);
+    f.deferred_commit = static_cast<int>(DeferredCommit::kAuto);
+    f.verify_numerics = static_cast<int>(numerics);
+    f.replayssm_cache_len = L;
+    f.max_running_requests = max_batch;
+    f.fused_verify = fused;
+    BackendOptions o;
+    o.lazy_policy_table = &card;
+    Harness h(m, f, fake_platform(9, 0), o);
+    const PoolConfig& c = h.pool().config();
+    CHECK(c.lazy_commit == h.backend->lazy_write_back());
+    CHECK(c.deferred_commit == h.backend->deferred_commit());
+    CHECK((c.lazy_commit && c.deferred_u_records) == false);
+    return h.backend->lazy_write_back()   ? "lazy"
+           : h.backend->deferred_commit() ? "deferred"
+                                          : "eager";
+  };
+  CHECK(std::string(mode_of(NumericsRequest::kFast, 16, kMaxRunning)) == "lazy");
+  CHECK(std::string(mode_of(NumericsRequest::kAuto, 16, kMaxRunning)) == "lazy");
+  CHECK(std::string(mode_of(NumericsRequest::kFast, 16, 2)) == "lazy");
+  // The row's gain within the noise margin, no row below the smallest measured B, another L, exact
+  // outputs, the unfused path: no lazy write-back.
+  CHECK(std::string(mode_of(NumericsRequest::kFast, 16, 1)) == "eager");
+  CHECK(std::string(mode_of(NumericsRequest::kFast, 8, kMaxRunning)) == "eager");
+  CHECK(std::string(mode_of(NumericsRequest::kExact, 16, kMaxRunning)) == "eager");
+  CHECK(std::string(mode_of(NumericsRequest::kFast, 16, kMaxRunning, /*fused=*/false)) == "eager");
+  // The lazy backend auto chose runs rounds as --kda-deferred-commit lazy's does.
+  {
+    EngineFlags f = flags_for(/*ring=*/true, /*deferred=*/false);
+    f.deferred_commit = static_cast<int>(DeferredCommit::kAuto);
+    f.verify_numerics = static_cast<int>(NumericsRequest::kFast);
+    f.replayssm_cache_len = 16;
+    BackendOptions o;
+    o.lazy_policy_table = &card;
+    Harness by_auto(m, f, fake_platform(9, 0), o);
+    Harness by_flag(m, lazy_flags(16, 0), fake_platform(9, 0));
+    REQUIRE(by_auto.backend->lazy_write_back());
+    std::mt19937 rng(5);
+    for (int round = 0; round < 12; ++round) {
+      const RandomRound rr = random_round(rng, by_auto.pool().num_slots());
+      const auto a = verify_all(by_auto, rr.batch, 300 + round);
+      const auto b = verify_all(by_flag, rr.batch, 300 + round);
+      for (int layer = 0; layer < kLayers; ++layer) {
+        CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
+                        b[static_cast<size_t>(layer)].out_view));
+      }
+      commit(by_auto, rr.accepted);
+      commit(by_flag, rr.accepted);
+      for (Harness* h : {&by_auto, &by_flag}) {
+        if (rr.bad) {
+          error_of([&] { h->backend->check_device_errors(nullptr); }, ErrorCode::kInvalidArgument);
+        } else {
+          h->backend->check_device_errors(nullptr);
+        }
+      }
+      CHECK(pending_all(by_auto) == pending_all(by_flag));
+      CHECK(cursors(by_auto) == cursors(by_flag));
+    }
+    by_flag.backend->materialize(allocated_slots(by_flag), nullptr);  // both lazy: fold both
+    check_materialized_states(by_flag, by_auto);
+  }
 }

@@ -1,6 +1,7 @@
 // dispatch_test.cc: the contract §4 dispatch table and the ring-layout checks.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "core/buffer.h"
 #include "core/platform.h"
 #include "dispatch/commit_policy.h"
+#include "dispatch/lazy_policy.h"
 #include "dispatch/numerics_policy.h"
 #include "dispatch/ring_layout.h"
 #include "dispatch/verify_dispatch.h"
@@ -1107,4 +1109,85 @@ TEST_CASE("dispatch: the lazy write-back's verify runs fused and fast", "[dispat
   p.plain_chain = false;
   CHECK(choose_verify_path(p, fake_platform(9, 0, 132), flags).numerics_reason ==
         NumericsReason::kExactTree);
+}
+
+TEST_CASE("dispatch: the lazy write-back table's lookup and rule", "[dispatch][lazy]") {
+  // Rows by B: 1, lazy within the noise margin of the fast eager step; 8, lazy beats every fast
+  // step but not the exact deferred one; 32, lazy beats everything.
+  static constexpr LazyPolicyRow rows[] = {
+      {kH, kHV, kK, kV, kL, kT, 1, 960.0, 970.0, 900.5, 910.0, 900.0, 800.0},
+      {kH, kHV, kK, kV, kL, kT, 8, 1300.0, 1100.0, 1250.0, 1200.0, 1150.0, 800.0},
+      {kH, kHV, kK, kV, kL, kT, 32, 2000.0, 1900.0, 1800.0, 1700.0, 1500.0, 800.0},
+  };
+  constexpr LazyPolicyCard card = {"test card", 3352.0, rows, std::size(rows)};
+  const auto shape = [](int B, NumericsRequest n) {
+    return LazyPolicyShape{kH, kHV, kK, kV, kL, kT, B, n};
+  };
+  const auto row_B = [&](LazyPolicyShape s) {
+    const LazyPolicyRow* r = lazy_policy_row(card, s);
+    return r == nullptr ? 0 : r->B;
+  };
+  CHECK(row_B(shape(1, NumericsRequest::kFast)) == 1);
+  CHECK(row_B(shape(31, NumericsRequest::kFast)) == 8);
+  CHECK(row_B(shape(4096, NumericsRequest::kFast)) == 32);
+  CHECK(row_B(shape(0, NumericsRequest::kFast)) == 0);
+  LazyPolicyShape other = shape(8, NumericsRequest::kFast);
+  other.L = 2 * kL;  // another ring length: not measured
+  CHECK(row_B(other) == 0);
+  other = shape(8, NumericsRequest::kFast);
+  other.draft_tokens = kT + 1;
+  CHECK(row_B(other) == 0);
+  other = shape(8, NumericsRequest::kFast);
+  other.HV = kHV * 2;
+  CHECK(row_B(other) == 0);
+  // The best other step: fast, the better fast one; auto, the best of four; exact: none.
+  CHECK(best_other_step_us(rows[1], NumericsRequest::kFast) == 1200.0);
+  CHECK(best_other_step_us(rows[1], NumericsRequest::kAuto) == 1100.0);
+  CHECK(std::isinf(best_other_step_us(rows[1], NumericsRequest::kExact)));
+  // The rule on KDA shares (step - gemm-only), beyond kLazyMinGainPct.
+  for (const NumericsRequest n : {NumericsRequest::kFast, NumericsRequest::kAuto}) {
+    CHECK_FALSE(lazy_write_back_pays(card, shape(1, n)));  // 100 vs 100.5: noise
+    CHECK(lazy_write_back_pays(card, shape(32, n)));
+    CHECK_FALSE(lazy_write_back_pays(card, shape(0, n)));  // no row
+  }
+  CHECK(lazy_write_back_pays(card, shape(8, NumericsRequest::kFast)));
+  CHECK_FALSE(lazy_write_back_pays(card, shape(8, NumericsRequest::kAuto)));  // exact deferred wins
+  for (const int B : {1, 8, 32}) {
+    CHECK_FALSE(lazy_write_back_pays(card, shape(B, NumericsRequest::kExact)));
+  }
+  // A lazy step just past the margin pays; just inside it does not.
+  LazyPolicyRow edge = rows[0];
+  edge.fast_eager_us = 800.0 + 100.0 / 0.99 + 0.01;  // the lazy share is 100
+  edge.fast_deferred_us = edge.exact_eager_us = edge.exact_deferred_us = 2000.0;
+  CHECK(lazy_write_back_pays(edge, NumericsRequest::kFast));
+  edge.fast_eager_us = 800.0 + 100.0 / 0.99 - 0.01;
+  CHECK_FALSE(lazy_write_back_pays(edge, NumericsRequest::kFast));
+}
+
+TEST_CASE("dispatch: the built-in lazy write-back tables are step measurements",
+          "[dispatch][lazy]") {
+  // Every card's table (dispatch/auto_tables/<card>_lazy.def, make_auto_table.py --table lazy):
+  // each row a step row (the KDA layers cost something) on a ring a lazy history fits, and the
+  // row its own lookup's answer. A card may have no rows yet (auto never goes lazy).
+  size_t cards = 0;
+  const LazyPolicyCard* card = lazy_policy_cards(&cards);
+  REQUIRE(cards >= 1);
+  CHECK(&nearest_lazy_policy_card(0.0) == &card[0]);
+  for (size_t c = 0; c < cards; ++c) {
+    CAPTURE(card[c].name);
+    CHECK(&nearest_lazy_policy_card(card[c].memory_gbps) == &card[c]);
+    for (size_t i = 0; i < card[c].count; ++i) {
+      const LazyPolicyRow& r = card[c].rows[i];
+      CAPTURE(r.H, r.HV, r.K, r.V, r.L, r.T, r.B);
+      CHECK(r.gemm_us > 0.0);
+      for (const double us : {r.exact_eager_us, r.exact_deferred_us, r.fast_eager_us,
+                              r.fast_deferred_us, r.lazy_us}) {
+        CHECK(us > r.gemm_us);
+      }
+      CHECK(r.L >= 2 * r.T);
+      CHECK(r.L <= kFastMaxChunk);
+      CHECK(lazy_policy_row(card[c],
+                            {r.H, r.HV, r.K, r.V, r.L, r.T, r.B, NumericsRequest::kFast}) == &r);
+    }
+  }
 }

@@ -21,7 +21,7 @@ for table in "${tables[@]}"; do
     head -20 /tmp/auto_table_diff.$$ >&2
     fail=1
   else
-    echo "auto_table_test: $table: regenerated, identical ($(grep -cE '^KDA_(AUTO|NUMERICS)_ROW' \
+    echo "auto_table_test: $table: regenerated, identical ($(grep -cE '^KDA_(AUTO|NUMERICS|LAZY)_ROW' \
       "$table") rows)"
   fi
 done
@@ -54,5 +54,37 @@ if [[ $got != "$want" ]]; then
   fail=1
 else
   echo "auto_table_test: the numerics rule picks fast only beyond the minimum gain"
+fi
+
+# The lazy table on a step CSV: a row only where all six steps were measured (B = 1; B = 2 lacks
+# the fast deferred step), each the mean over its runs, L the --ring-len given.
+cat >"$csv" <<'CSV'
+phase,T,B,variant,median_us,H,HV,K,V,numerics
+step,4,1,gemm-only,800.0,32,32,128,128,
+step,4,1,fused+ring,900.0,32,32,128,128,exact
+step,4,1,fused+ring+deferred,950.0,32,32,128,128,exact
+step,4,1,fused+ring,880.0,32,32,128,128,fast
+step,4,1,fused+ring+deferred,890.0,32,32,128,128,fast
+step,4,1,fused+ring+lazy,860.0,32,32,128,128,fast
+step,4,1,fused+ring+lazy,870.0,32,32,128,128,fast
+step,4,1,gemm-only,800.0,32,32,128,128,
+step,4,1,fused+ring,900.0,32,32,128,128,exact
+step,4,1,fused+ring+deferred,950.0,32,32,128,128,exact
+step,4,1,fused+ring,880.0,32,32,128,128,fast
+step,4,1,fused+ring+deferred,890.0,32,32,128,128,fast
+step,4,2,gemm-only,800.0,32,32,128,128,
+step,4,2,fused+ring,900.0,32,32,128,128,exact
+step,4,2,fused+ring+deferred,950.0,32,32,128,128,exact
+step,4,2,fused+ring,880.0,32,32,128,128,fast
+step,4,2,fused+ring+lazy,870.0,32,32,128,128,fast
+CSV
+want='KDA_LAZY_ROW(32, 32, 128, 128, 32, 4, 1, 900.0, 950.0, 880.0, 890.0, 865.0, 800.0)'
+got=$(python3 tools/bench/make_auto_table.py --table lazy --card test --ring-len 32 "$csv" | grep '^KDA_')
+if [[ $got != "$want" ]]; then
+  echo "auto_table_test: the lazy table on the synthetic CSV: got" >&2
+  echo "$got" >&2
+  fail=1
+else
+  echo "auto_table_test: the lazy table keeps only fully measured shapes, with the given L"
 fi
 exit $fail
