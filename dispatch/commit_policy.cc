@@ -1,7 +1,8 @@
 #include "dispatch/commit_policy.h"
 
-#include <cmath>
 #include <iterator>
+
+#include "dispatch/policy_table.h"
 
 namespace kda {
 
@@ -31,32 +32,15 @@ const CommitPolicyCard* commit_policy_cards(size_t* count) {
 }
 
 const CommitPolicyCard& nearest_commit_policy_card(double memory_gbps) {
-  const CommitPolicyCard* best = &kCards[0];
-  if (memory_gbps <= 0.0) {
-    return *best;
-  }
-  const auto distance = [memory_gbps](const CommitPolicyCard& c) {
-    return std::fabs(std::log(memory_gbps / c.memory_gbps));
-  };
-  for (const CommitPolicyCard& c : kCards) {
-    if (distance(c) < distance(*best)) {
-      best = &c;
-    }
-  }
-  return *best;
+  return detail::nearest_card(kCards, memory_gbps);
 }
 
 const CommitPolicyRow* deferred_commit_row(const CommitPolicyShape& shape) {
-  const CommitPolicyCard& card = nearest_commit_policy_card(shape.memory_gbps);
-  const CommitPolicyRow* best = nullptr;
-  for (size_t i = 0; i < card.count; ++i) {
-    const CommitPolicyRow& r = card.rows[i];
-    if (r.HV == shape.HV && r.K == shape.K && r.V == shape.V && r.T == shape.draft_tokens &&
-        r.B <= shape.max_batch && (best == nullptr || r.B > best->B)) {
-      best = &r;
-    }
-  }
-  return best;
+  return detail::largest_batch_row(nearest_commit_policy_card(shape.memory_gbps), shape.max_batch,
+                                   [&shape](const CommitPolicyRow& r) {
+                                     return r.HV == shape.HV && r.K == shape.K && r.V == shape.V &&
+                                            r.T == shape.draft_tokens;
+                                   });
 }
 
 bool deferred_commit_pays(const CommitPolicyShape& shape) {

@@ -1,9 +1,10 @@
 #include "dispatch/lazy_policy.h"
 
 #include <algorithm>
-#include <cmath>
 #include <iterator>
 #include <limits>
+
+#include "dispatch/policy_table.h"
 
 namespace kda {
 
@@ -48,32 +49,15 @@ const LazyPolicyCard* lazy_policy_cards(size_t* count) noexcept {
 }
 
 const LazyPolicyCard& nearest_lazy_policy_card(double memory_gbps) noexcept {
-  const LazyPolicyCard* best = &kCards[0];
-  if (!(memory_gbps > 0.0)) {
-    return *best;
-  }
-  const auto distance = [memory_gbps](const LazyPolicyCard& c) {
-    return std::fabs(std::log(memory_gbps / c.memory_gbps));
-  };
-  for (const LazyPolicyCard& c : kCards) {
-    if (distance(c) < distance(*best)) {
-      best = &c;
-    }
-  }
-  return *best;
+  return detail::nearest_card(kCards, memory_gbps);
 }
 
 const LazyPolicyRow* lazy_policy_row(const LazyPolicyCard& card,
                                      const LazyPolicyShape& shape) noexcept {
-  const LazyPolicyRow* best = nullptr;
-  for (size_t i = 0; i < card.count; ++i) {
-    const LazyPolicyRow& r = card.rows[i];
-    if (r.H == shape.H && r.HV == shape.HV && r.K == shape.K && r.V == shape.V && r.L == shape.L &&
-        r.T == shape.draft_tokens && r.B <= shape.max_batch && (best == nullptr || r.B > best->B)) {
-      best = &r;
-    }
-  }
-  return best;
+  return detail::largest_batch_row(card, shape.max_batch, [&shape](const LazyPolicyRow& r) {
+    return r.H == shape.H && r.HV == shape.HV && r.K == shape.K && r.V == shape.V &&
+           r.L == shape.L && r.T == shape.draft_tokens;
+  });
 }
 
 double best_other_step_us(const LazyPolicyRow& row, NumericsRequest request) noexcept {

@@ -1,7 +1,8 @@
 #include "dispatch/numerics_policy.h"
 
-#include <cmath>
 #include <iterator>
+
+#include "dispatch/policy_table.h"
 
 namespace kda {
 
@@ -33,32 +34,14 @@ const NumericsPolicyCard* numerics_policy_cards(size_t* count) noexcept {
 }
 
 const NumericsPolicyCard& nearest_numerics_policy_card(double memory_gbps) noexcept {
-  const NumericsPolicyCard* best = &kCards[0];
-  if (!(memory_gbps > 0.0)) {
-    return *best;
-  }
-  const auto distance = [memory_gbps](const NumericsPolicyCard& c) {
-    return std::fabs(std::log(memory_gbps / c.memory_gbps));
-  };
-  for (const NumericsPolicyCard& c : kCards) {
-    if (distance(c) < distance(*best)) {
-      best = &c;
-    }
-  }
-  return *best;
+  return detail::nearest_card(kCards, memory_gbps);
 }
 
 const NumericsPolicyRow* numerics_policy_row(const NumericsPolicyCard& card,
                                              const NumericsPolicyShape& shape) noexcept {
-  const NumericsPolicyRow* best = nullptr;
-  for (size_t i = 0; i < card.count; ++i) {
-    const NumericsPolicyRow& r = card.rows[i];
-    if (r.H == shape.H && r.HV == shape.HV && r.K == shape.K && r.V == shape.V && r.T == shape.T &&
-        r.B <= shape.B && (best == nullptr || r.B > best->B)) {
-      best = &r;
-    }
-  }
-  return best;
+  return detail::largest_batch_row(card, shape.B, [&shape](const NumericsPolicyRow& r) {
+    return r.H == shape.H && r.HV == shape.HV && r.K == shape.K && r.V == shape.V && r.T == shape.T;
+  });
 }
 
 bool numerics_policy_may_pick_fast(const NumericsPolicyCard& card, int H, int HV, int K,
