@@ -5,12 +5,13 @@
 //    oracle <= 1.25x the exact path's), bitwise the same at every fast tile (§10 (a)); its
 //    records and windows equal the exact path's bitwise; the committed state, the conv state and
 //    the history's records stay as they were. Both gates, GQA, K = 64 and 128, dense and ragged.
-//  - The lazy commit (CommitKind::kLazy) against the host reference, bitwise: one problem
+//  - The lazy commit (CommitKind::kLazy) against the host reference's decisions: one problem
 //    (reversed slots, a padding row, K = 64 and 128, L = 8 and 16) whose slots hold random
 //    pending counts 0..L - T_max of valid ring records before random cursors; random accepted
 //    lengths (one bad), with and without a prefix-cache track and a fold interval. After the
-//    commit the committed SSM and conv state (every slot), the pending counts, the cursors and
-//    the error flag equal the host's.
+//    commit the conv state, the pending counts, the cursors and the error flag equal the host's;
+//    every slot's SSM state is bitwise the CUDA materialize of the steps the host folded (a
+//    track slot: of the track's steps), and within the host's end-to-end tolerance.
 // The CUDA kernel set does not offer the lazy write-back to the backend and the ops until these
 // have run (CudaKernelSet::runs_lazy_write_back); they plan with kernels::plan_verify on the
 // device's caps and launch with invoke_verify.
@@ -130,8 +131,55 @@ TEST_CASE("lazy commit: the CUDA kernels equal the host reference bitwise", "[gp
   CHECK(c_pending == h_pending);
   CHECK(c_flag == h_flag);
   CHECK(h_flag == kBadAcceptedLength);
-  CHECK(same(cuda.ssm_state(), host.ssm_state()));
   CHECK(same(cuda.conv_state(), host.conv_state()));
+  // The committed state against the CUDA materialize (the deferred commit's fold, bitwise the
+  // eager fold's): where the host's commit folded a slot, its pending and accepted steps from
+  // c - pending; a track, the pending steps and steps 0..k into the track slot. Against the host
+  // within its end-to-end tolerance (the host's fold forms are not the device's bit for bit).
+  const int64_t n_state = base.state_elems();
+  const auto materialized = [&](const std::vector<int32_t>& steps, const std::vector<int32_t>& at) {
+    VerifyProblem twin = base.clone_to(dev);
+    Buffer t_cursor = make_buffer(at, dev), t_pending = make_buffer(steps, dev);
+    CommitParams m = twin.commit_params(d_acc, RecordMode::kRing);
+    m.kind = CommitKind::kMaterialize;
+    m.ring_cursor = static_cast<int32_t*>(t_cursor.data());
+    m.ring_pending = static_cast<int32_t*>(t_pending.data());
+    m.ring_pending_layer_stride = S;
+    m.u_free = 1;
+    kernels::invoke_commit(m, nullptr);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    return twin.ssm_state();
+  };
+  std::vector<int32_t> fold_steps(static_cast<size_t>(S), 0), fold_at = cursor;
+  std::vector<int32_t> track_steps_of(static_cast<size_t>(S), 0), track_at = cursor;
+  int tracked_slot = -1;
+  for (int n = 0; n < B; ++n) {
+    const int32_t s = slots[n];
+    if (s < 0 || accepted[n] < 1 || accepted[n] > T) {
+      continue;
+    }
+    if (h_pending[s] == 0) {  // the host folded it: pending + accepted steps
+      fold_steps[s] = pending[s] + accepted[n];
+      fold_at[s] = (cursor[s] + accepted[n]) & (L - 1);
+    }
+    if (track_slots[n] >= 0) {
+      tracked_slot = s;
+      track_steps_of[s] = pending[s] + track_steps[n] + 1;
+      track_at[s] = (cursor[s] + track_steps[n] + 1) & (L - 1);
+    }
+  }
+  const std::vector<float> want = materialized(fold_steps, fold_at);
+  const std::vector<float> got = cuda.ssm_state();
+  for (int s = 0; s < S; ++s) {
+    CAPTURE(s, fold_steps[s]);
+    if (s == track_slot && track) {
+      const std::vector<float> t = materialized(track_steps_of, track_at);
+      CHECK(same(slice(got, s * n_state, n_state), slice(t, tracked_slot * n_state, n_state)));
+    } else {
+      CHECK(same(slice(got, s * n_state, n_state), slice(want, s * n_state, n_state)));
+    }
+  }
+  CHECK(rel_l2(got, host.ssm_state()) <= 1e-4);
   // Every valid request either folded (count 0) or kept its steps (the count grew).
   int folded = 0, kept = 0;
   for (int n = 0; n < B - 1; ++n) {
@@ -209,6 +257,7 @@ TEST_CASE("lazy verify: the CUDA fast kernel over every pending length within co
 
         // The exact twin: materialize (u-free) a clone, then the exact fused verify at the cursors.
         VerifyProblem exact = base.clone_to(dev);
+        Buffer u_scratch;
         {
           Buffer m_pending = make_buffer(h.pending, dev);
           const Buffer acc = make_buffer({1, 1, 1}, dev);
@@ -221,6 +270,14 @@ TEST_CASE("lazy verify: the CUDA fast kernel over every pending length within co
           kernels::invoke_commit(m, nullptr);
           VerifyParams v = exact.params(RecordMode::kRing);
           v.ring_cursor = static_cast<const int32_t*>(d_cursor.data());
+          // The deferred exact verify (pending zeroed by the materialize): records at the
+          // cursors, as the lazy verify's; its u records go to a scratch buffer.
+          const int64_t u_slot = static_cast<int64_t>(c.HV) * c.L * c.V;
+          u_scratch = Buffer(dev, S * u_slot * static_cast<int64_t>(sizeof(float)));
+          v.ring_pending = static_cast<const int32_t*>(m_pending.data());
+          v.ssm_fold_out = static_cast<float*>(exact.view(Tensor::kSsmState).data());
+          v.ring_u = static_cast<float*>(u_scratch.data());
+          v.ring_u_slot_stride = u_slot;
           shape(v);
           kernels::invoke_verify_fused(v, 64, nullptr);
           REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
