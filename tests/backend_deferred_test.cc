@@ -57,16 +57,7 @@ void check_round(const Pair& p, const std::vector<Activations>& eager,
     CAPTURE(layer);
     CHECK(same_bits(eager[static_cast<size_t>(layer)].out_view,
                     bytes_of(deferred[static_cast<size_t>(layer)].out_view)));
-    for (size_t i = 0; i < batch.slots.size(); ++i) {
-      const int32_t slot = batch.slots[i];
-      if (slot < 0) {
-        continue;
-      }
-      const int row = batch.rows.empty() ? static_cast<int>(i) : batch.rows[i];
-      CAPTURE(i, slot, row);
-      check_request_records(p.eager.pool(), p.deferred.pool(), m, layer, slot, row, batch.T,
-                            c[static_cast<size_t>(slot)]);
-    }
+    check_batch_records(p.eager.pool(), p.deferred.pool(), m, layer, batch, c);
   }
 }
 

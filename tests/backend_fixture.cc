@@ -287,6 +287,20 @@ void check_request_records(const KdaStatePool& want, const KdaStatePool& got, co
   }
 }
 
+void check_batch_records(const KdaStatePool& want, const KdaStatePool& got, const ModelConfig& m,
+                         int layer, const BatchSpec& batch, const std::vector<int32_t>& cursors) {
+  for (size_t i = 0; i < batch.slots.size(); ++i) {
+    const int32_t slot = batch.slots[i];
+    if (slot < 0) {
+      continue;
+    }
+    const int row = batch.rows.empty() ? static_cast<int>(i) : batch.rows[i];
+    CAPTURE(i, slot, row);
+    check_request_records(want, got, m, layer, slot, row, batch.T,
+                          cursors[static_cast<size_t>(slot)]);
+  }
+}
+
 uint64_t pool_checksum(const KdaStatePool& pool) {
   uint64_t h = 1469598103934665603ull;
   for (const TensorView& v : {pool.conv_state_all(), pool.ssm_state_all(), pool.conv_window_all(),

@@ -95,6 +95,10 @@ bool same_bits(const TensorView& x, const std::vector<uint8_t>& y);
 // a ring cursor (`got`, records at positions (cursor + t) mod L): the deferred and lazy tests.
 void check_request_records(const KdaStatePool& want, const KdaStatePool& got, const ModelConfig& m,
                            int layer, int slot, int row, int T, int cursor);
+// check_request_records for every request of `batch` (padding rows skipped; scratch rows from
+// batch.rows, else the request's index), each at its slot's cursor in `cursors` (before the round).
+void check_batch_records(const KdaStatePool& want, const KdaStatePool& got, const ModelConfig& m,
+                         int layer, const BatchSpec& batch, const std::vector<int32_t>& cursors);
 
 // A random verify round over `num_slots` slots: 1..kMaxRunning requests in random order (the other
 // slots sit out), a padding row now and then, explicit scratch rows now and then, T in 1..kT,

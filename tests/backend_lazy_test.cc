@@ -93,16 +93,7 @@ void check_round(Pair& p, const std::vector<Activations>& eager,
     CHECK(round_layer.max_ulp <= kMaxUlp);
     CHECK(round_layer.nonfinite == 0);
     p.outputs.merge(round_layer);
-    for (size_t i = 0; i < batch.slots.size(); ++i) {
-      const int32_t slot = batch.slots[i];
-      if (slot < 0) {
-        continue;
-      }
-      const int row = batch.rows.empty() ? static_cast<int>(i) : batch.rows[i];
-      CAPTURE(i, slot, row);
-      check_request_records(p.eager.pool(), p.lazy.pool(), m, layer, slot, row, batch.T,
-                            c[static_cast<size_t>(slot)]);
-    }
+    check_batch_records(p.eager.pool(), p.lazy.pool(), m, layer, batch, c);
   }
 }
 
