@@ -21,9 +21,9 @@ class CudaKernelSet final : public KernelSet {
               cudaStream_t stream) override {
     kernels::invoke_verify(p, plan, stream);
   }
-  /// Not yet: the lazy kernels (the fast kernel's kLazyHistory instantiations, the kLazy commit)
-  /// are built and planned, but not yet validated on a device (tests/lazy_gpu_test.cc).
-  bool runs_lazy_write_back() const override { return false; }
+  /// The fast kernel's kLazyHistory instantiations and the kLazy commit (tests/lazy_gpu_test.cc,
+  /// backend_lazy_cuda_test).
+  bool runs_lazy_write_back() const override { return true; }
   void extend(const ExtendParams& p, cudaStream_t stream) override {
     kernels::invoke_extend(p, stream, overrides_);
   }

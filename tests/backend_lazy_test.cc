@@ -13,7 +13,7 @@
 // write-back is refused at construction. --kda-deferred-commit auto goes lazy exactly where its
 // table (dispatch/lazy_policy.h) says so and the configuration allows it.
 //
-// Host kernel set only: the CUDA fast kernel takes no pending history yet.
+// On the host kernel set (backend_lazy_test) and on the CUDA kernels (backend_lazy_cuda_test).
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <numeric>

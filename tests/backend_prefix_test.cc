@@ -33,7 +33,7 @@ namespace {
 // kRingDeferredUFree: the deferred commit without u records (--kda-verify-numerics fast: its B = 1
 // verifies take the fast outputs, its folds compute u). Its committed state equals every other
 // mode's; its outputs are compared only with its own (batch-invariant, contract §10 (a)).
-// kRingLazy: the lazy write-back (contract §11, host kernel set only): its verifies fold nothing,
+// kRingLazy: the lazy write-back (contract §11): its verifies fold nothing,
 // the commit folds when the ring is full; committed state as every other mode's, outputs fast.
 enum class Mode { kSnapshot, kRingEager, kRingDeferred, kRingDeferredUFree, kRingLazy };
 const char* mode_name(Mode m) {
@@ -68,13 +68,6 @@ Harness make_harness(Mode m) {
   REQUIRE(h.backend->lazy_write_back() == (m == Mode::kRingLazy));
   return h;
 }
-
-// The modes of the host kernel set's tests (the CUDA kernels run no lazy write-back yet).
-#ifdef KDA_BACKEND_TEST_CUDA
-#define KDA_LAZY_MODE
-#else
-#define KDA_LAZY_MODE , Mode::kRingLazy
-#endif
 
 std::vector<int32_t> all_slots(const Harness& h) {
   std::vector<int32_t> s;
@@ -193,7 +186,7 @@ void warm_up_round(Harness& h, const std::vector<int32_t>& slots, uint64_t seed)
 TEST_CASE("backend prefix: a copied slot run forward equals its source run forward",
           "[backend][prefix]") {
   const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
-                             Mode::kRingDeferredUFree KDA_LAZY_MODE);
+                             Mode::kRingDeferredUFree, Mode::kRingLazy);
   CAPTURE(mode_name(mode));
   Harness h = make_harness(mode);
   // Slot 0 (the source) and slot 3 (the destination) both have pending steps when deferred.
@@ -228,7 +221,7 @@ TEST_CASE("backend prefix: a copied slot run forward equals its source run forwa
 
 TEST_CASE("backend prefix: copy_slot errors change nothing", "[backend][prefix]") {
   const Mode mode =
-      GENERATE(Mode::kSnapshot, Mode::kRingDeferred, Mode::kRingDeferredUFree KDA_LAZY_MODE);
+      GENERATE(Mode::kSnapshot, Mode::kRingDeferred, Mode::kRingDeferredUFree, Mode::kRingLazy);
   CAPTURE(mode_name(mode));
   Harness h = make_harness(mode);
   h.backend->release_slot(4);
@@ -346,7 +339,7 @@ TEST_CASE("backend prefix: the tracked persistent fold equals the per-item fold"
 TEST_CASE("backend prefix: invalid commit tracks raise the device error flag, write nothing",
           "[backend][prefix]") {
   const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
-                             Mode::kRingDeferredUFree KDA_LAZY_MODE);
+                             Mode::kRingDeferredUFree, Mode::kRingLazy);
   CAPTURE(mode_name(mode));
   struct Case {
     const char* what;
@@ -383,7 +376,7 @@ TEST_CASE("backend prefix: a commit track into a slot that is not allocated writ
   // before the round or during it is refused (flagged, nothing written, its pending counts kept),
   // one allocated during the round is tracked.
   const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
-                             Mode::kRingDeferredUFree KDA_LAZY_MODE);
+                             Mode::kRingDeferredUFree, Mode::kRingLazy);
   enum class When { kBeforeRound, kDuringRound, kReallocatedDuringRound };
   const When when = GENERATE(When::kBeforeRound, When::kDuringRound, When::kReallocatedDuringRound);
   CAPTURE(mode_name(mode), static_cast<int>(when));
@@ -466,7 +459,7 @@ TEST_CASE("backend prefix: an extend track equals an independent extend of k + 1
           "[backend][prefix]") {
   constexpr int kPrompt = 6;  // > T_max: extend needs no scratch
   const Mode mode = GENERATE(Mode::kSnapshot, Mode::kRingEager, Mode::kRingDeferred,
-                             Mode::kRingDeferredUFree KDA_LAZY_MODE);
+                             Mode::kRingDeferredUFree, Mode::kRingLazy);
   CAPTURE(mode_name(mode));
   Harness h = make_harness(mode), ref = make_harness(mode);
   warm_up_round(h, {0, 1, 3}, 7);  // deferred: the requests and a track slot have pending steps
