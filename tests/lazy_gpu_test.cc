@@ -9,8 +9,9 @@
 //    (reversed slots, a padding row, K = 64 and 128, L = 8 and 16) whose slots hold random
 //    pending counts 0..L - T_max of valid ring records before random cursors; random accepted
 //    lengths (one bad), with and without a prefix-cache track and a fold interval. After the
-//    commit the committed SSM and conv state (every slot), the pending counts, the cursors and
-//    the error flag equal the host's.
+//    commit the conv state, the pending counts, the cursors and the error flag equal the host's;
+//    every slot's SSM state is bitwise the CUDA materialize of the steps the host folded (a
+//    track slot: of the track's steps), and within the host's end-to-end tolerance.
 // The kernels directly, under the backend (backend_lazy_cuda_test runs the backend's lazy rounds):
 // they plan with kernels::plan_verify on the device's caps and launch with invoke_verify.
 #include <cuda_runtime_api.h>
