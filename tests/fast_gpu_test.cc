@@ -287,6 +287,59 @@ TEST_CASE("fast outputs: bitwise batch-invariant (tile, sub-batch, order, slot, 
       REQUIRE(bitwise_equal(request_rows(got, i), request_rows(ref, order[i])));
     }
   }
+  SECTION("a few resident CTAs walking every item (padding rows among them)") {
+    // Each CTA copies its next item's inputs and state tile under the current item's work (none
+    // for a padding row); the outputs must not depend on the grid. A padding request among them,
+    // dense and ragged rows (equal lengths and mixed ones).
+    VerifyCase cp = c;
+    cp.neg_slot = true;
+    cp.pad_at = 2;
+    VerifyProblem padded(cp, kGpu);
+    const std::vector<int32_t> mixed = ragged_offsets(c.B, c.T, 5);
+    const Buffer mixed_offsets = make_buffer(mixed, kGpu);
+    for (const bool ragged : {false, true}) {
+      VerifyParams q = fast(padded.params());
+      if (ragged) {
+        q.token_offsets = static_cast<const int32_t*>(mixed_offsets.data());
+      }
+      const int64_t out_elems = static_cast<int64_t>(ref.size());
+      kernels::LaunchOverrides per_item;
+      per_item.persistent = kernels::PersistentMode::kNever;
+      for (const int bv : kernels::kFastBlockVs) {
+        CAPTURE(ragged, bv);
+        const kernels::VerifyPlan alone =
+            kernels::plan_verify_on_device(q, VerifyPath::kFused, bv, per_item);
+        REQUIRE(alone.grid == alone.items);
+        padded.set(Tensor::kOut, std::vector<bf16_t>(out_elems, float_to_bf16(-9.0f)));
+        kernels::invoke_verify_fused(q, bv, nullptr, per_item);
+        REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
+        const std::vector<bf16_t> want = padded.out();
+        for (const int ctas : {1, 3, 5}) {
+          CAPTURE(ctas);
+          kernels::LaunchOverrides o;
+          o.persistent = kernels::PersistentMode::kAlways;
+          o.persistent_max_ctas = ctas;
+          const kernels::VerifyPlan plan =
+              kernels::plan_verify_on_device(q, VerifyPath::kFused, bv, o);
+          // Beyond one token chunk (8) there is no walk: a CTA per item whatever the overrides.
+          const bool walks = kernels::fast_walk_possible(q);
+          REQUIRE(walks == (c.T <= 8));
+          REQUIRE(plan.grid == (walks ? std::min<int64_t>(ctas, plan.items) : plan.items));
+          padded.set(Tensor::kOut, std::vector<bf16_t>(out_elems, float_to_bf16(-9.0f)));
+          kernels::invoke_verify_fused(q, bv, nullptr, o);
+          REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
+          REQUIRE(bitwise_equal(padded.out(), want));
+        }
+      }
+    }
+    // A plan whose grid is not 1..items is refused before anything runs.
+    const VerifyParams q = fast(padded.params());
+    kernels::VerifyPlan bad = kernels::plan_verify_on_device(q, VerifyPath::kFused, 64);
+    bad.grid = bad.items + 1;
+    padded.set(Tensor::kOut, std::vector<bf16_t>(ref.size(), float_to_bf16(-9.0f)));
+    CHECK_THROWS_WITH(kernels::invoke_verify(q, bad, nullptr), Catch::Contains("CTAs, got"));
+    REQUIRE(bitwise_equal(padded.out(), std::vector<bf16_t>(ref.size(), float_to_bf16(-9.0f))));
+  }
   SECTION("CUDA graph replay") {
     cudaStream_t s;
     REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);

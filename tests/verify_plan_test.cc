@@ -182,9 +182,45 @@ TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 ap
     CHECK(f.numerics == VerifyNumerics::kFast);
     CHECK(f.features == kernels::kNoFeatures);
     CHECK(f.items == 64 * 32 * (128 / bv));
-    CHECK(f.grid == f.items);
+    // Beyond one wave the resident CTAs walk the items.
+    CHECK(f.grid == kernels::kFastCtasPerSm * kSm90.sms);
     CHECK(f.kernel().find("fast-chunk") != std::string::npos);
+    CHECK(f.kernel().find("x264 CTAs") != std::string::npos);
+    LaunchOverrides never;
+    never.persistent = kernels::PersistentMode::kNever;
+    CHECK(plan(p, VerifyPath::kFused, bv, never).grid == f.items);
   }
+  // Within one wave: a CTA per item (B = 1: 32 heads x 128 / bv tiles <= 264).
+  VerifyParams one = p;
+  one.B = 1;
+  for (const int bv : kernels::kFastBlockVs) {
+    const VerifyPlan f = plan(one, VerifyPath::kFused, bv);
+    CHECK(f.grid == f.items);
+    CHECK(f.kernel().find("CTAs") == std::string::npos);
+  }
+  LaunchOverrides squeezed;
+  squeezed.persistent = kernels::PersistentMode::kAlways;
+  squeezed.persistent_max_ctas = 3;
+  CHECK(plan(one, VerifyPath::kFused, 64, squeezed).grid == 3);
+  // No walk where the inputs are not staged: beyond one token chunk, a lazy call, inputs not
+  // copyable in 16-byte pieces.
+  VerifyParams long_chunk = p;
+  long_chunk.T = 12;
+  long_chunk.T_max = 12;
+  CHECK_FALSE(kernels::fast_walk_possible(long_chunk));
+  CHECK(plan(long_chunk, VerifyPath::kFused, 128).grid ==
+        plan(long_chunk, VerifyPath::kFused, 128).items);
+  VerifyParams odd = p;
+  odd.a_stride = 4100;
+  CHECK_FALSE(kernels::fast_walk_possible(odd));
+  CHECK(plan(odd, VerifyPath::kFused, 128).grid == plan(odd, VerifyPath::kFused, 128).items);
+  static const int32_t lazy_pending[64] = {};
+  VerifyParams lazy = p;
+  lazy.lazy = 1;
+  lazy.ring_pending = lazy_pending;
+  CHECK_FALSE(kernels::fast_walk_possible(lazy));
+  CHECK(plan(lazy, VerifyPath::kFused, 128).grid == plan(lazy, VerifyPath::kFused, 128).items);
+  CHECK(kernels::fast_walk_possible(p));
   // The same call asking for exact outputs plans as before.
   VerifyParams e = p;
   e.numerics = VerifyNumerics::kExact;

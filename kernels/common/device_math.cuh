@@ -348,6 +348,14 @@ __device__ __forceinline__ void st_bf16x2(bf16_t* p, float lo, float hi) {
 
 // ---- programmatic dependent launch (sm_90+; no-ops when launched without the attribute) ----
 
+/// threadIdx.x, read where it is called: a loop over work items that takes its index arithmetic
+/// from here computes it per item rather than holding it in registers across the loop.
+__device__ __forceinline__ int thread_index_opaque() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -194,6 +194,23 @@ __device__ __forceinline__ void cp_async_wait_all() {
 #endif
 }
 
+/// Closes this thread's cp.async copies issued since the last commit into one group (an empty
+/// group when there were none).
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+/// Waits until at most N of this thread's committed cp.async groups, the newest, are pending
+/// (before another thread reads the landed ones, a __syncthreads must follow).
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 /// Orders this thread's generic-proxy shared-memory stores before later async-proxy (bulk copy)
 /// writes of the same bytes.
 __device__ __forceinline__ void fence_proxy_async_shared() {

@@ -1,7 +1,8 @@
-// fast_item.cuh: the fast-output verify (contract §10; VerifySchedule::kFastChunk): one CTA of
-// 256 threads per work item (V tile, v-head hv, request n), two CTAs per SM.
+// fast_item.cuh: the fast-output verify (contract §10; VerifySchedule::kFastChunk): CTAs of 256
+// threads, two per SM, a CTA per work item (V tile, v-head hv, request n) here, or the resident
+// CTAs walking the items beyond one wave (fast_walk.cuh). Per item:
 //   1. The state tile [BV][K] f32 goes in flight to shared memory (cp.async), right after the
-//      conv history's loads.
+//      conv history's loads (a walking CTA's previous item has put it in flight already).
 //   2. The exact prologue, per 8-token chunk (item_prologue.cuh, the code every exact path runs):
 //      conv + SiLU, gates, ring records and conv windows, q/k norms. So the records, windows and
 //      everything the fold reads are bitwise the exact verify's.
@@ -358,15 +359,42 @@ struct FastItem : ItemPrologue<Traits> {
     }
   }
 
+  /// Puts state tile `head` (`cols` <= BV rows of K f32, contiguous) in flight to the stage
+  /// (cp.async, waited for by cp_async_wait_all): thread tid copies the 16-byte chunk
+  /// tid % (K / 4) of rows tid / (K / 4) + kRowsPerPass i (one cp.async each at a fixed offset: a
+  /// row keeps its parity, so its swizzle); rows past `cols` are zero-filled (no column reads
+  /// garbage) and read nothing. The stage is complete once every thread has passed
+  /// cp_async_wait_all and a __syncthreads.
+  __device__ __forceinline__ void stage_tile(float* stage, const float* head, int cols) const {
+    constexpr int kChunksPerRow = K / 4;
+    constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
+    static_assert(BV % kRowsPerPass == 0 && kRowsPerPass % 2 == 0, "whole even passes");
+    const int r0 = tid / kChunksPerRow;
+    const int k = (tid % kChunksPerRow) * 4;
+    const float* src0 = head + r0 * K + k;
+    float* const dst0 = stage + swz<K>(r0, k);
+#pragma unroll
+    for (int i = 0; i < BV / kRowsPerPass; ++i) {
+      const bool valid = r0 + i * kRowsPerPass < cols;
+      cp_async16_zfill(dst0 + i * kRowsPerPass * K, valid ? src0 + i * kRowsPerPass * K : head,
+                       valid);
+    }
+  }
+
   /// Runs the item (the header's phases). `smem`: FastSmem<K, BV>::bytes(p.T) bytes (a lazy
-  /// call's: bytes(p.L)).
+  /// call's: bytes(p.L)). The source `src` (FastGlobalSource, or the walk's FastWalkSource in
+  /// fast_walk.cuh) hands over the inputs and schedules the state tile's copies: it stages this
+  /// item's tile at the start (stages_own_tile), waits for it before the contraction
+  /// (wait_state), and is told when this item is done with its inputs (inputs_consumed, after the
+  /// prologue's last barrier) and with the stage (state_consumed, after the contraction's); the
+  /// latter's result is returned (false for a padding row).
   template <typename Src>
-  __device__ __forceinline__ void run(unsigned char* smem, const Src& src) {
+  __device__ __forceinline__ bool run(unsigned char* smem, const Src& src) {
     const int T = this->tokens();
     const int slot = src.slot(*this);
-    if (slot < 0) {  // padding row: zero outputs, touch nothing else
+    if (slot < 0) {  // padding row: zero outputs, touch nothing else (nothing is staged for it)
       zero_outputs();
-      return;
+      return false;
     }
     const int64_t row = src.row(*this);
     const bool qk_owner = tile == 0 && hv == h * static_cast<int>(args.div.group.divisor);
@@ -390,26 +418,12 @@ struct FastItem : ItemPrologue<Traits> {
       }
     }
 
-    // 1. The state tile in flight: thread tid copies the 16-byte chunk tid % (K / 4) of rows
-    // tid / (K / 4) + kRowsPerPass i (one cp.async each at a fixed offset: a row keeps its parity,
-    // so its swizzle); rows past V are zero-filled (no column reads garbage) and read nothing.
+    // 1. The state tile in flight (unless the previous item of this CTA put it there already).
     float* const stage = reinterpret_cast<float*>(smem);
-    {
-      constexpr int kChunksPerRow = K / 4;
-      constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
-      static_assert(BV % kRowsPerPass == 0 && kRowsPerPass % 2 == 0, "whole even passes");
-      const float* head =
-          p.ssm_state + slot * p.ssm_slot_stride + (static_cast<int64_t>(hv) * p.V + v0) * K;
-      const int r0 = tid / kChunksPerRow;
-      const int k = (tid % kChunksPerRow) * 4;
-      const float* src0 = head + r0 * K + k;
-      float* const dst0 = stage + swz<K>(r0, k);
-#pragma unroll
-      for (int i = 0; i < BV / kRowsPerPass; ++i) {
-        const bool valid = r0 + i * kRowsPerPass < cols;
-        cp_async16_zfill(dst0 + i * kRowsPerPass * K, valid ? src0 + i * kRowsPerPass * K : head,
-                         valid);
-      }
+    if (src.stages_own_tile()) {
+      stage_tile(stage,
+                 p.ssm_state + slot * p.ssm_slot_stride + (static_cast<int64_t>(hv) * p.V + v0) * K,
+                 cols);
     }
 
     // 2. The exact prologue, chunk by chunk, into one TileSmem per chunk.
@@ -442,6 +456,7 @@ struct FastItem : ItemPrologue<Traits> {
         l2_normalize_warp<K>(sm.qk[job >> 1][which], kQkScale<K>, which == 0, lane);
       }
     }
+    src.inputs_consumed(*this);  // every thread is past the last chunk's barrier
     if constexpr (kLazy) {
       load_history(slot, cursor, P, T, cols, chunk);
     }
@@ -490,7 +505,7 @@ struct FastItem : ItemPrologue<Traits> {
     if (mma_warps >= kWarps) {
       chunk_terms(smem, C, order, warp, kWarps, termA, termM);
     }
-    cp_async_wait_all();
+    src.wait_state();
     __syncthreads();
     if (mma_warps < kWarps && warp >= mma_warps) {
       chunk_terms(smem, C, order, warp - mma_warps, kWarps - mma_warps, termA, termM);
@@ -504,6 +519,8 @@ struct FastItem : ItemPrologue<Traits> {
     } else {
       contract<2>(operand, stage);
     }
+    // The contraction ended with a __syncthreads: no thread reads the stage any more.
+    const bool next_staged = src.state_consumed(*this, stage);
     float* const Wt = reinterpret_cast<float*>(operand);
     float* const QSt = Wt + (narrow ? kNarrowRows : tiles * 8) * BV;
 
@@ -540,10 +557,24 @@ struct FastItem : ItemPrologue<Traits> {
         }
       }
     }
+    return next_staged;
   }
 };
 
-/// The fast-output kernel: one CTA per item on the grid (ceil(V / BV), HV, B), two per SM.
+/// The per-item form's source: GlobalSource; the item stages its own state tile and waits for
+/// all its copies.
+template <typename Item>
+struct FastGlobalSource : GlobalSource<Item, false> {
+  static __device__ __forceinline__ FastGlobalSource for_item(const Item& it) {
+    return {GlobalSource<Item, false>::for_item(it)};
+  }
+  __device__ __forceinline__ bool stages_own_tile() const { return true; }
+  __device__ __forceinline__ void inputs_consumed(const Item&) const {}
+  __device__ __forceinline__ void wait_state() const { cp_async_wait_all(); }
+  __device__ __forceinline__ bool state_consumed(const Item&, float*) const { return false; }
+};
+
+/// The fast-output kernel, a CTA per item: the grid (ceil(V / BV), HV, B), two CTAs per SM.
 /// Before the PDL wait it reads the weights, the gate constants and the slot / row indices (as
 /// verify_tile_kernel does: kda_kernels.h states what that asks of callers).
 template <typename Traits, FastFault kFault = FastFault::kNone>
@@ -555,7 +586,7 @@ __global__ void __launch_bounds__(256, 2)
   const int hv = static_cast<int>(blockIdx.y);
   Item item(args, {static_cast<int>(blockIdx.z), hv, static_cast<int>(args.div.group.div(hv)),
                    static_cast<int>(blockIdx.x)});
-  auto src = GlobalSource<typename Item::Prologue, false>::for_item(item);
+  auto src = FastGlobalSource<typename Item::Prologue>::for_item(item);
   item.load_constants(src);
   src.load_indices(item);
   pdl_enter();

@@ -4,6 +4,7 @@
 
 #include "kernels/common/fast_divisor.h"
 #include "kernels/verify/fast_item.cuh"
+#include "kernels/verify/fast_walk.cuh"
 #include "kernels/verify/verify_fast_launch.cuh"
 
 namespace kda::kernels {
@@ -15,19 +16,31 @@ void launch_verify_fast(const TileArgs& call, const VerifyPlan& plan, cudaStream
   args.div = item_divisors(p, BV);
   args.trigger_at_entry = 0;
   using Smem = FastSmem<K, BV>;
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.V, BV)), static_cast<unsigned>(p.HV),
-                  static_cast<unsigned>(p.B));
+  // A CTA per item (grid == items), or the resident CTAs walking the items (fast_walk.cuh).
+  const bool walk = plan.grid < plan.items;
   auto launch = [&](auto* kernel) {
     // Raises the kernel's dynamic shared-memory limit to its largest call and asks for the
     // largest carveout, so two CTAs of a call reside per SM (__launch_bounds__; cached per device).
-    persistent_ctas_per_sm(reinterpret_cast<const void*>(kernel), 256, Smem::bytes(kFastMaxTokens),
+    const size_t most = walk ? FastWalkSmem<K, BV>::kBytes : Smem::bytes(kFastMaxTokens);
+    persistent_ctas_per_sm(reinterpret_cast<const void*>(kernel), 256, most,
                            /*max_shared_carveout=*/true);
+    if (walk) {
+      launch_pdl(kernel, dim3(static_cast<unsigned>(plan.grid)), dim3(256), most, stream, plan.pdl,
+                 args);
+      return;
+    }
     // A lazy call's chunk holds up to L tokens (its history and its draft).
     const int tokens = (plan.features & kLazyHistory) != 0 ? p.L : p.T;
+    const dim3 grid(static_cast<unsigned>(ceil_div(p.V, BV)), static_cast<unsigned>(p.HV),
+                    static_cast<unsigned>(p.B));
     launch_pdl(kernel, grid, dim3(256), Smem::bytes(tokens), stream, plan.pdl, args);
   };
+  using Dense = VerifyTraits<W, K, BV, VerifyPath::kFused, VerifySchedule::kFastChunk, kNoFeatures>;
+  using Ragged =
+      VerifyTraits<W, K, BV, VerifyPath::kFused, VerifySchedule::kFastChunk, kRaggedRows>;
   constexpr VerifyFeatures kLazyRagged = kLazyHistory | kRaggedRows;
   if ((plan.features & kLazyHistory) != 0) {
+    KDA_CHECK(!walk, "launch_verify_fast: a lazy call does not walk ({})", plan.kernel());
     if ((plan.features & kRaggedRows) != 0) {
       launch(&verify_fast_kernel<
              VerifyTraits<W, K, BV, VerifyPath::kFused, VerifySchedule::kFastChunk, kLazyRagged>>);
@@ -36,11 +49,15 @@ void launch_verify_fast(const TileArgs& call, const VerifyPlan& plan, cudaStream
              VerifyTraits<W, K, BV, VerifyPath::kFused, VerifySchedule::kFastChunk, kLazyHistory>>);
     }
   } else if ((plan.features & kRaggedRows) != 0) {
-    launch(&verify_fast_kernel<
-           VerifyTraits<W, K, BV, VerifyPath::kFused, VerifySchedule::kFastChunk, kRaggedRows>>);
+    if (walk) {
+      launch(&verify_fast_walk_kernel<Ragged>);
+    } else {
+      launch(&verify_fast_kernel<Ragged>);
+    }
+  } else if (walk) {
+    launch(&verify_fast_walk_kernel<Dense>);
   } else {
-    launch(&verify_fast_kernel<
-           VerifyTraits<W, K, BV, VerifyPath::kFused, VerifySchedule::kFastChunk, kNoFeatures>>);
+    launch(&verify_fast_kernel<Dense>);
   }
 }
 

@@ -148,11 +148,15 @@ struct ItemPrologue : ShapedRows<Traits::kShaped> {
 
   __device__ __forceinline__ ItemPrologue(const TileArgs& a, const ItemCoords& at)
       : ItemPrologue(a, at, shaped_rows_of<kShaped>(a.p, at.n)) {}
+  /// With the thread index given (a kernel that walks items: thread_index_opaque()).
+  __device__ __forceinline__ ItemPrologue(const TileArgs& a, const ItemCoords& at, int thread)
+      : ItemPrologue(a, at, shaped_rows_of<kShaped>(a.p, at.n), thread) {}
   /// With the request's rows already read (the persistent kernel's planned items: NextRun).
   __device__ __forceinline__ ItemPrologue(const TileArgs& a, const ItemCoords& at,
-                                          const ShapedRows<kShaped>& rows)
+                                          const ShapedRows<kShaped>& rows,
+                                          int thread = static_cast<int>(threadIdx.x))
       : ShapedRows<kShaped>(rows), args(a), p(a.p), tile(at.tile), hv(at.hv), n(at.n), h(at.h) {
-    tid = threadIdx.x;
+    tid = thread;
     lane = tid & 31;
     warp = tid >> 5;
     v0 = tile * BV;

@@ -189,6 +189,9 @@ constexpr int default_snapshot_block_v(int B, int HV, int V, int sms) {
 /// The V tiles of the fast-output kernel (contract §10, VerifySchedule::kFastChunk): whole
 /// 8-column mma tiles on up to 8 warps. Its outputs are bitwise the same at each of them.
 inline constexpr int kFastBlockVs[] = {32, 64, 128};
+/// Resident CTAs per SM of the fast-output kernel (__launch_bounds__(256, 2), FastSmem of a
+/// 16-token call within half an SM's shared memory): its grid beyond one wave.
+inline constexpr int kFastCtasPerSm = 2;
 /// Most tokens of one fast-output chunk (two 8-token mma row tiles).
 inline constexpr int kFastMaxTokens = kFastMaxChunk;
 constexpr bool is_fast_block_v(int block_v) noexcept {

@@ -212,8 +212,11 @@ void check_plan(const VerifyParams& p, const VerifyPlan& plan, const char* who) 
             "{}: the plan ({}) is not this call's (K={}, HV={}, V={}, B={}): plan each call with "
             "plan_verify_on_device",
             who, plan.kernel(), p.K, p.HV, p.V, p.B);
-  KDA_CHECK(!is_persistent(plan.schedule) || (plan.grid >= 1 && plan.grid <= plan.items),
-            "{}: a persistent plan needs 1..items CTAs, got {}", who, plan.grid);
+  const bool walks = is_persistent(plan.schedule) ||
+                     (plan.schedule == VerifySchedule::kFastChunk && fast_walk_possible(p));
+  KDA_CHECK(walks ? (plan.grid >= 1 && plan.grid <= plan.items) : plan.grid == plan.items,
+            "{}: the plan {} needs {} CTAs, got {}", who, plan.kernel(),
+            walks ? fmt::format("1..{}", plan.items) : fmt::format("{}", plan.items), plan.grid);
 }
 
 }  // namespace

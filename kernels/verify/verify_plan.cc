@@ -57,6 +57,10 @@ void check_lazy_plan(const VerifyParams& p, const VerifyPlan& plan, const char* 
             p.numerics == VerifyNumerics::kFast ? "fast" : "exact");
 }
 
+bool fast_walk_possible(const VerifyParams& p) {
+  return !is_lazy_verify(p) && persistent_layout_ok(p, VerifyPath::kFused);
+}
+
 bool persistent_layout_ok(const VerifyParams& p, VerifyPath path) {
   const bool fused = path == VerifyPath::kFused;
   const bool inputs_ok =
@@ -89,6 +93,13 @@ VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v, cons
   if (!extend && fast_outputs_plannable(p, path, block_v)) {
     plan.schedule = VerifySchedule::kFastChunk;
     plan.numerics = VerifyNumerics::kFast;
+    // Beyond one wave the resident CTAs walk the items, each item's inputs and state tile
+    // copied under the previous item's work (fast_walk.cuh); the bits are the same at every grid.
+    const int64_t grid = persistent_grid(plan.items, kFastCtasPerSm, caps, o, fast_walk_possible(p),
+                                         PersistentFrom::kBeyondOneWave);
+    if (grid > 0) {
+      plan.grid = grid;
+    }
     return plan;
   }
   const bool shaped = (plan.features & kRaggedRows) != 0;
@@ -165,7 +176,7 @@ std::string VerifyPlan::kernel() const {
       fused ? "" : "conv_update + ", is_persistent(schedule) ? "persistent" : "tile",
       weight == ConvWeightType::kF32 ? "f32" : "bf16", K, block_v, fused ? "fused" : "unfused",
       verify_schedule_name(schedule), features_text, extend ? " extend" : "",
-      is_persistent(schedule) ? fmt::format(" x{} CTAs", grid) : std::string(),
+      is_persistent(schedule) || grid < items ? fmt::format(" x{} CTAs", grid) : std::string(),
       entry_trigger ? " (entry trigger)" : "");
 }
 

@@ -85,6 +85,11 @@ void check_lazy_plan(const VerifyParams& p, const VerifyPlan& plan, const char* 
 /// 16-byte-aligned bulk store.
 bool persistent_layout_ok(const VerifyParams& p, VerifyPath path);
 
+/// Whether a fast-output call can walk its items (fast_walk.cuh) beyond one wave: not a lazy call
+/// (its chunk's history does not fit the walk's staged inputs) and persistent_layout_ok on the
+/// fused path (T within one token chunk, the inputs copyable in 16-byte pieces).
+bool fast_walk_possible(const VerifyParams& p);
+
 /// The plan of a verify call (`extend`: an extend call; `tracked_extend`: with tracks) on `path`
 /// with tile `block_v` (fused; the unfused path runs kRecurrentBlockV), on a device of `caps`.
 /// `persistent_ctas_per_sm`: resident CTAs per SM of the persistent kernel this call would take
