@@ -189,6 +189,9 @@ TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 ap
     LaunchOverrides never;
     never.persistent = kernels::PersistentMode::kNever;
     CHECK(plan(p, VerifyPath::kFused, bv, never).grid == f.items);
+    LaunchOverrides no_walk;
+    no_walk.fast_walk = false;
+    CHECK(plan(p, VerifyPath::kFused, bv, no_walk).grid == f.items);
   }
   // Within one wave: a CTA per item (B = 1: 32 heads x 128 / bv tiles <= 264).
   VerifyParams one = p;

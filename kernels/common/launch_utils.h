@@ -54,10 +54,14 @@ struct LaunchOverrides {
   /// > 0: caps persistent grids at this many CTAs, so that every CTA walks many items (tests).
   int persistent_max_ctas = 0;
   TileOccupancy occupancy = TileOccupancy::kAuto;
+  /// Off: a fast-output verify runs a CTA per item at every size, never the item walk beyond one
+  /// wave (benchmarks compare the two; the other kernels' persistent forms are unchanged).
+  bool fast_walk = true;
 
   bool operator==(const LaunchOverrides& o) const {
     return pdl == o.pdl && persistent == o.persistent &&
-           persistent_max_ctas == o.persistent_max_ctas && occupancy == o.occupancy;
+           persistent_max_ctas == o.persistent_max_ctas && occupancy == o.occupancy &&
+           fast_walk == o.fast_walk;
   }
   bool operator!=(const LaunchOverrides& o) const { return !(*this == o); }
 };

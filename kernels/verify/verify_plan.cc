@@ -95,8 +95,9 @@ VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v, cons
     plan.numerics = VerifyNumerics::kFast;
     // Beyond one wave the resident CTAs walk the items, each item's inputs and state tile
     // copied under the previous item's work (fast_walk.cuh); the bits are the same at every grid.
-    const int64_t grid = persistent_grid(plan.items, kFastCtasPerSm, caps, o, fast_walk_possible(p),
-                                         PersistentFrom::kBeyondOneWave);
+    const int64_t grid =
+        persistent_grid(plan.items, kFastCtasPerSm, caps, o, o.fast_walk && fast_walk_possible(p),
+                        PersistentFrom::kBeyondOneWave);
     if (grid > 0) {
       plan.grid = grid;
     }

@@ -282,6 +282,8 @@ Other:
   --persistent MODE      large-tile kernels (BV = 128, fold) as persistent CTAs: auto (default:
                          the fused verify whenever its layout allows; the unfused recurrence
                          and the fold beyond one wave of CTAs), always, never
+  --fast-walk on|off     fast-output verifies beyond one wave of CTAs: the resident CTAs walk
+                         the items (on, default) or a CTA per item (off)
   --tile-occupancy MODE  per-item verify tiles' form: auto (default: the one-CTA-per-SM form,
                          up to 255 registers (the deferred BV = 32 tile: 128), for ring-mode
                          grids of at most one CTA per SM, three for the fused BV = 128 tile;
@@ -504,6 +506,7 @@ constexpr FlagSpec kFlags[] = {
     {"--no-pdl", false},
     {"--device", true},
     {"--persistent", true},
+    {"--fast-walk", true},
     {"--tile-occupancy", true},
     {"--out", true},
     {"--help", false},
@@ -692,6 +695,10 @@ std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
          using M = kernels::PersistentMode;
          a.launch.persistent = parse_choice<M>(
              n, v, {{"auto", M::kAuto}, {"always", M::kAlways}, {"never", M::kNever}});
+       }},
+      {"--fast-walk",
+       [&](auto& n, auto& v) {
+         a.launch.fast_walk = parse_choice<bool>(n, v, {{"on", true}, {"off", false}});
        }},
       {"--tile-occupancy",
        [&](auto& n, auto& v) {

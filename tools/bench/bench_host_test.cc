@@ -111,6 +111,9 @@ TEST_CASE("kda_bench args: defaults and presets", "[tools][bench]") {
   CHECK(parse({}).launch == kernels::LaunchOverrides{});  // what engines run
   CHECK(parse({"--persistent", "always"}).launch.persistent == kernels::PersistentMode::kAlways);
   CHECK(parse({"--persistent=never"}).launch.persistent == kernels::PersistentMode::kNever);
+  CHECK(parse({}).launch.fast_walk);
+  CHECK_FALSE(parse({"--fast-walk", "off"}).launch.fast_walk);
+  require_arg_error({"--fast-walk", "maybe"}, "on or off");
   CHECK(parse({"--tile-occupancy", "one"}).launch.occupancy == kernels::TileOccupancy::kOnePerSm);
   CHECK(parse({"--tile-occupancy=two"}).launch.occupancy == kernels::TileOccupancy::kTwoPerSm);
   CHECK_FALSE(parse({"--no-pdl"}).launch.pdl);
