@@ -182,16 +182,28 @@ TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 ap
     CHECK(f.numerics == VerifyNumerics::kFast);
     CHECK(f.features == kernels::kNoFeatures);
     CHECK(f.items == 64 * 32 * (128 / bv));
-    // Beyond one wave the resident CTAs walk the items.
-    CHECK(f.grid == kernels::kFastCtasPerSm * kSm90.sms);
+    // Beyond kFastWalkMaxWaves waves (2048 items and more): a CTA per item.
+    CHECK(f.grid == f.items);
     CHECK(f.kernel().find("fast-chunk") != std::string::npos);
-    CHECK(f.kernel().find("x264 CTAs") != std::string::npos);
+    CHECK(f.kernel().find("CTAs") == std::string::npos);
+  }
+  // B = 16: 512, 1024 and 2048 items at BV = 128, 64, 32: the resident CTAs walk the items from
+  // one wave up to kFastWalkMaxWaves (264 CTAs per wave here).
+  VerifyParams p16 = p;
+  p16.B = 16;
+  for (const int bv : kernels::kFastBlockVs) {
+    CAPTURE(bv);
+    const VerifyPlan f = plan(p16, VerifyPath::kFused, bv);
+    const bool walks = f.items <= kernels::kFastWalkMaxWaves * kernels::kFastCtasPerSm * kSm90.sms;
+    CHECK(walks == (bv != 32));
+    CHECK(f.grid == (walks ? kernels::kFastCtasPerSm * kSm90.sms : f.items));
+    CHECK((f.kernel().find("x264 CTAs") != std::string::npos) == walks);
     LaunchOverrides never;
     never.persistent = kernels::PersistentMode::kNever;
-    CHECK(plan(p, VerifyPath::kFused, bv, never).grid == f.items);
+    CHECK(plan(p16, VerifyPath::kFused, bv, never).grid == f.items);
     LaunchOverrides no_walk;
     no_walk.fast_walk = false;
-    CHECK(plan(p, VerifyPath::kFused, bv, no_walk).grid == f.items);
+    CHECK(plan(p16, VerifyPath::kFused, bv, no_walk).grid == f.items);
   }
   // Within one wave: a CTA per item (B = 1: 32 heads x 128 / bv tiles <= 264).
   VerifyParams one = p;
@@ -207,18 +219,18 @@ TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 ap
   CHECK(plan(one, VerifyPath::kFused, 64, squeezed).grid == 3);
   // No walk where the inputs are not staged: beyond one token chunk, a lazy call, inputs not
   // copyable in 16-byte pieces.
-  VerifyParams long_chunk = p;
+  VerifyParams long_chunk = p16;
   long_chunk.T = 12;
   long_chunk.T_max = 12;
   CHECK_FALSE(kernels::fast_walk_possible(long_chunk));
   CHECK(plan(long_chunk, VerifyPath::kFused, 128).grid ==
         plan(long_chunk, VerifyPath::kFused, 128).items);
-  VerifyParams odd = p;
+  VerifyParams odd = p16;
   odd.a_stride = 4100;
   CHECK_FALSE(kernels::fast_walk_possible(odd));
   CHECK(plan(odd, VerifyPath::kFused, 128).grid == plan(odd, VerifyPath::kFused, 128).items);
   static const int32_t lazy_pending[64] = {};
-  VerifyParams lazy = p;
+  VerifyParams lazy = p16;
   lazy.lazy = 1;
   lazy.ring_pending = lazy_pending;
   CHECK_FALSE(kernels::fast_walk_possible(lazy));

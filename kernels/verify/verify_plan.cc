@@ -93,11 +93,14 @@ VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v, cons
   if (!extend && fast_outputs_plannable(p, path, block_v)) {
     plan.schedule = VerifySchedule::kFastChunk;
     plan.numerics = VerifyNumerics::kFast;
-    // Beyond one wave the resident CTAs walk the items, each item's inputs and state tile
-    // copied under the previous item's work (fast_walk.cuh); the bits are the same at every grid.
-    const int64_t grid =
-        persistent_grid(plan.items, kFastCtasPerSm, caps, o, o.fast_walk && fast_walk_possible(p),
-                        PersistentFrom::kBeyondOneWave);
+    // Beyond one wave, up to kFastWalkMaxWaves, the resident CTAs walk the items, each item's
+    // inputs and state tile copied under the previous item's work (fast_walk.cuh); the bits are
+    // the same at every grid.
+    const bool walk_pays = o.persistent == PersistentMode::kAlways || caps.sms <= 0 ||
+                           plan.items <= int64_t{kFastWalkMaxWaves} * kFastCtasPerSm * caps.sms;
+    const int64_t grid = persistent_grid(plan.items, kFastCtasPerSm, caps, o,
+                                         o.fast_walk && walk_pays && fast_walk_possible(p),
+                                         PersistentFrom::kBeyondOneWave);
     if (grid > 0) {
       plan.grid = grid;
     }
