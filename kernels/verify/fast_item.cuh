@@ -359,12 +359,18 @@ struct FastItem : ItemPrologue<Traits> {
     }
   }
 
+  /// The state tile of (slot, v-head hv, V tile from v0): min(BV, V - v0) rows of K f32.
+  static __device__ __forceinline__ const float* tile_head(const VerifyParams& p, int slot, int hv,
+                                                           int v0) {
+    return p.ssm_state + slot * p.ssm_slot_stride + (static_cast<int64_t>(hv) * p.V + v0) * K;
+  }
+
   /// Puts state tile `head` (`cols` <= BV rows of K f32, contiguous) in flight to the stage
-  /// (cp.async, waited for by cp_async_wait_all): thread tid copies the 16-byte chunk
+  /// (cp.async, waited for by the source's wait_state): thread tid copies the 16-byte chunk
   /// tid % (K / 4) of rows tid / (K / 4) + kRowsPerPass i (one cp.async each at a fixed offset: a
   /// row keeps its parity, so its swizzle); rows past `cols` are zero-filled (no column reads
-  /// garbage) and read nothing. The stage is complete once every thread has passed
-  /// cp_async_wait_all and a __syncthreads.
+  /// garbage) and read nothing. The stage is complete once every thread has waited for its
+  /// copies and passed a __syncthreads.
   __device__ __forceinline__ void stage_tile(float* stage, const float* head, int cols) const {
     constexpr int kChunksPerRow = K / 4;
     constexpr int kRowsPerPass = Cfg::kThreads / kChunksPerRow;
@@ -421,9 +427,7 @@ struct FastItem : ItemPrologue<Traits> {
     // 1. The state tile in flight (unless the previous item of this CTA put it there already).
     float* const stage = reinterpret_cast<float*>(smem);
     if (src.stages_own_tile()) {
-      stage_tile(stage,
-                 p.ssm_state + slot * p.ssm_slot_stride + (static_cast<int64_t>(hv) * p.V + v0) * K,
-                 cols);
+      stage_tile(stage, tile_head(p, slot, hv, v0), cols);
     }
 
     // 2. The exact prologue, chunk by chunk, into one TileSmem per chunk.

@@ -82,10 +82,7 @@ struct FastWalkSource : GlobalSource<Item, false> {
     if (slot >= 0) {
       const ItemCoords at = fast_item_coords(it.args.div, next_item);
       const int v0 = at.tile * Cfg::BV;
-      it.stage_tile(stage,
-                    it.p.ssm_state + slot * it.p.ssm_slot_stride +
-                        (static_cast<int64_t>(at.hv) * it.p.V + v0) * Cfg::K,
-                    min(Cfg::BV, it.p.V - v0));
+      it.stage_tile(stage, FastItemT::tile_head(it.p, slot, at.hv, v0), min(Cfg::BV, it.p.V - v0));
     }
     cp_async_commit();
     return slot >= 0;
@@ -135,10 +132,7 @@ __global__ void __launch_bounds__(256, 2)
             *inputs, p, at, slot, shaped_rows_of<Traits::kShaped>(p, at.n));
         cp_async_commit();
         const int v0 = at.tile * Traits::BV;
-        it.stage_tile(stage,
-                      p.ssm_state + slot * p.ssm_slot_stride +
-                          (static_cast<int64_t>(at.hv) * p.V + v0) * Traits::K,
-                      min(Traits::BV, p.V - v0));
+        it.stage_tile(stage, Item::tile_head(p, slot, at.hv, v0), min(Traits::BV, p.V - v0));
         cp_async_commit();
       }
       cp_async_wait_group<1>();  // this item's inputs (its tile may still be in flight)
