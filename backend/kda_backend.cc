@@ -66,21 +66,15 @@ CommitMode commit_mode(const ModelConfig& m, const EngineFlags& f, const Platfor
              : CommitMode::kEager;
 }
 
-// Whether a deferred commit keeps u records: only where every verify's outputs are exact. Where
-// the outputs may be fast (--kda-verify-numerics fast, or auto on a card whose table picks fast
-// for this model) the commit is u-free: the chunked outputs compute no exact per-step u. The lazy
+// Whether a deferred commit keeps u records: unless the outputs are asked to be fast
+// (--kda-verify-numerics fast: the chunked outputs compute no exact per-step u, so the commit is
+// u-free). `auto` keeps them: a deferred backend then runs exact outputs (the dispatcher's
+// kExactDeferredFold), since the u-free deferred step with fast outputs measured slower than the
+// exact deferred step at every row (docs/perf.md §7); an eager backend keeps no deferred records
+// and its verifies take the fast outputs where the card's numerics table picks them. The lazy
 // write-back keeps none (its verify's outputs are fast, contract §11).
-bool keeps_u_records(const ModelConfig& m, const EngineFlags& f, const Platform& platform) {
-  switch (f.numerics_request()) {
-    case NumericsRequest::kExact:
-      return true;
-    case NumericsRequest::kFast:
-      return false;
-    case NumericsRequest::kAuto:
-      break;
-  }
-  return !numerics_policy_may_pick_fast(nearest_numerics_policy_card(platform.memory_gbps), m.H,
-                                        m.HV, m.K, m.V);
+bool keeps_u_records(const EngineFlags& f) {
+  return f.numerics_request() != NumericsRequest::kFast;
 }
 
 PoolConfig make_pool_config(const ModelConfig& m, const EngineFlags& f, const Device& device,
@@ -104,7 +98,7 @@ PoolConfig make_pool_config(const ModelConfig& m, const EngineFlags& f, const De
   const CommitMode mode = commit_mode(m, f, platform, kernels, o);
   c.deferred_commit = mode != CommitMode::kEager;
   c.lazy_commit = mode == CommitMode::kLazy;
-  c.deferred_u_records = !c.lazy_commit && keeps_u_records(m, f, platform);  // ring_u
+  c.deferred_u_records = !c.lazy_commit && keeps_u_records(f);  // ring_u
   c.device = device;
   c.memory_budget_bytes = o.memory_budget_bytes;
   return c;

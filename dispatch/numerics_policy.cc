@@ -44,17 +44,6 @@ const NumericsPolicyRow* numerics_policy_row(const NumericsPolicyCard& card,
   });
 }
 
-bool numerics_policy_may_pick_fast(const NumericsPolicyCard& card, int H, int HV, int K,
-                                   int V) noexcept {
-  for (size_t i = 0; i < card.count; ++i) {
-    const NumericsPolicyRow& r = card.rows[i];
-    if (r.H == H && r.HV == HV && r.K == K && r.V == V && r.pick == VerifyNumerics::kFast) {
-      return true;
-    }
-  }
-  return false;
-}
-
 bool fast_outputs_pay(const NumericsPolicyRow& row) noexcept {
   const double exact_share = row.exact_us - row.gemm_us;
   const double fast_share = row.fast_us - row.gemm_us;

@@ -52,11 +52,6 @@ const NumericsPolicyCard& nearest_numerics_policy_card(double memory_gbps) noexc
 const NumericsPolicyRow* numerics_policy_row(const NumericsPolicyCard& card,
                                              const NumericsPolicyShape& shape) noexcept;
 
-/// Whether `card`'s table picks the fast outputs at any measured row of a model's heads (H, HV,
-/// K, V): then `auto` may run them, so a deferred commit must be u-free (the backend's pool).
-bool numerics_policy_may_pick_fast(const NumericsPolicyCard& card, int H, int HV, int K,
-                                   int V) noexcept;
-
 /// The generator's rule on one row's numbers: fast's KDA share below exact's by more than
 /// kFastMinGainPct. A table's `pick` must agree with it (dispatch_test checks every row).
 bool fast_outputs_pay(const NumericsPolicyRow& row) noexcept;

@@ -189,7 +189,7 @@ TEST_CASE("backend numerics: a deferred commit with fast outputs is u-free and f
     }
     commit(h, {3});
   }
-  SECTION("exact or auto without a fast row keep the u records") {
+  SECTION("exact or auto keep the u records (auto's deferred verifies run exact)") {
     for (const NumericsRequest r : {NumericsRequest::kExact, NumericsRequest::kAuto}) {
       Harness e(kGqaCase, numerics_flags(true, true, r), fake_platform(9, 0));
       CHECK(e.pool().config().deferred_u_records);

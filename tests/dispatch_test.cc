@@ -862,6 +862,17 @@ TEST_CASE("dispatch: each numerics reason, in the rules' order", "[dispatch][num
     want = NumericsReason::kExactBlockV;
     text = "outputs exact: --kda-verify-block-v = 16 is not a fast tile (32, 64, 128)";
   }
+  SECTION("auto on a deferred commit with u records: exact whatever the row says") {
+    // The backend keeps u records under auto (its u-free deferred step measured slower), so a
+    // deferred verify stays exact even where the table picks fast.
+    flags.numerics = NumericsRequest::kAuto;
+    flags.numerics_table = &kTestNumericsCard;
+    p = fixture().problem(8, RecordMode::kRing);
+    p.deferred = true;
+    p.u_records = true;
+    want = NumericsReason::kExactDeferredFold;
+    text = "outputs exact: the deferred commit keeps u records (its pool is not u-free)";
+  }
   SECTION("auto: the measured row says fast") {
     flags.numerics = NumericsRequest::kAuto;
     flags.numerics_table = &kTestNumericsCard;
