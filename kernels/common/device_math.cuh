@@ -346,8 +346,6 @@ __device__ __forceinline__ void st_bf16x2(bf16_t* p, float lo, float hi) {
   *reinterpret_cast<uint32_t*>(p) = u;
 }
 
-// ---- programmatic dependent launch (sm_90+; no-ops when launched without the attribute) ----
-
 /// threadIdx.x, read where it is called: a loop over work items that takes its index arithmetic
 /// from here computes it per item rather than holding it in registers across the loop.
 __device__ __forceinline__ int thread_index_opaque() {
@@ -355,6 +353,8 @@ __device__ __forceinline__ int thread_index_opaque() {
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
   return t;
 }
+
+// ---- programmatic dependent launch (sm_90+; no-ops when launched without the attribute) ----
 
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -27,6 +27,21 @@ for table in "${tables[@]}"; do
 done
 rm -f /tmp/auto_table_diff.$$
 
+# expect_rows WHAT OK WANT ARGS...: the generator's rows for ARGS must be WANT (one per line).
+expect_rows() {
+  local what=$1 ok=$2 want=$3
+  shift 3
+  local got
+  got=$(python3 tools/bench/make_auto_table.py "$@" | grep '^KDA_')
+  if [[ $got != "$want" ]]; then
+    echo "auto_table_test: $what: got" >&2
+    echo "$got" >&2
+    fail=1
+  else
+    echo "auto_table_test: $ok"
+  fi
+}
+
 # The numerics table's pick on a step CSV with a numerics column: kFast only where fast's KDA share
 # (step - gemm-only step) is below exact's x 0.99; a verify-phase row and a deferred row are not
 # read; a shape without both numerics gets no row.
@@ -45,16 +60,11 @@ step,4,4,fused+ring,900.0,32,32,128,128,exact
 step,4,4,fused+ring+deferred,700.0,32,32,128,128,fast
 verify,4,4,fused+ring,10.0,32,32,128,128,fast
 CSV
-want='KDA_NUMERICS_ROW(32, 32, 128, 128, 4, 1, 900.0, 899.0, 800.0, kExact)
-KDA_NUMERICS_ROW(32, 32, 128, 128, 4, 2, 900.0, 898.9, 800.0, kFast)'
-got=$(python3 tools/bench/make_auto_table.py --table numerics --card test "$csv" | grep '^KDA_')
-if [[ $got != "$want" ]]; then
-  echo "auto_table_test: the numerics rule on the synthetic CSV: got" >&2
-  echo "$got" >&2
-  fail=1
-else
-  echo "auto_table_test: the numerics rule picks fast only beyond the minimum gain"
-fi
+expect_rows "the numerics rule on the synthetic CSV" \
+  "the numerics rule picks fast only beyond the minimum gain" \
+  'KDA_NUMERICS_ROW(32, 32, 128, 128, 4, 1, 900.0, 899.0, 800.0, kExact)
+KDA_NUMERICS_ROW(32, 32, 128, 128, 4, 2, 900.0, 898.9, 800.0, kFast)' \
+  --table numerics --card test "$csv"
 
 # The lazy table on a step CSV: a row only where all six steps were measured (B = 1; B = 2 lacks
 # the fast deferred step), each the mean over its runs, L the --ring-len given.
@@ -78,13 +88,8 @@ step,4,2,fused+ring+deferred,950.0,32,32,128,128,exact
 step,4,2,fused+ring,880.0,32,32,128,128,fast
 step,4,2,fused+ring+lazy,870.0,32,32,128,128,fast
 CSV
-want='KDA_LAZY_ROW(32, 32, 128, 128, 32, 4, 1, 900.0, 950.0, 880.0, 890.0, 865.0, 800.0)'
-got=$(python3 tools/bench/make_auto_table.py --table lazy --card test --ring-len 32 "$csv" | grep '^KDA_')
-if [[ $got != "$want" ]]; then
-  echo "auto_table_test: the lazy table on the synthetic CSV: got" >&2
-  echo "$got" >&2
-  fail=1
-else
-  echo "auto_table_test: the lazy table keeps only fully measured shapes, with the given L"
-fi
+expect_rows "the lazy table on the synthetic CSV" \
+  "the lazy table keeps only fully measured shapes, with the given L" \
+  'KDA_LAZY_ROW(32, 32, 128, 128, 32, 4, 1, 900.0, 950.0, 880.0, 890.0, 865.0, 800.0)' \
+  --table lazy --card test --ring-len 32 "$csv"
 exit $fail
