@@ -253,7 +253,7 @@ Timing (contract §6 methodology):
   --l2-cold              verify: rotate through independent layer copies so the bytes touched
                          between two uses of one copy exceed 2x the L2 size
   --max-copies N         cap on --l2-cold copies (default 256)
-  --hbm-gbps X           HBM floor bandwidth in GB/s (default 4150 = contract's 4.15 TB/s)
+  --hbm-gbps X           HBM floor bandwidth in GB/s (default: the measured D2D copy rate)
   --copy-mib N           size of the D2D copy-bandwidth probe (default 256)
 
 Other:

@@ -100,9 +100,15 @@ struct BenchArgs {
   bool l2_cold = false;
   int max_copies = 256;  ///< l2-cold: cap on independent layer copies
 
-  double hbm_gbps = 4150.0;  ///< floor bandwidth (contract §6: 4.15 TB/s)
-  int copy_mib = 256;        ///< D2D copy-bandwidth probe size
-  int ring_len = 0;          ///< 0: max(16, next pow2 of 2*T_max)
+  /// Floor bandwidth in GB/s; 0: the card's measured D2D copy rate (contract §6), which run()
+  /// writes here before any floor is printed or computed.
+  double hbm_gbps = 0.0;
+  /// The floor bandwidth before the copy rate is measured (the dry run's estimates): --hbm-gbps,
+  /// else kPlanningGbps.
+  double planning_gbps() const { return hbm_gbps > 0.0 ? hbm_gbps : kPlanningGbps; }
+  static constexpr double kPlanningGbps = 4150.0;  ///< an H200's copy rate (contract §6)
+  int copy_mib = 256;                              ///< D2D copy-bandwidth probe size
+  int ring_len = 0;                                ///< 0: max(16, next pow2 of 2*T_max)
   uint64_t seed = 0;
   bool guard = true;
   bool brief = false;    ///< table: fused rows only for the best BV

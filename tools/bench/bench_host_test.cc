@@ -66,6 +66,10 @@ TEST_CASE("kda_bench args: defaults and presets", "[tools][bench]") {
   CHECK(d.batch_sizes == std::vector<int>{1, 2, 4, 8, 16, 32, 64});
   CHECK(d.draft_tokens == std::vector<int>{4, 8});
   CHECK(d.block_v == 0);  // auto: the dispatcher's tile per B
+  // Floors at the measured copy rate (run() fills hbm_gbps); the dry run plans at an H200's.
+  CHECK(d.hbm_gbps == 0.0);
+  CHECK(d.planning_gbps() == BenchArgs::kPlanningGbps);
+  CHECK(parse({"--hbm-gbps", "3010"}).planning_gbps() == 3010.0);
   const RecordMode ring = RecordMode::kRing;
   const RecordMode snap = RecordMode::kSnapshot;
   CHECK(d.fused_block_vs(1, 4, ring) == std::vector<int>{kernels::default_block_v(1, 32, 128)});
@@ -127,6 +131,7 @@ TEST_CASE("kda_bench args: bad values name the flag", "[tools][bench]") {
   require_arg_error({"--heads"}, "--heads: missing value");
   require_arg_error({"--heads", "3", "--hv-heads", "8"}, "multiple of --heads");
   require_arg_error({"--head-k-dim", "96"}, "64 or 128");
+  require_arg_error({"--hbm-gbps", "0"}, "a positive bandwidth");
   require_arg_error({"--block-v", "4"}, "--block-v: bad value '4'");
   require_arg_error({"--batch-sizes", "1,,2"}, "--batch-sizes");
   require_arg_error({"--batch-sizes", "0"}, "[1, 65535]");

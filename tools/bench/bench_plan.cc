@@ -184,10 +184,10 @@ void print_plan(const BenchArgs& a, int64_t l2_bytes) {
   fmt::print(
       "dry run: nothing is allocated or timed; device time is a lower bound (every call "
       "at the {:.0f} GB/s floor, >= {} us)\n",
-      a.hbm_gbps, kMinCallUs);
+      a.planning_gbps(), kMinCallUs);
   double total = 0.0;
-  const double copy_s =
-      timing_seconds(a, a.calls, a.iters, floor_us(2 * (int64_t{a.copy_mib} << 20), a.hbm_gbps));
+  const double copy_s = timing_seconds(
+      a, a.calls, a.iters, floor_us(2 * (int64_t{a.copy_mib} << 20), a.planning_gbps()));
   fmt::print("copy probe: {} MiB x2: >= {:.1f} s\n", 2 * a.copy_mib, copy_s);
   total += copy_s;
 
@@ -226,7 +226,7 @@ void print_plan(const BenchArgs& a, int64_t l2_bytes) {
       for (int T : a.draft_tokens) {
         for (const VerifyConfig& c : verify_configs(a, B, T, &notes)) {
           const VerifyBytes vb = verify_bytes(a.shape, B, T, variant_mode(c.variant));
-          const double us = floor_us(vb.moved(!variant_is_fused(c.variant)), a.hbm_gbps);
+          const double us = floor_us(vb.moved(!variant_is_fused(c.variant)), a.planning_gbps());
           s += timing_seconds(a, calls, a.iters, us);
           timings += 1;
         }
@@ -259,18 +259,18 @@ void print_plan(const BenchArgs& a, int64_t l2_bytes) {
             bytes += cfg.ring ? cb.fold + cb.conv + tb.ring + 2 * cb.conv + tb.deferred : 0;
             bytes += cfg.snapshot ? cb.snapshot + cb.conv + tb.snapshot : 0;
           }
-          s += timing_seconds(a, a.calls, a.commit_iters, floor_us(bytes, a.hbm_gbps));
+          s += timing_seconds(a, a.calls, a.commit_iters, floor_us(bytes, a.planning_gbps()));
           continue;
         }
         for (Variant v : a.variants) {
           const VerifyBytes vb = verify_bytes(a.shape, B, T, variant_mode(v));
           const double verify_us =
-              std::max(floor_us(vb.moved(!variant_is_fused(v)), a.hbm_gbps), kMinCallUs);
+              std::max(floor_us(vb.moved(!variant_is_fused(v)), a.planning_gbps()), kMinCallUs);
           const int64_t commit =
               (variant_mode(v) == RecordMode::kRing ? cb.fold : cb.snapshot) + cb.conv;
           s += round_rows(a, v, B, T, &notes) *
                timing_seconds(a, 1, a.round_iters,
-                              a.layers * verify_us + floor_us(commit, a.hbm_gbps));
+                              a.layers * verify_us + floor_us(commit, a.planning_gbps()));
         }
       }
       fmt::print(
@@ -293,13 +293,15 @@ void print_plan(const BenchArgs& a, int64_t l2_bytes) {
       double s = 0.0;
       for (int T : a.draft_tokens) {
         const int64_t gemm = step_gemm_weight_bytes(a.shape, a.layers, lay.hidden, lay.mlp);
-        const double gemm_us = std::max(floor_us(gemm, a.hbm_gbps), a.layers * 2 * kMinCallUs);
+        const double gemm_us =
+            std::max(floor_us(gemm, a.planning_gbps()), a.layers * 2 * kMinCallUs);
         const StepBytes kda = step_kda_bytes(a.shape, a.layers, B, T, step_accepted(a.seed, T, B));
         s += timing_seconds(a, 1, a.step_iters, gemm_us);
         for (Variant v : a.variants) {
           const bool ring = variant_mode(v) == RecordMode::kRing;
-          const double us = gemm_us + std::max(floor_us(ring ? kda.ring : kda.snapshot, a.hbm_gbps),
-                                               a.layers * kMinCallUs);
+          const double us =
+              gemm_us + std::max(floor_us(ring ? kda.ring : kda.snapshot, a.planning_gbps()),
+                                 a.layers * kMinCallUs);
           s += round_rows(a, v, B, T, &notes) * timing_seconds(a, 1, a.step_iters, us);
         }
       }
