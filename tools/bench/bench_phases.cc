@@ -109,7 +109,8 @@ Row verify_row(const BenchContext& ctx, Phase phase, Variant v, int bv, int T, i
   const VerifyBytes vb = verify_bytes(ctx.args.shape, B, T, r.mode);
   r.model_bytes = vb.model();
   r.moved_bytes = vb.moved(!r.fused);
-  r.target_us = phase == Phase::kVerify ? target_us(ctx.args.preset, ctx.args.shape, r.mode, T, B)
+  r.target_us = phase == Phase::kVerify ? target_us(ctx.args.preset, ctx.args.shape, r.mode, T, B,
+                                                    ctx.args.planning_gbps())
                                         : std::nullopt;
   return r;
 }

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "kernels/kda_kernels.h"
+#include "tools/bench/bench_bytes.h"
 
 namespace kda::bench {
 
@@ -41,14 +42,12 @@ bool same_shape(const Shape& a, const Shape& b) {
 struct TargetEntry {
   Preset preset;
   int T, B;
-  double us;
+  double of_floor;  ///< the target: this multiple of the call's floor
 };
-// contract §6, ring mode (H200, one layer's verify, in a CUDA graph).
+// contract §6: the fused+ring verify (one layer's call in a CUDA graph), on the card at hand.
 constexpr TargetEntry kTargets[] = {
-    {Preset::kKimiLinear, 4, 1, 3.5},   {Preset::kKimiLinear, 4, 4, 5.5},
-    {Preset::kKimiLinear, 4, 16, 13.0}, {Preset::kKimiLinear, 4, 64, 50.0},
-    {Preset::kKimiLinear, 8, 1, 7.0},   {Preset::kKimiLinear, 8, 64, 62.0},
-    {Preset::kK3Tp8, 4, 1, 3.5},        {Preset::kK3Tp8, 4, 64, 20.0},
+    {Preset::kKimiLinear, 4, 64, 1.15},
+    {Preset::kKimiLinear, 8, 64, 1.2},
 };
 
 std::string bv_cell(const Row& r) {
@@ -128,14 +127,15 @@ struct FileCloser {
 
 }  // namespace
 
-std::optional<double> target_us(Preset preset, const Shape& shape, RecordMode mode, int T, int B) {
+std::optional<double> target_us(Preset preset, const Shape& shape, RecordMode mode, int T, int B,
+                                double floor_gbps) {
   if (preset == Preset::kNone || mode != RecordMode::kRing ||
       !same_shape(shape, preset_shape(preset))) {
     return std::nullopt;
   }
   for (const TargetEntry& t : kTargets) {
     if (t.preset == preset && t.T == T && t.B == B) {
-      return t.us;
+      return t.of_floor * floor_us(verify_bytes(shape, B, T, mode).model(), floor_gbps);
     }
   }
   return std::nullopt;
@@ -398,7 +398,8 @@ Recommendation recommend(const std::vector<Row>& rows, const BenchArgs& args) {
     }
     // The targets are ring mode's: a row with no ring path timed has no verdict.
     if (!e.ring_path.empty()) {
-      e.target_us = target_us(args.preset, args.shape, RecordMode::kRing, e.T, e.B);
+      e.target_us =
+          target_us(args.preset, args.shape, RecordMode::kRing, e.T, e.B, args.planning_gbps());
     }
     rec.entries.push_back(e);
   }

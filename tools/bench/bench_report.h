@@ -60,9 +60,11 @@ struct Row {
   bool target_ok() const { return target_us && timing.median_us <= *target_us; }
 };
 
-/// Contract §6 ring-mode targets for the preset shapes (only while the shape is the
-/// preset's); std::nullopt elsewhere.
-std::optional<double> target_us(Preset preset, const Shape& shape, RecordMode mode, int T, int B);
+/// Contract §6's verify targets, ring mode, for the preset shapes (only while the shape is the
+/// preset's): a multiple of the call's floor at `floor_gbps` (the card's copy rate); std::nullopt
+/// elsewhere.
+std::optional<double> target_us(Preset preset, const Shape& shape, RecordMode mode, int T, int B,
+                                double floor_gbps);
 
 /// Sets best_bv on the fastest fused row of every (phase, T, B, mode, numerics) group in `rows`.
 void mark_best_bv(std::vector<Row>& rows);
