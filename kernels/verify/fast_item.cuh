@@ -414,14 +414,20 @@ struct FastItem : ItemPrologue<Traits> {
     const int C = P + T;
     const ChunkOrder order{P, T};
 
-    // The pair's conv history first (raw bits): the conv waits for it, the state tile is needed
-    // only after the prologue.
+    // The pair's conv history and (Src::kEarlyInputs) the first chunk's inputs first (raw bits):
+    // the conv waits for them, the state tile is needed only after the prologue. Issued before the
+    // tile's copies, they reach the memory pipe ahead of them, and the inputs do not wait for the
+    // history's conversion: one round trip before the conv, not two behind the tile.
     uint32_t hist_bits[kConvHistory] = {};
     if (pair_channel >= 0) {
 #pragma unroll
       for (int j = 0; j < kConvHistory; ++j) {
         hist_bits[j] = src.hist(*this, slot, j);
       }
+    }
+    ChunkInputs in;
+    if constexpr (Src::kEarlyInputs) {
+      load_chunk(src, 0, min(Cfg::kChunk, T), in);
     }
 
     // 1. The state tile in flight (unless the previous item of this CTA put it there already).
@@ -446,8 +452,9 @@ struct FastItem : ItemPrologue<Traits> {
     for (int t0 = 0; t0 < T; t0 += Cfg::kChunk) {
       TileSmem<Cfg>& sm = chunk(t0);
       const int tc = min(Cfg::kChunk, T - t0);
-      ChunkInputs in;
-      load_chunk(src, t0, tc, in);
+      if (!Src::kEarlyInputs || t0 > 0) {
+        load_chunk(src, t0, tc, in);
+      }
       if (pair_channel >= 0) {
         const PairStores pair =
             pair_stores(sm, slot, row, /*ring=*/true, cursor, qk_owner, write_window);
@@ -572,6 +579,8 @@ struct FastGlobalSource : GlobalSource<Item, false> {
   static __device__ __forceinline__ FastGlobalSource for_item(const Item& it) {
     return {GlobalSource<Item, false>::for_item(it)};
   }
+  /// The first chunk's inputs come from global memory: issued with the conv history.
+  static constexpr bool kEarlyInputs = true;
   __device__ __forceinline__ bool stages_own_tile() const { return true; }
   __device__ __forceinline__ void inputs_consumed(const Item&) const {}
   __device__ __forceinline__ void wait_state() const { cp_async_wait_all(); }

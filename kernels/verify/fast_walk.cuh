@@ -62,6 +62,8 @@ struct FastWalkSource : GlobalSource<Item, false> {
   __device__ __forceinline__ uint32_t a(const Item& it, int t0, int tt) const {
     return ld_bf16_bits(&in->a[t0 + tt][it.gate_key]);
   }
+  /// The inputs are in shared memory already: read where the conv needs them.
+  static constexpr bool kEarlyInputs = false;
   __device__ __forceinline__ bool stages_own_tile() const { return false; }
   /// Every thread is past the barrier after the item's last read of `in`: the next item's inputs.
   __device__ __forceinline__ void inputs_consumed(const Item& it) const {
