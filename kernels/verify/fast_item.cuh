@@ -2,7 +2,8 @@
 // threads, two per SM, a CTA per work item (V tile, v-head hv, request n) here, or the resident
 // CTAs walking the items beyond one wave (fast_walk.cuh). Per item:
 //   1. The state tile [BV][K] f32 goes in flight to shared memory (cp.async), right after the
-//      conv history's loads (a walking CTA's previous item has put it in flight already).
+//      conv history's and the first chunk's loads (a walking CTA's previous item has put it in
+//      flight already).
 //   2. The exact prologue, per 8-token chunk (item_prologue.cuh, the code every exact path runs):
 //      conv + SiLU, gates, ring records and conv windows, q/k norms. So the records, windows and
 //      everything the fold reads are bitwise the exact verify's.
