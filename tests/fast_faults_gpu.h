@@ -11,7 +11,8 @@ enum class PlantedFastFault : int {
   kOneTf32Product,
   kDecayOffByOne,
   kDropIntraTerm,
-  kMaskOffByOne
+  kMaskOffByOne,
+  kLateTileUnwaited  ///< launched staggered (TileArgs::stagger_tiles)
 };
 const char* planted_fast_fault_name(PlantedFastFault f);
 

@@ -9,7 +9,8 @@
 //   (a) batch invariance: a request's outputs bitwise the same at every fast tile, in a sub-batch,
 //       in another batch order, from another slot, in a CUDA graph, dense vs ragged (equal T_n).
 // Planted faults (fast_faults_gpu.h: 1xTF32, a decay ratio a step late, token 1 without its
-// intra-chunk terms, the output mask off by one) each make the (b) or (c) check fail.
+// intra-chunk terms, the output mask off by one, a staggered CTA's late tile not waited for) each
+// make the (b) or (c) check fail.
 // Statistics of (b) and (c) are printed per table (WARN), for the closing note.
 #include <cuda_runtime_api.h>
 #include <catch2/catch.hpp>
@@ -340,6 +341,68 @@ TEST_CASE("fast outputs: bitwise batch-invariant (tile, sub-batch, order, slot, 
     CHECK_THROWS_WITH(kernels::invoke_verify(q, bad, nullptr), Catch::Contains("CTAs, got"));
     REQUIRE(bitwise_equal(padded.out(), std::vector<bf16_t>(ref.size(), float_to_bf16(-9.0f))));
   }
+  SECTION("staggered tiles: the same bits as early ones; refused on walking and exact plans") {
+    // A staggered plan's odd-parity CTAs stage their state tile after the first chunk's gates.
+    // Forced on a small grid (the plan staggers only beyond one wave), with a padding request,
+    // dense and mixed ragged rows, at every fast tile: bitwise the unstaggered outputs.
+    VerifyCase cp = c;
+    cp.neg_slot = true;
+    cp.pad_at = 1;
+    VerifyProblem padded(cp, kGpu);
+    const std::vector<int32_t> mixed = ragged_offsets(c.B, c.T, 7);
+    const Buffer mixed_offsets = make_buffer(mixed, kGpu);
+    const int64_t out_elems = static_cast<int64_t>(ref.size());
+    kernels::LaunchOverrides per_item;
+    per_item.persistent = kernels::PersistentMode::kNever;
+    per_item.fast_stagger = false;
+    for (const bool ragged : {false, true}) {
+      VerifyParams q = fast(padded.params());
+      if (ragged) {
+        q.token_offsets = static_cast<const int32_t*>(mixed_offsets.data());
+      }
+      for (const int bv : kernels::kFastBlockVs) {
+        CAPTURE(ragged, bv);
+        const kernels::VerifyPlan early =
+            kernels::plan_verify_on_device(q, VerifyPath::kFused, bv, per_item);
+        REQUIRE(early.grid == early.items);
+        REQUIRE_FALSE(early.stagger_tiles);
+        padded.set(Tensor::kOut, std::vector<bf16_t>(out_elems, float_to_bf16(-9.0f)));
+        kernels::invoke_verify(q, early, nullptr);
+        REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
+        const std::vector<bf16_t> want = padded.out();
+        kernels::VerifyPlan staggered = early;
+        staggered.stagger_tiles = true;
+        padded.set(Tensor::kOut, std::vector<bf16_t>(out_elems, float_to_bf16(7.0f)));
+        kernels::invoke_verify(q, staggered, nullptr);
+        REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
+        REQUIRE(bitwise_equal(padded.out(), want));
+      }
+    }
+    const VerifyParams q = fast(padded.params());
+    const std::vector<bf16_t> garbage(ref.size(), float_to_bf16(-5.0f));
+    // A walking plan that staggers: refused before anything runs.
+    if (kernels::fast_walk_possible(q)) {
+      kernels::LaunchOverrides walk;
+      walk.persistent = kernels::PersistentMode::kAlways;
+      walk.persistent_max_ctas = 3;
+      kernels::VerifyPlan bad = kernels::plan_verify_on_device(q, VerifyPath::kFused, 64, walk);
+      REQUIRE(bad.grid < bad.items);
+      bad.stagger_tiles = true;
+      padded.set(Tensor::kOut, garbage);
+      CHECK_THROWS_WITH(kernels::invoke_verify(q, bad, nullptr),
+                        Catch::Contains("staggers its tiles"));
+      REQUIRE(bitwise_equal(padded.out(), garbage));
+    }
+    // An exact plan that staggers: refused.
+    kernels::VerifyPlan exact_plan =
+        kernels::plan_verify_on_device(padded.params(), VerifyPath::kFused, 64);
+    REQUIRE(exact_plan.numerics == VerifyNumerics::kExact);
+    exact_plan.stagger_tiles = true;
+    padded.set(Tensor::kOut, garbage);
+    CHECK_THROWS_WITH(kernels::invoke_verify(padded.params(), exact_plan, nullptr),
+                      Catch::Contains("staggers its tiles"));
+    REQUIRE(bitwise_equal(padded.out(), garbage));
+  }
   SECTION("CUDA graph replay") {
     cudaStream_t s;
     REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
@@ -426,7 +489,8 @@ TEST_CASE("fast outputs: the plan keeps exact where §10 does not apply", "[gpu]
 TEST_CASE("fast outputs: each planted fault fails the checks", "[gpu][fast]") {
   const PlantedFastFault fault =
       GENERATE(PlantedFastFault::kOneTf32Product, PlantedFastFault::kDecayOffByOne,
-               PlantedFastFault::kDropIntraTerm, PlantedFastFault::kMaskOffByOne);
+               PlantedFastFault::kDropIntraTerm, PlantedFastFault::kMaskOffByOne,
+               PlantedFastFault::kLateTileUnwaited);
   CAPTURE(planted_fast_fault_name(fault));
   VerifyCase c = make_case(8, 8, 2, 4, 128, 128, RecordMode::kRing, 77);
   c.L = 16;

@@ -182,10 +182,20 @@ TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 ap
     CHECK(f.numerics == VerifyNumerics::kFast);
     CHECK(f.features == kernels::kNoFeatures);
     CHECK(f.items == 64 * 32 * (128 / bv));
-    // Beyond kFastWalkMaxWaves waves (2048 items and more): a CTA per item.
+    // Beyond kFastWalkMaxWaves waves (2048 items and more): a CTA per item, staggered tiles.
     CHECK(f.grid == f.items);
+    CHECK(f.stagger_tiles);
     CHECK(f.kernel().find("fast-chunk") != std::string::npos);
     CHECK(f.kernel().find("CTAs") == std::string::npos);
+    CHECK(f.kernel().find("(staggered tiles)") != std::string::npos);
+    LaunchOverrides no_stagger;
+    no_stagger.fast_stagger = false;
+    const VerifyPlan early = plan(p, VerifyPath::kFused, bv, no_stagger);
+    CHECK_FALSE(early.stagger_tiles);
+    CHECK(early != f);
+    CHECK(early.kernel().find("staggered") == std::string::npos);
+    // Unknown SMs: no wave to be beyond.
+    CHECK_FALSE(plan(p, VerifyPath::kFused, bv, {}, DeviceCaps{0, 9}).stagger_tiles);
   }
   // B = 16: 512, 1024 and 2048 items at BV = 128, 64, 32: the resident CTAs walk the items from
   // one wave up to kFastWalkMaxWaves (264 CTAs per wave here).
@@ -201,9 +211,15 @@ TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 ap
     LaunchOverrides never;
     never.persistent = kernels::PersistentMode::kNever;
     CHECK(plan(p16, VerifyPath::kFused, bv, never).grid == f.items);
+    // Walking: never staggered; a CTA per item beyond one wave: staggered.
+    CHECK(f.stagger_tiles == !walks);
     LaunchOverrides no_walk;
     no_walk.fast_walk = false;
     CHECK(plan(p16, VerifyPath::kFused, bv, no_walk).grid == f.items);
+    CHECK(plan(p16, VerifyPath::kFused, bv, no_walk).stagger_tiles);
+    CHECK(plan(p16, VerifyPath::kFused, bv, never).stagger_tiles);
+    no_walk.fast_stagger = false;
+    CHECK_FALSE(plan(p16, VerifyPath::kFused, bv, no_walk).stagger_tiles);
   }
   // Within one wave: a CTA per item (B = 1: 32 heads x 128 / bv tiles <= 264).
   VerifyParams one = p;
@@ -212,6 +228,7 @@ TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 ap
     const VerifyPlan f = plan(one, VerifyPath::kFused, bv);
     CHECK(f.grid == f.items);
     CHECK(f.kernel().find("CTAs") == std::string::npos);
+    CHECK_FALSE(f.stagger_tiles);  // within one wave
   }
   LaunchOverrides squeezed;
   squeezed.persistent = kernels::PersistentMode::kAlways;
@@ -241,6 +258,8 @@ TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 ap
   e.numerics = VerifyNumerics::kExact;
   CHECK(plan(e, VerifyPath::kFused, 128).schedule == VerifySchedule::kPersistentRing);
   CHECK(plan(e, VerifyPath::kFused, 128).numerics == VerifyNumerics::kExact);
+  CHECK_FALSE(plan(e, VerifyPath::kFused, 128).stagger_tiles);
+  CHECK_FALSE(plan(e, VerifyPath::kFused, 64).stagger_tiles);
 
   // Ragged rows: the fast kernel's ragged instantiation.
   static const int32_t offsets[3] = {0, 3, 7};

@@ -57,11 +57,14 @@ struct LaunchOverrides {
   /// Off: a fast-output verify runs a CTA per item at every size, never the item walk beyond one
   /// wave (benchmarks compare the two; the other kernels' persistent forms are unchanged).
   bool fast_walk = true;
+  /// Off: a fast-output verify with a CTA per item beyond one wave stages every CTA's state tile
+  /// early, none staggered (VerifyPlan::stagger_tiles; benchmarks compare the two).
+  bool fast_stagger = true;
 
   bool operator==(const LaunchOverrides& o) const {
     return pdl == o.pdl && persistent == o.persistent &&
            persistent_max_ctas == o.persistent_max_ctas && occupancy == o.occupancy &&
-           fast_walk == o.fast_walk;
+           fast_walk == o.fast_walk && fast_stagger == o.fast_stagger;
   }
   bool operator!=(const LaunchOverrides& o) const { return !(*this == o); }
 };

@@ -3,7 +3,9 @@
 // CTAs walking the items beyond one wave (fast_walk.cuh). Per item:
 //   1. The state tile [BV][K] f32 goes in flight to shared memory (cp.async), right after the
 //      conv history's and the first chunk's loads (a walking CTA's previous item has put it in
-//      flight already).
+//      flight already). A staggered launch (TileArgs::stagger_tiles) holds back the tiles of its
+//      odd-parity CTAs until their first chunk's gates are issued, so co-resident CTAs do not all
+//      wait on the memory pipe at once; the bits are the same either way.
 //   2. The exact prologue, per 8-token chunk (item_prologue.cuh, the code every exact path runs):
 //      conv + SiLU, gates, ring records and conv windows, q/k norms. So the records, windows and
 //      everything the fold reads are bitwise the exact verify's.
@@ -79,10 +81,12 @@ using fast_layout::swz;
 /// library instantiates kNone alone.
 enum class FastFault : uint8_t {
   kNone,
-  kOneTf32Product,  ///< the state contractions at 1xTF32 (the split operands dropped)
-  kDecayOffByOne,   ///< the T x T terms' decay ratios one step late (d_{t-1} for d_t)
-  kDropIntraTerm,   ///< token 1 without its intra-chunk terms (i < t)
-  kMaskOffByOne,    ///< the outputs without their diagonal term (i < t, not i <= t)
+  kOneTf32Product,    ///< the state contractions at 1xTF32 (the split operands dropped)
+  kDecayOffByOne,     ///< the T x T terms' decay ratios one step late (d_{t-1} for d_t)
+  kDropIntraTerm,     ///< token 1 without its intra-chunk terms (i < t)
+  kMaskOffByOne,      ///< the outputs without their diagonal term (i < t, not i <= t)
+  kLateTileUnwaited,  ///< a staggered CTA's late tile issued after the wait (contracts a stale
+                      ///< stage)
 };
 
 /// One fast-output work item (the prologue's coordinates and phases, ItemPrologue).
@@ -431,10 +435,13 @@ struct FastItem : ItemPrologue<Traits> {
       load_chunk(src, 0, min(Cfg::kChunk, T), in);
     }
 
-    // 1. The state tile in flight (unless the previous item of this CTA put it there already).
+    // 1. The state tile in flight (unless the previous item of this CTA put it there already; a
+    // late tile after the first chunk's gates). It is waited for before the contraction.
     float* const stage = reinterpret_cast<float*>(smem);
-    if (src.stages_own_tile()) {
-      stage_tile(stage, tile_head(p, slot, hv, v0), cols);
+    const bool late = src.late_tile(args);
+    const auto stage_own = [&] { stage_tile(stage, tile_head(p, slot, hv, v0), cols); };
+    if (src.stages_own_tile() && !late) {
+      stage_own();
     }
 
     // 2. The exact prologue, chunk by chunk, into one TileSmem per chunk.
@@ -462,6 +469,9 @@ struct FastItem : ItemPrologue<Traits> {
         convolve_chunk(src, pair, w0, w1, in.xs, t0, tc);
       }
       gates_chunk(sm, in, slot, /*ring=*/true, cursor, gate_owner, t0, tc);
+      if (kFault != FastFault::kLateTileUnwaited && late && t0 == 0) {
+        stage_own();
+      }
       __syncthreads();
       for (int job = warp; job < 2 * tc; job += kWarps) {
         const int which = job & 1;
@@ -518,6 +528,9 @@ struct FastItem : ItemPrologue<Traits> {
       chunk_terms(smem, C, order, warp, kWarps, termA, termM);
     }
     src.wait_state();
+    if (kFault == FastFault::kLateTileUnwaited && late) {
+      stage_own();
+    }
     __syncthreads();
     if (mma_warps < kWarps && warp >= mma_warps) {
       chunk_terms(smem, C, order, warp - mma_warps, kWarps - mma_warps, termA, termM);
@@ -569,6 +582,9 @@ struct FastItem : ItemPrologue<Traits> {
         }
       }
     }
+    if constexpr (kFault == FastFault::kLateTileUnwaited) {
+      cp_async_wait_all();  // the fault's copies land before the CTA's shared memory is freed
+    }
     return next_staged;
   }
 };
@@ -583,6 +599,12 @@ struct FastGlobalSource : GlobalSource<Item, false> {
   /// The first chunk's inputs come from global memory: issued with the conv history.
   static constexpr bool kEarlyInputs = true;
   __device__ __forceinline__ bool stages_own_tile() const { return true; }
+  /// A staggered launch (TileArgs::stagger_tiles): the CTAs of odd blockIdx.x + y + z stage their
+  /// tile late. Neighbouring CTAs of the grid's order alternate, so each SM's two resident CTAs
+  /// mostly differ.
+  __device__ __forceinline__ bool late_tile(const TileArgs& a) const {
+    return a.stagger_tiles != 0 && ((blockIdx.x + blockIdx.y + blockIdx.z) & 1u) != 0;
+  }
   __device__ __forceinline__ void inputs_consumed(const Item&) const {}
   __device__ __forceinline__ void wait_state() const { cp_async_wait_all(); }
   __device__ __forceinline__ bool state_consumed(const Item&, float*) const { return false; }

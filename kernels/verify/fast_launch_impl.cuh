@@ -15,6 +15,7 @@ void launch_verify_fast(const TileArgs& call, const VerifyPlan& plan, cudaStream
   TileArgs args = call;
   args.div = item_divisors(p, BV);
   args.trigger_at_entry = 0;
+  args.stagger_tiles = plan.stagger_tiles ? 1 : 0;
   using Smem = FastSmem<K, BV>;
   // A CTA per item (grid == items), or the resident CTAs walking the items (fast_walk.cuh).
   const bool walk = plan.grid < plan.items;

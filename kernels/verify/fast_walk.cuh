@@ -65,6 +65,8 @@ struct FastWalkSource : GlobalSource<Item, false> {
   /// The inputs are in shared memory already: read where the conv needs them.
   static constexpr bool kEarlyInputs = false;
   __device__ __forceinline__ bool stages_own_tile() const { return false; }
+  /// The walk's tiles are staged under the previous item's work: never late.
+  __device__ __forceinline__ bool late_tile(const TileArgs&) const { return false; }
   /// Every thread is past the barrier after the item's last read of `in`: the next item's inputs.
   __device__ __forceinline__ void inputs_consumed(const Item& it) const {
     const int slot = *next_slot;

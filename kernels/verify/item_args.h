@@ -39,6 +39,9 @@ struct TileArgs {
   /// track_steps[n] = k >= 0 stores its state after token k to ssm_out[track_slots[n]].
   const int32_t* track_slots = nullptr;
   const int32_t* track_steps = nullptr;
+  /// Set by launch_verify_fast from the plan (VerifyPlan::stagger_tiles; a caller's value is
+  /// ignored): 1 = the fast per-item CTAs of odd parity stage their state tile late.
+  int32_t stagger_tiles = 0;
 };
 
 /// Where a work item sits: request n, v-head hv (of k-head h), V tile.

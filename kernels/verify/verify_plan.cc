@@ -104,6 +104,8 @@ VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v, cons
     if (grid > 0) {
       plan.grid = grid;
     }
+    plan.stagger_tiles = o.fast_stagger && plan.grid == plan.items && caps.sms > 0 &&
+                         plan.items > int64_t{kFastCtasPerSm} * caps.sms;
     return plan;
   }
   const bool shaped = (plan.features & kRaggedRows) != 0;
@@ -176,20 +178,20 @@ std::string VerifyPlan::kernel() const {
   }
   const bool fused = path == VerifyPath::kFused;
   return fmt::format(
-      "{}{}verify_{}<{} K={} BV={} {} {}{}{}>{}{}", pending_fold_first ? "pending fold + " : "",
+      "{}{}verify_{}<{} K={} BV={} {} {}{}{}>{}{}{}", pending_fold_first ? "pending fold + " : "",
       fused ? "" : "conv_update + ", is_persistent(schedule) ? "persistent" : "tile",
       weight == ConvWeightType::kF32 ? "f32" : "bf16", K, block_v, fused ? "fused" : "unfused",
       verify_schedule_name(schedule), features_text, extend ? " extend" : "",
       is_persistent(schedule) || grid < items ? fmt::format(" x{} CTAs", grid) : std::string(),
-      entry_trigger ? " (entry trigger)" : "");
+      entry_trigger ? " (entry trigger)" : "", stagger_tiles ? " (staggered tiles)" : "");
 }
 
 bool VerifyPlan::operator==(const VerifyPlan& o) const {
   return path == o.path && extend == o.extend && weight == o.weight && K == o.K &&
          block_v == o.block_v && schedule == o.schedule && features == o.features &&
          numerics == o.numerics && pending_fold_first == o.pending_fold_first &&
-         entry_trigger == o.entry_trigger && pdl == o.pdl && items == o.items && grid == o.grid &&
-         host_reference == o.host_reference;
+         entry_trigger == o.entry_trigger && stagger_tiles == o.stagger_tiles && pdl == o.pdl &&
+         items == o.items && grid == o.grid && host_reference == o.host_reference;
 }
 
 }  // namespace kda::kernels

@@ -284,6 +284,8 @@ Other:
                          and the fold beyond one wave of CTAs), always, never
   --fast-walk on|off     fast-output verifies beyond one wave of CTAs: the resident CTAs walk
                          the items (on, default) or a CTA per item (off)
+  --fast-stagger on|off  fast-output verifies with a CTA per item beyond one wave: odd-parity
+                         CTAs stage their state tile late (on, default) or none (off)
   --tile-occupancy MODE  per-item verify tiles' form: auto (default: the one-CTA-per-SM form,
                          up to 255 registers (the deferred BV = 32 tile: 128), for ring-mode
                          grids of at most one CTA per SM, three for the fused BV = 128 tile;
@@ -507,6 +509,7 @@ constexpr FlagSpec kFlags[] = {
     {"--device", true},
     {"--persistent", true},
     {"--fast-walk", true},
+    {"--fast-stagger", true},
     {"--tile-occupancy", true},
     {"--out", true},
     {"--help", false},
@@ -699,6 +702,10 @@ std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
       {"--fast-walk",
        [&](auto& n, auto& v) {
          a.launch.fast_walk = parse_choice<bool>(n, v, {{"on", true}, {"off", false}});
+       }},
+      {"--fast-stagger",
+       [&](auto& n, auto& v) {
+         a.launch.fast_stagger = parse_choice<bool>(n, v, {{"on", true}, {"off", false}});
        }},
       {"--tile-occupancy",
        [&](auto& n, auto& v) {

@@ -118,6 +118,10 @@ TEST_CASE("kda_bench args: defaults and presets", "[tools][bench]") {
   CHECK(parse({}).launch.fast_walk);
   CHECK_FALSE(parse({"--fast-walk", "off"}).launch.fast_walk);
   require_arg_error({"--fast-walk", "maybe"}, "on or off");
+  CHECK(parse({}).launch.fast_stagger);
+  CHECK_FALSE(parse({"--fast-stagger", "off"}).launch.fast_stagger);
+  CHECK(parse({"--fast-stagger", "on"}).launch.fast_stagger);
+  require_arg_error({"--fast-stagger", "1"}, "on or off");
   CHECK(parse({"--tile-occupancy", "one"}).launch.occupancy == kernels::TileOccupancy::kOnePerSm);
   CHECK(parse({"--tile-occupancy=two"}).launch.occupancy == kernels::TileOccupancy::kTwoPerSm);
   CHECK_FALSE(parse({"--no-pdl"}).launch.pdl);
