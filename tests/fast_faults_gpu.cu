@@ -18,7 +18,7 @@ template <kernels::FastFault F>
 void launch(const VerifyParams& p) {
   kernels::TileArgs args{p, nullptr, 0, {}};
   args.div = kernels::item_divisors(p, 64);
-  args.stagger_tiles = F == kernels::FastFault::kLateTileUnwaited ? 1 : 0;
+  args.stagger_tiles = F == kernels::FastFault::kLateTileShort ? 1 : 0;
   auto* kernel = &kernels::verify_fast_kernel<Traits, F>;
   const size_t smem = kernels::FastSmem<128, 64>::bytes(p.T);
   KDA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -41,8 +41,8 @@ const char* planted_fast_fault_name(PlantedFastFault f) {
       return "token 1 without its intra-chunk terms";
     case PlantedFastFault::kMaskOffByOne:
       return "output mask off by one (no diagonal)";
-    case PlantedFastFault::kLateTileUnwaited:
-      return "staggered late tile not waited for";
+    case PlantedFastFault::kLateTileShort:
+      return "staggered late tile a column short";
   }
   return "?";
 }
@@ -60,8 +60,8 @@ void verify_fast_with_fault(const VerifyParams& p, PlantedFastFault fault) {
       return launch<kernels::FastFault::kDropIntraTerm>(p);
     case PlantedFastFault::kMaskOffByOne:
       return launch<kernels::FastFault::kMaskOffByOne>(p);
-    case PlantedFastFault::kLateTileUnwaited:
-      return launch<kernels::FastFault::kLateTileUnwaited>(p);
+    case PlantedFastFault::kLateTileShort:
+      return launch<kernels::FastFault::kLateTileShort>(p);
   }
 }
 

@@ -12,7 +12,7 @@ enum class PlantedFastFault : int {
   kDecayOffByOne,
   kDropIntraTerm,
   kMaskOffByOne,
-  kLateTileUnwaited  ///< launched staggered (TileArgs::stagger_tiles)
+  kLateTileShort  ///< launched staggered (TileArgs::stagger_tiles)
 };
 const char* planted_fast_fault_name(PlantedFastFault f);
 

@@ -9,7 +9,7 @@
 //   (a) batch invariance: a request's outputs bitwise the same at every fast tile, in a sub-batch,
 //       in another batch order, from another slot, in a CUDA graph, dense vs ragged (equal T_n).
 // Planted faults (fast_faults_gpu.h: 1xTF32, a decay ratio a step late, token 1 without its
-// intra-chunk terms, the output mask off by one, a staggered CTA's late tile not waited for) each
+// intra-chunk terms, the output mask off by one, a staggered CTA's late tile a column short) each
 // make the (b) or (c) check fail.
 // Statistics of (b) and (c) are printed per table (WARN), for the closing note.
 #include <cuda_runtime_api.h>
@@ -372,7 +372,8 @@ TEST_CASE("fast outputs: bitwise batch-invariant (tile, sub-batch, order, slot, 
         const std::vector<bf16_t> want = padded.out();
         kernels::VerifyPlan staggered = early;
         staggered.stagger_tiles = true;
-        padded.set(Tensor::kOut, std::vector<bf16_t>(out_elems, float_to_bf16(7.0f)));
+        // The same fill: rows past a ragged batch's last token are nobody's.
+        padded.set(Tensor::kOut, std::vector<bf16_t>(out_elems, float_to_bf16(-9.0f)));
         kernels::invoke_verify(q, staggered, nullptr);
         REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
         REQUIRE(bitwise_equal(padded.out(), want));
@@ -490,7 +491,7 @@ TEST_CASE("fast outputs: each planted fault fails the checks", "[gpu][fast]") {
   const PlantedFastFault fault =
       GENERATE(PlantedFastFault::kOneTf32Product, PlantedFastFault::kDecayOffByOne,
                PlantedFastFault::kDropIntraTerm, PlantedFastFault::kMaskOffByOne,
-               PlantedFastFault::kLateTileUnwaited);
+               PlantedFastFault::kLateTileShort);
   CAPTURE(planted_fast_fault_name(fault));
   VerifyCase c = make_case(8, 8, 2, 4, 128, 128, RecordMode::kRing, 77);
   c.L = 16;

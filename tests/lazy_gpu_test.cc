@@ -300,6 +300,26 @@ TEST_CASE("lazy verify: the CUDA fast kernel over every pending length within co
             CHECK(bitwise_equal(lazy.out(), first_out));
           }
         }
+        if (i == 1) {
+          // A staggered lazy plan is refused before anything runs (the lazy kernels are built
+          // without the late tile): outputs untouched.
+          VerifyProblem refused = base.clone_to(dev);
+          VerifyParams v = refused.params(RecordMode::kRing);
+          v.numerics = VerifyNumerics::kFast;
+          v.ring_cursor = static_cast<const int32_t*>(d_cursor.data());
+          v.ring_pending = static_cast<const int32_t*>(d_pending.data());
+          v.lazy = 1;
+          v.u_free = 1;
+          shape(v);
+          kernels::VerifyPlan plan =
+              kernels::plan_verify(v, VerifyPath::kFused, 64, kernels::device_caps(), {}, 0);
+          REQUIRE_FALSE(plan.stagger_tiles);
+          plan.stagger_tiles = true;
+          const std::vector<bf16_t> before = refused.out();
+          CHECK_THROWS_WITH(kernels::invoke_verify(v, plan, nullptr),
+                            Catch::Contains("staggers its tiles"));
+          CHECK(bitwise_equal(refused.out(), before));
+        }
         // Records and windows: the exact path's; the state and the history: untouched.
         CHECK(bitwise_equal(lazy.rawk(), exact.rawk()));
         CHECK(bitwise_equal(lazy.rawv(), exact.rawv()));

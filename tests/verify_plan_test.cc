@@ -182,7 +182,7 @@ TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 ap
     CHECK(f.numerics == VerifyNumerics::kFast);
     CHECK(f.features == kernels::kNoFeatures);
     CHECK(f.items == 64 * 32 * (128 / bv));
-    // Beyond kFastWalkMaxWaves waves (2048 items and more): a CTA per item, staggered tiles.
+    // Beyond one wave: a CTA per item, staggered tiles.
     CHECK(f.grid == f.items);
     CHECK(f.stagger_tiles);
     CHECK(f.kernel().find("fast-chunk") != std::string::npos);
@@ -197,29 +197,36 @@ TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 ap
     // Unknown SMs: no wave to be beyond.
     CHECK_FALSE(plan(p, VerifyPath::kFused, bv, {}, DeviceCaps{0, 9}).stagger_tiles);
   }
-  // B = 16: 512, 1024 and 2048 items at BV = 128, 64, 32: the resident CTAs walk the items from
-  // one wave up to kFastWalkMaxWaves (264 CTAs per wave here).
+  // B = 16: 512, 1024 and 2048 items at BV = 128, 64, 32 (264 CTAs per wave here): a CTA per
+  // item, staggered; the resident CTAs walk the items only when asked (fast_walk, or persistent
+  // always), never staggered.
   VerifyParams p16 = p;
   p16.B = 16;
   for (const int bv : kernels::kFastBlockVs) {
     CAPTURE(bv);
     const VerifyPlan f = plan(p16, VerifyPath::kFused, bv);
-    const bool walks = f.items <= kernels::kFastWalkMaxWaves * kernels::kFastCtasPerSm * kSm90.sms;
-    CHECK(walks == (bv != 32));
-    CHECK(f.grid == (walks ? kernels::kFastCtasPerSm * kSm90.sms : f.items));
-    CHECK((f.kernel().find("x264 CTAs") != std::string::npos) == walks);
+    CHECK(f.grid == f.items);
+    CHECK(f.stagger_tiles);
+    CHECK(f.kernel().find("CTAs") == std::string::npos);
     LaunchOverrides never;
     never.persistent = kernels::PersistentMode::kNever;
+    never.fast_walk = true;
     CHECK(plan(p16, VerifyPath::kFused, bv, never).grid == f.items);
-    // Walking: never staggered; a CTA per item beyond one wave: staggered.
-    CHECK(f.stagger_tiles == !walks);
-    LaunchOverrides no_walk;
-    no_walk.fast_walk = false;
-    CHECK(plan(p16, VerifyPath::kFused, bv, no_walk).grid == f.items);
-    CHECK(plan(p16, VerifyPath::kFused, bv, no_walk).stagger_tiles);
     CHECK(plan(p16, VerifyPath::kFused, bv, never).stagger_tiles);
-    no_walk.fast_stagger = false;
-    CHECK_FALSE(plan(p16, VerifyPath::kFused, bv, no_walk).stagger_tiles);
+    for (const bool by_flag : {true, false}) {
+      CAPTURE(by_flag);
+      LaunchOverrides walk;
+      walk.fast_walk = by_flag;
+      walk.persistent = by_flag ? kernels::PersistentMode::kAuto : kernels::PersistentMode::kAlways;
+      const VerifyPlan w = plan(p16, VerifyPath::kFused, bv, walk);
+      CHECK(w.grid == kernels::kFastCtasPerSm * kSm90.sms);
+      CHECK(w.kernel().find("x264 CTAs") != std::string::npos);
+      CHECK_FALSE(w.stagger_tiles);
+    }
+    LaunchOverrides no_stagger;
+    no_stagger.fast_stagger = false;
+    CHECK(plan(p16, VerifyPath::kFused, bv, no_stagger).grid == f.items);
+    CHECK_FALSE(plan(p16, VerifyPath::kFused, bv, no_stagger).stagger_tiles);
   }
   // Within one wave: a CTA per item (B = 1: 32 heads x 128 / bv tiles <= 264).
   VerifyParams one = p;
@@ -252,6 +259,11 @@ TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 ap
   lazy.ring_pending = lazy_pending;
   CHECK_FALSE(kernels::fast_walk_possible(lazy));
   CHECK(plan(lazy, VerifyPath::kFused, 128).grid == plan(lazy, VerifyPath::kFused, 128).items);
+  // A lazy call beyond one wave: a CTA per item, its tiles never staggered.
+  VerifyParams lazy64 = lazy;
+  lazy64.B = 64;
+  CHECK(plan(lazy64, VerifyPath::kFused, 128).items > 2 * kSm90.sms);
+  CHECK_FALSE(plan(lazy64, VerifyPath::kFused, 128).stagger_tiles);
   CHECK(kernels::fast_walk_possible(p));
   // The same call asking for exact outputs plans as before.
   VerifyParams e = p;

@@ -54,9 +54,11 @@ struct LaunchOverrides {
   /// > 0: caps persistent grids at this many CTAs, so that every CTA walks many items (tests).
   int persistent_max_ctas = 0;
   TileOccupancy occupancy = TileOccupancy::kAuto;
-  /// Off: a fast-output verify runs a CTA per item at every size, never the item walk beyond one
-  /// wave (benchmarks compare the two; the other kernels' persistent forms are unchanged).
-  bool fast_walk = true;
+  /// On: a fast-output verify beyond one wave runs the item walk (fast_walk.cuh) where it can,
+  /// not a CTA per item (benchmarks compare the two; PersistentMode::kAlways walks too; the other
+  /// kernels' persistent forms are unchanged). Off by default: the staggered CTA per item is
+  /// faster (VerifyPlan::stagger_tiles).
+  bool fast_walk = false;
   /// Off: a fast-output verify with a CTA per item beyond one wave stages every CTA's state tile
   /// early, none staggered (VerifyPlan::stagger_tiles; benchmarks compare the two).
   bool fast_stagger = true;

@@ -81,12 +81,11 @@ using fast_layout::swz;
 /// library instantiates kNone alone.
 enum class FastFault : uint8_t {
   kNone,
-  kOneTf32Product,    ///< the state contractions at 1xTF32 (the split operands dropped)
-  kDecayOffByOne,     ///< the T x T terms' decay ratios one step late (d_{t-1} for d_t)
-  kDropIntraTerm,     ///< token 1 without its intra-chunk terms (i < t)
-  kMaskOffByOne,      ///< the outputs without their diagonal term (i < t, not i <= t)
-  kLateTileUnwaited,  ///< a staggered CTA's late tile issued after the wait (contracts a stale
-                      ///< stage)
+  kOneTf32Product,  ///< the state contractions at 1xTF32 (the split operands dropped)
+  kDecayOffByOne,   ///< the T x T terms' decay ratios one step late (d_{t-1} for d_t)
+  kDropIntraTerm,   ///< token 1 without its intra-chunk terms (i < t)
+  kMaskOffByOne,    ///< the outputs without their diagonal term (i < t, not i <= t)
+  kLateTileShort,   ///< a staggered CTA's late tile one column short (its last one zero-filled)
 };
 
 /// One fast-output work item (the prologue's coordinates and phases, ItemPrologue).
@@ -438,10 +437,13 @@ struct FastItem : ItemPrologue<Traits> {
     // 1. The state tile in flight (unless the previous item of this CTA put it there already; a
     // late tile after the first chunk's gates). It is waited for before the contraction.
     float* const stage = reinterpret_cast<float*>(smem);
-    const bool late = src.late_tile(args);
-    const auto stage_own = [&] { stage_tile(stage, tile_head(p, slot, hv, v0), cols); };
+    const bool late = !kLazy && src.late_tile(args);  // a lazy call's tile is never late
+    const auto stage_own = [&](bool is_late) {
+      const bool short_tile = kFault == FastFault::kLateTileShort && is_late;
+      stage_tile(stage, tile_head(p, slot, hv, v0), short_tile ? cols - 1 : cols);
+    };
     if (src.stages_own_tile() && !late) {
-      stage_own();
+      stage_own(false);
     }
 
     // 2. The exact prologue, chunk by chunk, into one TileSmem per chunk.
@@ -469,8 +471,8 @@ struct FastItem : ItemPrologue<Traits> {
         convolve_chunk(src, pair, w0, w1, in.xs, t0, tc);
       }
       gates_chunk(sm, in, slot, /*ring=*/true, cursor, gate_owner, t0, tc);
-      if (kFault != FastFault::kLateTileUnwaited && late && t0 == 0) {
-        stage_own();
+      if (late && t0 == 0) {
+        stage_own(true);
       }
       __syncthreads();
       for (int job = warp; job < 2 * tc; job += kWarps) {
@@ -528,9 +530,6 @@ struct FastItem : ItemPrologue<Traits> {
       chunk_terms(smem, C, order, warp, kWarps, termA, termM);
     }
     src.wait_state();
-    if (kFault == FastFault::kLateTileUnwaited && late) {
-      stage_own();
-    }
     __syncthreads();
     if (mma_warps < kWarps && warp >= mma_warps) {
       chunk_terms(smem, C, order, warp - mma_warps, kWarps - mma_warps, termA, termM);
@@ -581,9 +580,6 @@ struct FastItem : ItemPrologue<Traits> {
           }
         }
       }
-    }
-    if constexpr (kFault == FastFault::kLateTileUnwaited) {
-      cp_async_wait_all();  // the fault's copies land before the CTA's shared memory is freed
     }
     return next_staged;
   }

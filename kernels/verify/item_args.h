@@ -40,7 +40,8 @@ struct TileArgs {
   const int32_t* track_slots = nullptr;
   const int32_t* track_steps = nullptr;
   /// Set by launch_verify_fast from the plan (VerifyPlan::stagger_tiles; a caller's value is
-  /// ignored): 1 = the fast per-item CTAs of odd parity stage their state tile late.
+  /// ignored): 1 = the fast per-item CTAs of odd parity stage their state tile late (a lazy
+  /// call's kernels ignore it).
   int32_t stagger_tiles = 0;
 };
 

@@ -192,11 +192,6 @@ inline constexpr int kFastBlockVs[] = {32, 64, 128};
 /// Resident CTAs per SM of the fast-output kernel (__launch_bounds__(256, 2), FastSmem of a
 /// 16-token call within half an SM's shared memory): its grid beyond one wave.
 inline constexpr int kFastCtasPerSm = 2;
-/// The most waves of fast CTAs (kFastCtasPerSm per SM) at which the fast verify walks its items
-/// (fast_walk.cuh); beyond them the block scheduler's CTA per item is as fast in the verify and
-/// faster in the step (its deferred form).
-/// Measured: the walk faster at two waves, slower at eight.
-inline constexpr int kFastWalkMaxWaves = 4;
 /// Most tokens of one fast-output chunk (two 8-token mma row tiles).
 inline constexpr int kFastMaxTokens = kFastMaxChunk;
 constexpr bool is_fast_block_v(int block_v) noexcept {

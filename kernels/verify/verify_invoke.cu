@@ -217,11 +217,13 @@ void check_plan(const VerifyParams& p, const VerifyPlan& plan, const char* who) 
   KDA_CHECK(walks ? (plan.grid >= 1 && plan.grid <= plan.items) : plan.grid == plan.items,
             "{}: the plan {} needs {} CTAs, got {}", who, plan.kernel(),
             walks ? fmt::format("1..{}", plan.items) : fmt::format("{}", plan.items), plan.grid);
-  KDA_CHECK(!plan.stagger_tiles ||
-                (plan.schedule == VerifySchedule::kFastChunk && plan.grid == plan.items),
+  KDA_CHECK(!plan.stagger_tiles || (plan.schedule == VerifySchedule::kFastChunk &&
+                                    plan.grid == plan.items && (plan.features & kLazyHistory) == 0),
             "{}: the plan {} staggers its tiles, which only a fast-output plan with a CTA per "
-            "item (schedule fast-chunk, grid == items) does; it has schedule {} and {} of {} CTAs",
-            who, plan.kernel(), verify_schedule_name(plan.schedule), plan.grid, plan.items);
+            "item, not lazy (schedule fast-chunk, grid == items) does; it has schedule {}, {} of "
+            "{} CTAs{}",
+            who, plan.kernel(), verify_schedule_name(plan.schedule), plan.grid, plan.items,
+            (plan.features & kLazyHistory) != 0 ? ", lazy" : "");
 }
 
 }  // namespace

@@ -44,9 +44,11 @@ struct VerifyPlan {
   /// (deferred_triggers_at_entry).
   bool entry_trigger = false;
   /// A fast-output call with a CTA per item beyond one wave (schedule kFastChunk, grid == items >
-  /// kFastCtasPerSm x SMs): its odd-parity CTAs stage their state tile after their first chunk's
-  /// gates (fast_item.cuh), so the CTAs that share an SM and its memory pipe are out of step.
-  /// Never on a walking or an exact plan (invoke_verify refuses one); the bits are the same.
+  /// kFastCtasPerSm x SMs), not lazy: its odd-parity CTAs stage their state tile after their
+  /// first chunk's gates (fast_item.cuh), so the CTAs that share an SM and its memory pipe are out
+  /// of step. Never on a walking, lazy or exact plan (invoke_verify refuses one: the lazy kernels
+  /// are compiled without the late tile, which would make their BV = 128 form spill); the bits
+  /// are the same.
   bool stagger_tiles = false;
   bool pdl = true;  ///< programmatic dependent launch (LaunchOverrides::pdl)
   /// The host kernel set runs its reference whatever the plan says (kernel() names it).

@@ -31,8 +31,9 @@ enum class VerifySchedule : uint8_t {
   kPersistentRing,
   /// The same in snapshot mode.
   kPersistentSnapshot,
-  /// verify_fast_kernel (verify/fast_item.cuh), contract §10: a CTA per item, two per SM, or
-  /// beyond one wave the resident CTAs walking the items, each staging its next item's state; the
+  /// verify_fast_kernel (verify/fast_item.cuh), contract §10: a CTA per item, two per SM (beyond
+  /// one wave its tiles staggered), or, when asked, the resident CTAs walking the items, each
+  /// staging its next item's state (verify_fast_walk_kernel); the
   /// exact prologue (records, windows, at the slot's ring cursor), then the outputs from the
   /// chunked form with the state contractions on tensor cores. Ring-mode chains (dense or
   /// ragged), fused; a deferred call's pending steps folded first (VerifyPlan::pending_fold_first).

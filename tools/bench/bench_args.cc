@@ -283,7 +283,7 @@ Other:
                          the fused verify whenever its layout allows; the unfused recurrence
                          and the fold beyond one wave of CTAs), always, never
   --fast-walk on|off     fast-output verifies beyond one wave of CTAs: the resident CTAs walk
-                         the items (on, default) or a CTA per item (off)
+                         the items (on) or a CTA per item (off, default)
   --fast-stagger on|off  fast-output verifies with a CTA per item beyond one wave: odd-parity
                          CTAs stage their state tile late (on, default) or none (off)
   --tile-occupancy MODE  per-item verify tiles' form: auto (default: the one-CTA-per-SM form,

@@ -115,7 +115,8 @@ TEST_CASE("kda_bench args: defaults and presets", "[tools][bench]") {
   CHECK(parse({}).launch == kernels::LaunchOverrides{});  // what engines run
   CHECK(parse({"--persistent", "always"}).launch.persistent == kernels::PersistentMode::kAlways);
   CHECK(parse({"--persistent=never"}).launch.persistent == kernels::PersistentMode::kNever);
-  CHECK(parse({}).launch.fast_walk);
+  CHECK_FALSE(parse({}).launch.fast_walk);
+  CHECK(parse({"--fast-walk", "on"}).launch.fast_walk);
   CHECK_FALSE(parse({"--fast-walk", "off"}).launch.fast_walk);
   require_arg_error({"--fast-walk", "maybe"}, "on or off");
   CHECK(parse({}).launch.fast_stagger);
