@@ -1,6 +1,6 @@
 // fast_item.cuh: the fast-output verify (contract §10; VerifySchedule::kFastChunk): CTAs of 256
-// threads, two per SM, a CTA per work item (V tile, v-head hv, request n) here, or the resident
-// CTAs walking the items beyond one wave (fast_walk.cuh). Per item:
+// threads, two per SM, a CTA per work item (V tile, v-head hv, request n) here, or, when the plan
+// is asked for it, the resident CTAs walking the items beyond one wave (fast_walk.cuh). Per item:
 //   1. The state tile [BV][K] f32 goes in flight to shared memory (cp.async), right after the
 //      conv history's and the first chunk's loads (a walking CTA's previous item has put it in
 //      flight already). A staggered launch (TileArgs::stagger_tiles) holds back the tiles of its
