@@ -280,20 +280,24 @@ TEST_CASE("lazy verify: the CUDA fast kernel over every pending length within co
           kernels::invoke_verify_fused(v, 64, nullptr);
           REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
         }
-        // The lazy verify at every fast tile: bitwise the same outputs (§10 (a)).
-        std::vector<bf16_t> first_out;
-        VerifyProblem lazy = base.clone_to(dev);
-        for (const int bv : {32, 64, 128}) {
-          CAPTURE(bv);
-          lazy = base.clone_to(dev);
-          VerifyParams v = lazy.params(RecordMode::kRing);
+        // The lazy verify of problem `x` (fast outputs, the history's cursors and pending steps).
+        const auto lazy_params = [&](VerifyProblem& x) {
+          VerifyParams v = x.params(RecordMode::kRing);
           v.numerics = VerifyNumerics::kFast;
           v.ring_cursor = static_cast<const int32_t*>(d_cursor.data());
           v.ring_pending = static_cast<const int32_t*>(d_pending.data());
           v.lazy = 1;
           v.u_free = 1;
           shape(v);
-          fast_verify(v, bv);
+          return v;
+        };
+        // The lazy verify at every fast tile: bitwise the same outputs (§10 (a)).
+        std::vector<bf16_t> first_out;
+        VerifyProblem lazy = base.clone_to(dev);
+        for (const int bv : {32, 64, 128}) {
+          CAPTURE(bv);
+          lazy = base.clone_to(dev);
+          fast_verify(lazy_params(lazy), bv);
           if (first_out.empty()) {
             first_out = lazy.out();
           } else {
@@ -304,13 +308,7 @@ TEST_CASE("lazy verify: the CUDA fast kernel over every pending length within co
           // A staggered lazy plan is refused before anything runs (the lazy kernels are built
           // without the late tile): outputs untouched.
           VerifyProblem refused = base.clone_to(dev);
-          VerifyParams v = refused.params(RecordMode::kRing);
-          v.numerics = VerifyNumerics::kFast;
-          v.ring_cursor = static_cast<const int32_t*>(d_cursor.data());
-          v.ring_pending = static_cast<const int32_t*>(d_pending.data());
-          v.lazy = 1;
-          v.u_free = 1;
-          shape(v);
+          const VerifyParams v = lazy_params(refused);
           kernels::VerifyPlan plan =
               kernels::plan_verify(v, VerifyPath::kFused, 64, kernels::device_caps(), {}, 0);
           REQUIRE_FALSE(plan.stagger_tiles);
