@@ -95,9 +95,9 @@ VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v, cons
     plan.numerics = VerifyNumerics::kFast;
     // Beyond one wave a CTA per item, its tiles staggered; the resident CTAs walk the items
     // (fast_walk.cuh: each item's inputs and state tile copied under the previous item's work)
-    // only when asked (LaunchOverrides::fast_walk, or PersistentMode::kAlways). Measured: the
-    // staggered CTA per item faster than the walk at 1.5 to 3.9 waves on both presets. The bits
-    // are the same at every grid.
+    // only when asked (LaunchOverrides::fast_walk, or PersistentMode::kAlways): the staggered CTA
+    // per item measured faster beyond one wave (docs/perf.md §7). The bits are the same at every
+    // grid.
     const bool walk_asked = o.fast_walk || o.persistent == PersistentMode::kAlways;
     const int64_t grid =
         persistent_grid(plan.items, kFastCtasPerSm, caps, o, walk_asked && fast_walk_possible(p),
