@@ -31,7 +31,8 @@
 //                                      take it: ring mode, a dense or ragged chain, T <= 16, the
 //                                      fused path, a fast tile (32|64|128); with the deferred
 //                                      commit no fold then reads u records (u-free: every fold
-//                                      computes u, each verify folds first);
+//                                      computes u, a fast verify's in its kernel, an exact one's
+//                                      first);
 //                                      elsewhere exact, the decision's reason says why. auto
 //                                      (default): fast where dispatch/numerics_policy.h's step
 //                                      table of the nearest measured card says it pays for the

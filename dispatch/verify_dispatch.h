@@ -134,8 +134,8 @@ struct DispatchProblem {
   bool deferred = false;
   /// With `deferred`: the pool keeps u records, which the verify's in-kernel fold replays and
   /// writes for its draft steps (exact per-step u): the outputs stay exact. Without them (the
-  /// u-free deferred commit, a pool built for fast outputs) the pending steps are folded first
-  /// and the outputs may be fast.
+  /// u-free deferred commit, a pool built for fast outputs) the pending steps are folded computing
+  /// u (by the fast kernel, or first by the fold kernel) and the outputs may be fast.
   bool u_records = false;
   /// Ring mode with the lazy write-back (contract §11; with `deferred`, no u records): the
   /// verify's pending steps are its fast chunk's history, so it runs fused with fast outputs

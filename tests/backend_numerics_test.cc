@@ -170,11 +170,11 @@ TEST_CASE("backend numerics: fast in ring mode with the eager commit plans the f
   }
 }
 
-TEST_CASE("backend numerics: a deferred commit with fast outputs is u-free and folds first",
+TEST_CASE("backend numerics: a deferred commit with fast outputs is u-free, folded in the kernel",
           "[backend][numerics]") {
   // --kda-verify-numerics fast with the deferred commit: no fold reads u records (the chunked
-  // outputs compute no exact per-step u), each verify's plan folds the pending steps first
-  // (the fold kernel, computing u) and the fast kernel writes the records at the cursor.
+  // outputs compute no exact per-step u); each verify's fast kernel folds the pending steps
+  // itself (computing u, as the fold kernel does) and writes the records at the cursor.
   Harness h(kGqaCase, numerics_flags(/*ring=*/true, /*deferred=*/true, NumericsRequest::kFast),
             fake_platform(9, 0));
   REQUIRE(h.pool().config().deferred_commit);
@@ -185,7 +185,8 @@ TEST_CASE("backend numerics: a deferred commit with fast outputs is u-free and f
     for (const DispatchDecision& d : decisions(h)) {
       CHECK(d.fused());
       CHECK((d.plan.features & kernels::kDeferredFold) != 0);
-      CHECK(d.plan.pending_fold_first);
+      CHECK_FALSE(d.plan.pending_fold_first);
+      CHECK(d.plan.schedule == kernels::VerifySchedule::kFastChunk);
     }
     commit(h, {3});
   }

@@ -2,17 +2,20 @@
 // the eager fold, for every verify path: every fused tile in both register budgets, the
 // persistent kernels (forced, with few CTAs so that each walks many items), the
 // per-item forms of the BV = 128 tile, and the unfused pair; the per-item kernels with their fold
-// before and after the PDL wait (VerifyParams::fold_before_wait). Each case runs two rounds on two
-// copies of one problem (garbage-filled records and outputs, reversed slots, a padding row):
+// before and after the PDL wait (VerifyParams::fold_before_wait); and the u-free form of the fast
+// outputs (contract §10: no u records), whose fast kernel folds the pending steps onto its staged
+// tile at every fast tile (or the fold kernel first, when asked), on dense and ragged rows. Each
+// case runs two rounds on two copies of one problem (garbage-filled records and outputs, reversed
+// slots, a padding row):
 //   eager:    verify (cursor 0) -> fold of n accepted steps -> verify of new inputs;
 //   deferred: verify at random per-slot cursors (records wrap around the ring) -> deferred
 //             commit (pending n, cursor + n) -> verify of the same new inputs, which folds first.
 // The second verify (T tokens, or T / 2: fewer tokens than the most pending steps; at T = 12 the
 // 6-token verify streams on the streamed paths, and its fold runs two chunks of pending steps)
 // has bitwise equal outputs and windows, ring records (at the shifted positions) and committed
-// state after it; the deferred commit moved no SSM state; the materializing fold (kMaterialize)
-// of the same pending steps gives the same state; and a padding row and the slots outside the
-// batch are untouched.
+// state after it (a planted fast fold a step short, fast_faults_gpu.h, fails that check); the
+// deferred commit moved no SSM state; the materializing fold (kMaterialize) of the same pending
+// steps gives the same state; and a padding row and the slots outside the batch are untouched.
 #include <cuda_runtime_api.h>
 #include <catch2/catch.hpp>
 
@@ -23,6 +26,7 @@
 
 #include "kernels/common/launch_utils.h"
 #include "kernels/kda_kernels.h"
+#include "tests/fast_faults_gpu.h"
 #include "tests/test_problem.h"
 
 using namespace kda;
@@ -35,6 +39,10 @@ struct Path {
   int block_v;  ///< 0: unfused
   kernels::PersistentMode persistent;
   kernels::TileOccupancy occupancy;
+  /// The fast outputs, u-free (both copies verify fast; the deferred one records no u).
+  bool fast = false;
+  /// With `fast`: the fast kernel folds the pending steps (or the fold kernel first).
+  bool fold_in_kernel = true;
 };
 
 void verify(const VerifyParams& p, const Path& path) {
@@ -42,6 +50,7 @@ void verify(const VerifyParams& p, const Path& path) {
   o.persistent = path.persistent;
   o.persistent_max_ctas = path.persistent == kernels::PersistentMode::kAlways ? 3 : 0;
   o.occupancy = path.occupancy;
+  o.fast_fold_in_kernel = path.fold_in_kernel;
   if (path.block_v == 0) {
     kernels::invoke_verify_unfused(p, nullptr, o);
   } else {
@@ -113,6 +122,11 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
       {"unfused per item", 0, kernels::PersistentMode::kNever, kernels::TileOccupancy::kTwoPerSm},
       {"unfused persistent", 0, kernels::PersistentMode::kAlways,
        kernels::TileOccupancy::kTwoPerSm},
+      {"fast BV=32", 32, kernels::PersistentMode::kNever, kernels::TileOccupancy::kAuto, true},
+      {"fast BV=64", 64, kernels::PersistentMode::kNever, kernels::TileOccupancy::kAuto, true},
+      {"fast BV=128", 128, kernels::PersistentMode::kNever, kernels::TileOccupancy::kAuto, true},
+      {"fast BV=128 folded first", 128, kernels::PersistentMode::kNever,
+       kernels::TileOccupancy::kAuto, true, false},
   }));
   CAPTURE(c, path.name);
   const Device gpu = Device::cuda(0);
@@ -149,7 +163,13 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
   Buffer u_rec(gpu, static_cast<int64_t>(u0.size() * sizeof(float)));
   u_rec.upload(u0.data(), u_rec.bytes());
 
+  // The fast paths: both copies verify fast, the deferred one u-free.
+  const VerifyNumerics numerics = path.fast ? VerifyNumerics::kFast : VerifyNumerics::kExact;
+  VerifyParams pe1 = eager.params();
+  pe1.numerics = numerics;
   VerifyParams pd = deferred.params();
+  pd.numerics = numerics;
+  pd.u_free = path.fast ? 1 : 0;
   pd.ring_cursor = static_cast<const int32_t*>(cursor.data());
   pd.ring_pending = static_cast<const int32_t*>(pending.data());
   pd.ssm_fold_out = static_cast<float*>(deferred.view(Tensor::kSsmState).data());
@@ -160,17 +180,18 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
   CAPTURE(pd.fold_before_wait);
 
   // Round 1 and the commits.
-  verify(eager.params(), path);
+  verify(pe1, path);
   verify(pd, path);
   {
     // u records: written at the batch's ring positions (c + t) mod L, t < T, every column, and
-    // nowhere else (their bits are checked by the folds below: a wrong u changes the state).
+    // nowhere else (their bits are checked by the folds below: a wrong u changes the state);
+    // a fast verify writes none.
     const std::vector<float> u1 =
         to_host_vector<float>(u_rec.view(DType::kF32, {static_cast<int64_t>(u0.size())}));
     std::vector<char> written(u0.size(), 0);
     for (int i = 0; i < B; ++i) {
       const int32_t s = slots[static_cast<size_t>(i)];
-      for (int t = 0; s >= 0 && t < T; ++t) {
+      for (int t = 0; s >= 0 && !path.fast && t < T; ++t) {
         const int pos = (c0[static_cast<size_t>(s)] + t) & (L - 1);
         for (int hv = 0; hv < c.HV; ++hv) {
           const int64_t at = s * u_slot + (static_cast<int64_t>(hv) * L + pos) * c.V;
@@ -194,9 +215,13 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
   cd.ring_cursor = static_cast<int32_t*>(cursor.data());
   cd.ring_pending = static_cast<int32_t*>(pending.data());
   cd.ring_pending_layer_stride = S;
-  cd.ring_u = static_cast<const float*>(u_rec.data());
-  cd.ring_u_layer_stride = S * u_slot;
-  cd.ring_u_slot_stride = u_slot;
+  if (path.fast) {
+    cd.u_free = 1;  // no u records: materialize computes u
+  } else {
+    cd.ring_u = static_cast<const float*>(u_rec.data());
+    cd.ring_u_layer_stride = S * u_slot;
+    cd.ring_u_slot_stride = u_slot;
+  }
   kernels::invoke_commit(cd, nullptr);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(same(deferred.ssm_state(), state_before));  // no state pass
@@ -212,13 +237,40 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
     }
   }
 
-  // The next round's verify on both copies, with Tn tokens per request, against each other.
-  const auto next_verify = [&](int Tn) {
+  // The next round's verify on both copies, with Tn tokens per request (ragged, fast paths only:
+  // request i takes lengths[i] <= Tn tokens from row offsets[i]), against each other.
+  const auto next_verify = [&](int Tn, bool ragged, bool planted = false) {
     new_inputs(eager, deferred, c.seed + 100);
-    VerifyParams pe = eager.params(), pn = pd;
+    VerifyParams pe = pe1, pn = pd;
     pe.T = Tn;
     pn.T = Tn;
+    std::vector<int32_t> lengths(static_cast<size_t>(B), Tn), offsets(1, 0);
+    Buffer offsets_buf;
+    if (ragged) {
+      for (int32_t& n : lengths) {
+        n = 1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(Tn));
+      }
+      lengths.back() = Tn;
+      for (const int32_t n : lengths) {
+        offsets.push_back(offsets.back() + n);
+      }
+      offsets_buf = make_buffer(offsets, gpu);
+      pe.token_offsets = pn.token_offsets = static_cast<const int32_t*>(offsets_buf.data());
+    }
     verify(pe, path);
+    if (planted) {  // the deferred copy's fast fold a step short: the state must differ
+      verify_fast_with_fault(pn, PlantedFastFault::kFoldStepShort);
+      const std::vector<float> s_bad = deferred.ssm_state(), s_good = eager.ssm_state();
+      size_t differ = 0;
+      for (size_t e = 0; e < s_bad.size(); ++e) {
+        differ += std::memcmp(&s_bad[e], &s_good[e], sizeof(float)) != 0 ? 1 : 0;
+      }
+      WARN("planted fold a step short: " << differ << " of " << s_bad.size()
+                                         << " state values differ");
+      CHECK_FALSE(same(s_bad, s_good));
+      CHECK_FALSE(same(deferred.out(), eager.out()));
+      return;
+    }
     verify(pn, path);
     CHECK(same(deferred.out(), eager.out()));
     CHECK(same(deferred.conv_window(), eager.conv_window()));
@@ -231,7 +283,7 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
       if (s < 0) {
         continue;
       }
-      for (int t = 0; t < Tn; ++t) {
+      for (int t = 0; t < lengths[static_cast<size_t>(i)]; ++t) {
         const int pos = (c1[static_cast<size_t>(s)] + t) & (L - 1);
         CAPTURE(i, s, t, pos);
         for (int hv = 0; hv < c.HV; ++hv) {
@@ -245,9 +297,16 @@ TEST_CASE("deferred: every verify path folds pending steps bitwise like the eage
       }
     }
   };
-  SECTION("the next verify folds first") { next_verify(T); }
+  SECTION("the next verify folds first") { next_verify(T, false); }
   // Fewer tokens than the pending steps (at T = 12: 6 tokens, 12 pending for request 0).
-  SECTION("a shorter next verify folds first") { next_verify(std::max(1, T / 2)); }
+  SECTION("a shorter next verify folds first") { next_verify(std::max(1, T / 2), false); }
+  if (path.fast) {
+    SECTION("a ragged next verify folds first") { next_verify(T, true); }
+  }
+  if (path.fast && path.fold_in_kernel && path.block_v == 64 && c.K == 128 && T >= 8 &&
+      c.wtype == ConvWeightType::kF32 && pd.fold_before_wait == 0) {
+    SECTION("a planted fold a step short fails the check") { next_verify(T, false, true); }
+  }
   SECTION("materialize folds the same steps") {
     CommitParams cm = cd;
     cm.kind = CommitKind::kMaterialize;

@@ -853,7 +853,7 @@ TEST_CASE("dispatch: each numerics reason, in the rules' order", "[dispatch][num
     want = NumericsReason::kExactDeferredFold;
     text = "outputs exact: the deferred commit keeps u records (its pool is not u-free)";
   }
-  SECTION("a u-free deferred commit: fast (its pending steps fold first)") {
+  SECTION("a u-free deferred commit: fast (its pending steps fold computing u)") {
     p.deferred = true;
     p.u_records = false;
   }

@@ -11,11 +11,14 @@ namespace kda::testing {
 
 namespace {
 
-using Traits = kernels::VerifyTraits<float, 128, 64, VerifyPath::kFused,
-                                     kernels::VerifySchedule::kFastChunk, kernels::kNoFeatures>;
+template <kernels::VerifyFeatures kFeatures>
+using FastTraits = kernels::VerifyTraits<float, 128, 64, VerifyPath::kFused,
+                                         kernels::VerifySchedule::kFastChunk, kFeatures>;
 
 template <kernels::FastFault F>
 void launch(const VerifyParams& p) {
+  constexpr bool kFolds = F == kernels::FastFault::kFoldStepShort;
+  using Traits = FastTraits<kFolds ? kernels::kDeferredFold : kernels::kNoFeatures>;
   kernels::TileArgs args{p, nullptr, 0, {}};
   args.div = kernels::item_divisors(p, 64);
   args.stagger_tiles = F == kernels::FastFault::kLateTileShort ? 1 : 0;
@@ -43,6 +46,8 @@ const char* planted_fast_fault_name(PlantedFastFault f) {
       return "output mask off by one (no diagonal)";
     case PlantedFastFault::kLateTileShort:
       return "staggered late tile a column short";
+    case PlantedFastFault::kFoldStepShort:
+      return "pending fold a step short";
   }
   return "?";
 }
@@ -51,6 +56,9 @@ void verify_fast_with_fault(const VerifyParams& p, PlantedFastFault fault) {
   KDA_CHECK(p.K == 128 && p.conv_weight_type == ConvWeightType::kF32 &&
                 p.mode == RecordMode::kRing && p.token_offsets == nullptr && p.T <= 16,
             "verify_fast_with_fault: a dense ring-mode chain, f32 conv weights, K = 128");
+  const bool deferred = p.ring_pending != nullptr && p.u_free != 0 && p.lazy == 0;
+  KDA_CHECK(deferred == (fault == PlantedFastFault::kFoldStepShort),
+            "verify_fast_with_fault: the fold fault takes a u-free deferred call, the others none");
   switch (fault) {
     case PlantedFastFault::kOneTf32Product:
       return launch<kernels::FastFault::kOneTf32Product>(p);
@@ -62,6 +70,8 @@ void verify_fast_with_fault(const VerifyParams& p, PlantedFastFault fault) {
       return launch<kernels::FastFault::kMaskOffByOne>(p);
     case PlantedFastFault::kLateTileShort:
       return launch<kernels::FastFault::kLateTileShort>(p);
+    case PlantedFastFault::kFoldStepShort:
+      return launch<kernels::FastFault::kFoldStepShort>(p);
   }
 }
 

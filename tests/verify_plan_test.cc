@@ -302,14 +302,34 @@ TEST_CASE("verify plan: fast outputs plan kFastChunk only where contract §10 ap
   deferred.ring_u = u_records;
   CHECK(exact(plan(deferred, VerifyPath::kFused, 128)));  // a fold from exact u records
   CHECK_FALSE(plan(deferred, VerifyPath::kFused, 128).pending_fold_first);
-  // u-free (no u records): fast, the pending steps folded first by the fold kernel.
+  // u-free (no u records): fast, the pending steps folded by the fast kernel itself (a CTA per
+  // item, its tiles not staggered: the fold needs the tile first).
   VerifyParams u_free = deferred;
   u_free.u_free = 1;
-  const VerifyPlan first = plan(u_free, VerifyPath::kFused, 128);
+  const VerifyPlan in_kernel = plan(u_free, VerifyPath::kFused, 128);
+  CHECK(in_kernel.schedule == VerifySchedule::kFastChunk);
+  CHECK_FALSE(in_kernel.pending_fold_first);
+  CHECK((in_kernel.features & kernels::kDeferredFold) != 0);
+  CHECK(in_kernel.grid == in_kernel.items);
+  CHECK_FALSE(in_kernel.stagger_tiles);  // B = 64: beyond one wave, yet not staggered
+  CHECK_THAT(in_kernel.kernel(), Catch::StartsWith("verify_tile<"));
+  CHECK(in_kernel.kernel().find("fast-chunk deferred") != std::string::npos);
+  // Asked not to, or walking: the fold kernel folds them first (then staggered if not walking).
+  LaunchOverrides fold_first;
+  fold_first.fast_fold_in_kernel = false;
+  const VerifyPlan first = plan(u_free, VerifyPath::kFused, 128, fold_first);
   CHECK(first.schedule == VerifySchedule::kFastChunk);
   CHECK(first.pending_fold_first);
+  CHECK(first.stagger_tiles);
   CHECK((first.features & kernels::kDeferredFold) != 0);
   CHECK_THAT(first.kernel(), Catch::StartsWith("pending fold + verify_tile<"));
+  CHECK(first != in_kernel);
+  LaunchOverrides walk;
+  walk.persistent = kernels::PersistentMode::kAlways;
+  const VerifyPlan walking = plan(u_free, VerifyPath::kFused, 128, walk);
+  CHECK(walking.grid < walking.items);
+  CHECK(walking.pending_fold_first);
+  CHECK_FALSE(walking.stagger_tiles);
   u_free.numerics = VerifyNumerics::kExact;  // the exact kernels fold first the same way
   CHECK(plan(u_free, VerifyPath::kFused, 128).pending_fold_first);
   CHECK(plan(u_free, VerifyPath::kUnfused, 0).pending_fold_first);

@@ -67,13 +67,14 @@ void print_header(const BenchArgs& args) {
   fmt::print(
       "timing: {} calls per CUDA graph, {} warm-up replays, {} reps x {} timed replays; "
       "us/call = median over reps; PDL {}; persistent kernels {}; fast walk {}; fast stagger {}; "
-      "tile occupancy "
+      "fast pending fold {}; tile occupancy "
       "{}{}\n",
       args.calls, args.warmup, args.reps, args.iters, args.launch.pdl ? "on" : "off",
       args.launch.persistent == kernels::PersistentMode::kAuto
           ? "auto"
           : (args.launch.persistent == kernels::PersistentMode::kAlways ? "always" : "never"),
       args.launch.fast_walk ? "on" : "off", args.launch.fast_stagger ? "on" : "off",
+      args.launch.fast_fold_in_kernel ? "in the kernel" : "first",
       args.launch.occupancy == kernels::TileOccupancy::kAuto
           ? "auto"
           : (args.launch.occupancy == kernels::TileOccupancy::kOnePerSm ? "one CTA per SM"

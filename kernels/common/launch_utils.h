@@ -62,11 +62,16 @@ struct LaunchOverrides {
   /// Off: a fast-output verify with a CTA per item beyond one wave stages every CTA's state tile
   /// early, none staggered (VerifyPlan::stagger_tiles; benchmarks compare the two).
   bool fast_stagger = true;
+  /// Off: a fast-output u-free deferred verify with a CTA per item folds its pending steps first
+  /// with the fold kernel (VerifyPlan::pending_fold_first), not in the fast kernel (benchmarks
+  /// compare the two; the bits are the same).
+  bool fast_fold_in_kernel = true;
 
   bool operator==(const LaunchOverrides& o) const {
     return pdl == o.pdl && persistent == o.persistent &&
            persistent_max_ctas == o.persistent_max_ctas && occupancy == o.occupancy &&
-           fast_walk == o.fast_walk && fast_stagger == o.fast_stagger;
+           fast_walk == o.fast_walk && fast_stagger == o.fast_stagger &&
+           fast_fold_in_kernel == o.fast_fold_in_kernel;
   }
   bool operator!=(const LaunchOverrides& o) const { return !(*this == o); }
 };

@@ -231,9 +231,10 @@ struct VerifyParams {
   /// copy_slot and extend of a batch slot during a round.
   int32_t fold_before_wait = 0;
   /// Nonzero, with ring_pending: the u-free deferred commit (contract §10: fast outputs record no
-  /// exact u). No fold reads ring_u: the plan folds the pending steps first with the fold kernel
-  /// (computing u, kernels::VerifyPlan::pending_fold_first), then runs the verify without pending
-  /// steps; an exact kernel still stores its u into ring_u (never read), a fast one stores none.
+  /// exact u). No fold reads ring_u: a fast kernel folds the pending steps itself computing u, or
+  /// the plan folds them first with the fold kernel (kernels::VerifyPlan::pending_fold_first) and
+  /// runs the verify without pending steps; an exact kernel still stores its u into ring_u (never
+  /// read), a fast one stores none.
   /// The kernels never read this field (the launcher and the host reference do).
   /// (It sits in fold_before_wait's padding: the struct keeps its size and every field its
   /// offset.)

@@ -42,6 +42,7 @@
 #include "kernels/common/mma_tf32.cuh"
 #include "kernels/common/persistent_stage.cuh"
 #include "kernels/verify/fast_layout.h"
+#include "kernels/verify/item_fold.cuh"
 #include "kernels/verify/item_prologue.cuh"
 #include "kernels/verify/per_item.cuh"
 #include "kernels/verify/tile_policy.h"
@@ -86,6 +87,7 @@ enum class FastFault : uint8_t {
   kDropIntraTerm,   ///< token 1 without its intra-chunk terms (i < t)
   kMaskOffByOne,    ///< the outputs without their diagonal term (i < t, not i <= t)
   kLateTileShort,   ///< a staggered CTA's late tile one column short (its last one zero-filled)
+  kFoldStepShort,   ///< a deferred call's pending fold without its last step
 };
 
 /// One fast-output work item (the prologue's coordinates and phases, ItemPrologue).
@@ -110,6 +112,11 @@ struct FastItem : ItemPrologue<Traits> {
   static constexpr int kMTiles = BV / 16;                ///< 16-row state tiles, one per warp
   static constexpr int E = K / 32;  ///< key elements per lane in the T x T terms
   static constexpr bool kLazy = Traits::kLazy;
+  /// A deferred call's pending fold holds a thread's columns in this many passes of two columns
+  /// (item_fold.cuh fold_pending): at 128 registers, with the item's constants live, the BV = 128
+  /// tile's four at once spill; fewer columns per pass leave each step's trees fewer independent
+  /// chains to overlap.
+  static constexpr int kFoldPasses = Prologue::CPT >= 4 ? Prologue::CPT / 2 : 1;
   static_assert(Cfg::kThreads == 256 && BV % 8 == 0 && BV <= 2 * K, "fast tile shape");
 
   /// The chunk's token order: token i of the chunk (the P history steps, then the T draft
@@ -418,6 +425,36 @@ struct FastItem : ItemPrologue<Traits> {
     const int C = P + T;
     const ChunkOrder order{P, T};
 
+    // 1. The state tile in flight (unless the previous item of this CTA put it there already; a
+    // late tile after the first chunk's gates). It is waited for before the contraction.
+    float* const stage = reinterpret_cast<float*>(smem);
+    // A lazy call's tile is never late, nor a deferred call's (its pending fold needs it first).
+    const bool late = !kLazy && !kDeferred && src.late_tile(args);
+    const auto stage_own = [&](bool is_late) {
+      const bool short_tile = kFault == FastFault::kLateTileShort && is_late;
+      stage_tile(stage, tile_head(p, slot, hv, v0), short_tile ? cols - 1 : cols);
+    };
+
+    // 1b. A deferred call (kDeferred: u-free, fast outputs record no u): the tile first, then the
+    // slot's pending steps folded onto it with the eager fold's arithmetic, u computed
+    // (item_fold.cuh, PendingU::kComputed), the folded tile stored to ssm_fold_out and left in the
+    // stage for the draft. The first chunk's TileSmem holds the pending records meanwhile. The
+    // inputs below are issued after the fold: held through it, they would take the registers
+    // that let it hold more columns at once.
+    if constexpr (kDeferred) {
+      if (src.stages_own_tile()) {
+        stage_own(false);
+      }
+      const int pending = pending_steps(p, slot);
+      const int folded = kFault == FastFault::kFoldStepShort ? pending - 1 : pending;
+      if (folded > 0) {
+        ColRegs<typename Prologue::Slice> unused[Prologue::CPT];  // the wide forms' (kEarlyTile)
+        fold_pending<PendingU::kComputed, kFoldPasses>(
+            *this, src, *reinterpret_cast<TileSmem<Cfg>*>(smem + Smem::chunks_offset()), unused,
+            slot, folded, cursor - pending);
+      }
+    }
+
     // The pair's conv history and (Src::kEarlyInputs) the first chunk's inputs first (raw bits):
     // the conv waits for them, the state tile is needed only after the prologue. Issued before the
     // tile's copies, they reach the memory pipe ahead of them, and the inputs do not wait for the
@@ -433,16 +470,7 @@ struct FastItem : ItemPrologue<Traits> {
     if constexpr (Src::kEarlyInputs) {
       load_chunk(src, 0, min(Cfg::kChunk, T), in);
     }
-
-    // 1. The state tile in flight (unless the previous item of this CTA put it there already; a
-    // late tile after the first chunk's gates). It is waited for before the contraction.
-    float* const stage = reinterpret_cast<float*>(smem);
-    const bool late = !kLazy && src.late_tile(args);  // a lazy call's tile is never late
-    const auto stage_own = [&](bool is_late) {
-      const bool short_tile = kFault == FastFault::kLateTileShort && is_late;
-      stage_tile(stage, tile_head(p, slot, hv, v0), short_tile ? cols - 1 : cols);
-    };
-    if (src.stages_own_tile() && !late) {
+    if (!kDeferred && src.stages_own_tile() && !late) {
       stage_own(false);
     }
 
@@ -586,11 +614,14 @@ struct FastItem : ItemPrologue<Traits> {
 };
 
 /// The per-item form's source: GlobalSource; the item stages its own state tile and waits for
-/// all its copies.
+/// all its copies. A deferred call's pending fold (item_fold.cuh) takes its columns from the stage
+/// and puts them back there and to the committed state.
 template <typename Item>
 struct FastGlobalSource : GlobalSource<Item, false> {
-  static __device__ __forceinline__ FastGlobalSource for_item(const Item& it) {
-    return {GlobalSource<Item, false>::for_item(it)};
+  float* stage;  ///< the item's state stage (FastSmem: [BV][K] f32, swizzled as fast_layout::swz)
+
+  static __device__ __forceinline__ FastGlobalSource for_item(const Item& it, float* stage) {
+    return {GlobalSource<Item, false>::for_item(it), stage};
   }
   /// The first chunk's inputs come from global memory: issued with the conv history.
   static constexpr bool kEarlyInputs = true;
@@ -604,6 +635,34 @@ struct FastGlobalSource : GlobalSource<Item, false> {
   __device__ __forceinline__ void inputs_consumed(const Item&) const {}
   __device__ __forceinline__ void wait_state() const { cp_async_wait_all(); }
   __device__ __forceinline__ bool state_consumed(const Item&, float*) const { return false; }
+
+  // The pending fold's columns (a deferred call; the tile is staged early, never late). Every
+  // thread waits for its own copies once the fold's first records are in flight; the fold's
+  // barrier that follows makes the whole stage visible before the first fold_column_in.
+  __device__ __forceinline__ void fold_records_issued(const Item&) const { cp_async_wait_all(); }
+  /// Column `col` (stage row col - v0) of the stage: the lane's partials, each E <= 4 consecutive
+  /// keys within one 16-byte chunk, which the swizzle keeps contiguous.
+  template <typename Column>
+  __device__ __forceinline__ void fold_column_in(const Item& it, ColRegs<Column>& S, int, int col,
+                                                 bool) const {
+    const int r = col - it.v0;
+#pragma unroll
+    for (int i = 0; i < Column::NPT; ++i) {
+      load_vec<Column::E>(S[i], stage + fast_layout::swz<Column::K>(r, Column::k_of(it.c, i)));
+    }
+  }
+  /// The folded column back to the stage (the draft's contraction reads it) and to the committed
+  /// state (ssm_fold_out: one writer per element, the tile's own columns).
+  template <typename Column>
+  __device__ __forceinline__ void fold_column_out(const Item& it, const ColRegs<Column>& S,
+                                                  int slot, int col) const {
+    const int r = col - it.v0;
+#pragma unroll
+    for (int i = 0; i < Column::NPT; ++i) {
+      store_vec<Column::E>(stage + fast_layout::swz<Column::K>(r, Column::k_of(it.c, i)), S[i]);
+    }
+    GlobalSource<Item, false>::template fold_column_out<Column>(it, S, slot, col);
+  }
 };
 
 /// The fast-output kernel, a CTA per item: the grid (ceil(V / BV), HV, B), two CTAs per SM.
@@ -618,7 +677,8 @@ __global__ void __launch_bounds__(256, 2)
   const int hv = static_cast<int>(blockIdx.y);
   Item item(args, {static_cast<int>(blockIdx.z), hv, static_cast<int>(args.div.group.div(hv)),
                    static_cast<int>(blockIdx.x)});
-  auto src = FastGlobalSource<typename Item::Prologue>::for_item(item);
+  auto src = FastGlobalSource<typename Item::Prologue>::for_item(
+      item, reinterpret_cast<float*>(fast_smem));
   item.load_constants(src);
   src.load_indices(item);
   pdl_enter();

@@ -40,7 +40,19 @@ void launch_verify_fast(const TileArgs& call, const VerifyPlan& plan, cudaStream
   using Ragged =
       VerifyTraits<W, K, BV, VerifyPath::kFused, VerifySchedule::kFastChunk, kRaggedRows>;
   constexpr VerifyFeatures kLazyRagged = kLazyHistory | kRaggedRows;
-  if ((plan.features & kLazyHistory) != 0) {
+  constexpr VerifyFeatures kDeferredRagged = kDeferredFold | kRaggedRows;
+  // A deferred plan folds its pending steps in the kernel unless they were folded first.
+  if ((plan.features & kDeferredFold) != 0 && !plan.pending_fold_first) {
+    KDA_CHECK(!walk, "launch_verify_fast: a call folding its pending steps does not walk ({})",
+              plan.kernel());
+    if ((plan.features & kRaggedRows) != 0) {
+      launch(&verify_fast_kernel<VerifyTraits<W, K, BV, VerifyPath::kFused,
+                                              VerifySchedule::kFastChunk, kDeferredRagged>>);
+    } else {
+      launch(&verify_fast_kernel<VerifyTraits<W, K, BV, VerifyPath::kFused,
+                                              VerifySchedule::kFastChunk, kDeferredFold>>);
+    }
+  } else if ((plan.features & kLazyHistory) != 0) {
     KDA_CHECK(!walk, "launch_verify_fast: a lazy call does not walk ({})", plan.kernel());
     if ((plan.features & kRaggedRows) != 0) {
       launch(&verify_fast_kernel<

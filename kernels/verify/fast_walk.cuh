@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(256, 2)
     verify_fast_walk_kernel(const __grid_constant__ TileArgs args) {
   static_assert(Traits::kSchedule == VerifySchedule::kFastChunk, "the fast-chunk schedule");
   static_assert(!Traits::kLazy, "a lazy call's chunk does not fit one ItemInputs");
+  static_assert(!Traits::kDeferred, "a walking call's pending steps are folded first");
   using Item = FastItem<Traits>;
   using Prologue = typename Item::Prologue;
   using Smem = FastWalkSmem<Traits::K, Traits::BV>;

@@ -137,6 +137,9 @@ struct GlobalSource : WeightReads<Item> {
                                                   int slot, int col) const {
     store_column<Column>(const_cast<float*>(fold_column(it, slot, col)), S, it.c);
   }
+  /// The fold's first records are in flight (item_fold.cuh): its columns come from global memory,
+  /// which needs no wait.
+  __device__ __forceinline__ void fold_records_issued(const Item&) const {}
   /// After the fold: a bulk-copied tile (kPerItemStagedState) is read through the async proxy,
   /// so the stores are fenced for it and every thread's are done before thread 0 issues the
   /// copy. Register loads re-read their own thread's stores.

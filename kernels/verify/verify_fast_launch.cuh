@@ -1,6 +1,7 @@
 // verify_fast_launch.cuh: launches a kFastChunk plan (verify_plan.h; the kernel:
 // verify/fast_item.cuh). Its table: conv weight type x K x the fast tiles (tile_policy.h
-// kFastBlockVs) x {dense, ragged rows} x {no history, the lazy history}, instantiated in
+// kFastBlockVs) x {dense, ragged rows} x {nothing pending, the lazy history, the pending fold},
+// instantiated in
 // verify/inst/verify_fast_*.cu; the launcher launches what the plan says and decides nothing.
 #pragma once
 
@@ -18,12 +19,13 @@
 
 namespace kda::kernels {
 
-/// Fast-output kernels: 2 conv weight types x 2 K x kFastBlockVs x {dense, ragged} x {without,
-/// with the lazy history}.
-inline constexpr int kFastVerifyKernelCount = 2 * 2 * 3 * 2 * 2;
+/// Fast-output kernels: 2 conv weight types x 2 K x kFastBlockVs x {dense, ragged} x {nothing
+/// pending, the lazy history, the pending fold}.
+inline constexpr int kFastVerifyKernelCount = 2 * 2 * 3 * 2 * 3;
 
 /// Launches the fast-output kernel of configuration (W, K, BV) that `plan` names (its features:
-/// none, kRaggedRows, kLazyHistory or both). Enqueues only.
+/// none, kRaggedRows, kLazyHistory or kDeferredFold, the last two with or without kRaggedRows; a
+/// kDeferredFold plan that folds first runs the kernel without pending steps). Enqueues only.
 template <typename W, int K, int BV>
 void launch_verify_fast(const TileArgs& call, const VerifyPlan& plan, cudaStream_t stream);
 

@@ -204,10 +204,14 @@ void check_plan(const VerifyParams& p, const VerifyPlan& plan, const char* who) 
   const bool persistent_snapshot = plan.schedule == VerifySchedule::kPersistentSnapshot;
   const VerifyFeatures want =
       persistent_snapshot ? kNoFeatures : verify_features(p, (plan.features & kExtendTracks) != 0);
+  // A u-free deferred call folds its pending steps first, or (a fast plan with a CTA per item)
+  // in its kernel.
+  const bool u_free_pending = p.ring_pending != nullptr && p.u_free != 0 && !is_lazy_verify(p);
+  const bool fast_per_item = plan.schedule == VerifySchedule::kFastChunk && plan.grid == plan.items;
   KDA_CHECK(plan.K == p.K && plan.weight == (fused ? p.conv_weight_type : ConvWeightType::kF32) &&
                 plan.features == want && plan.items == ceil_div(p.V, plan.block_v) * p.HV * p.B &&
-                plan.pending_fold_first ==
-                    (p.ring_pending != nullptr && p.u_free != 0 && !is_lazy_verify(p)) &&
+                (plan.pending_fold_first == u_free_pending ||
+                 (fast_per_item && u_free_pending && !plan.pending_fold_first)) &&
                 (fused || plan.block_v == kRecurrentBlockV),
             "{}: the plan ({}) is not this call's (K={}, HV={}, V={}, B={}): plan each call with "
             "plan_verify_on_device",
@@ -217,13 +221,16 @@ void check_plan(const VerifyParams& p, const VerifyPlan& plan, const char* who) 
   KDA_CHECK(walks ? (plan.grid >= 1 && plan.grid <= plan.items) : plan.grid == plan.items,
             "{}: the plan {} needs {} CTAs, got {}", who, plan.kernel(),
             walks ? fmt::format("1..{}", plan.items) : fmt::format("{}", plan.items), plan.grid);
-  KDA_CHECK(!plan.stagger_tiles || (plan.schedule == VerifySchedule::kFastChunk &&
-                                    plan.grid == plan.items && (plan.features & kLazyHistory) == 0),
+  const bool folds_in_kernel = (plan.features & kDeferredFold) != 0 && !plan.pending_fold_first;
+  KDA_CHECK(!plan.stagger_tiles ||
+                (fast_per_item && (plan.features & kLazyHistory) == 0 && !folds_in_kernel),
             "{}: the plan {} staggers its tiles, which only a fast-output plan with a CTA per "
-            "item, not lazy (schedule fast-chunk, grid == items) does; it has schedule {}, {} of "
-            "{} CTAs{}",
+            "item, neither lazy nor folding pending steps in its kernel (schedule fast-chunk, "
+            "grid == items) does; it has schedule {}, {} of {} CTAs{}",
             who, plan.kernel(), verify_schedule_name(plan.schedule), plan.grid, plan.items,
-            (plan.features & kLazyHistory) != 0 ? ", lazy" : "");
+            (plan.features & kLazyHistory) != 0 ? ", lazy"
+            : folds_in_kernel                   ? ", folding pending steps"
+                                                : "");
 }
 
 }  // namespace

@@ -105,8 +105,16 @@ VerifyPlan plan_verify(const VerifyParams& p, VerifyPath path, int block_v, cons
     if (grid > 0) {
       plan.grid = grid;
     }
-    plan.stagger_tiles = o.fast_stagger && !is_lazy_verify(p) && plan.grid == plan.items &&
-                         caps.sms > 0 && plan.items > int64_t{kFastCtasPerSm} * caps.sms;
+    // A u-free deferred call with a CTA per item: the fast kernel folds the pending steps onto its
+    // staged tile (one read and one write of the state, not the fold kernel's pass before the
+    // verify's read); the walk folds them first.
+    if (plan.pending_fold_first && o.fast_fold_in_kernel && plan.grid == plan.items) {
+      plan.pending_fold_first = false;
+    }
+    const bool folds_in_kernel = (plan.features & kDeferredFold) != 0 && !plan.pending_fold_first;
+    plan.stagger_tiles = o.fast_stagger && !is_lazy_verify(p) && !folds_in_kernel &&
+                         plan.grid == plan.items && caps.sms > 0 &&
+                         plan.items > int64_t{kFastCtasPerSm} * caps.sms;
     return plan;
   }
   const bool shaped = (plan.features & kRaggedRows) != 0;

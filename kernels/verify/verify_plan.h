@@ -38,7 +38,9 @@ struct VerifyPlan {
   /// the kernel): the fold kernel folds the pending steps into the committed state first (§3's
   /// eager arithmetic, computing u), then the planned kernel runs as a call without pending steps
   /// (its kDeferredFold instantiation still writes the records at the slot's cursor). The launcher
-  /// strips ring_pending and ssm_fold_out.
+  /// strips ring_pending and ssm_fold_out. Not on a fast-output plan with a CTA per item, whose
+  /// kernel folds them itself with the same arithmetic (fast_item.cuh), unless
+  /// LaunchOverrides::fast_fold_in_kernel is off.
   bool pending_fold_first = false;
   /// A deferred one-CTA-per-SM verify that lets its dependents launch at its entry
   /// (deferred_triggers_at_entry).
@@ -48,7 +50,7 @@ struct VerifyPlan {
   /// first chunk's gates (fast_item.cuh), so the CTAs that share an SM and its memory pipe are out
   /// of step. Never on a walking, lazy or exact plan (invoke_verify refuses one: the lazy kernels
   /// are compiled without the late tile, which would make their BV = 128 form spill); the bits
-  /// are the same.
+  /// are the same. Nor on a plan whose fast kernel folds pending steps (it needs its tile first).
   bool stagger_tiles = false;
   bool pdl = true;  ///< programmatic dependent launch (LaunchOverrides::pdl)
   /// The host kernel set runs its reference whatever the plan says (kernel() names it).
@@ -67,8 +69,8 @@ struct VerifyPlan {
 const char* verify_schedule_name(VerifySchedule s) noexcept;
 
 /// The call's feature set: kDeferredFold with ring_pending (records at the slot's cursor; the
-/// pending steps folded in the kernel from u records, or first by the fold kernel without them,
-/// VerifyPlan::pending_fold_first), kRaggedRows with token_offsets or
+/// pending steps folded in the kernel from u records; without them in the fast kernel, or first
+/// by the fold kernel, VerifyPlan::pending_fold_first), kRaggedRows with token_offsets or
 /// parents; a tracked extend (ExtendParams::track_steps) runs its own instantiations, which fold
 /// nothing and take dense rows: kExtendTracks alone.
 VerifyFeatures verify_features(const VerifyParams& p, bool tracked_extend = false);
@@ -76,7 +78,7 @@ VerifyFeatures verify_features(const VerifyParams& p, bool tracked_extend = fals
 /// Whether a verify call on `path` with tile `block_v` can take the fast outputs (contract §10:
 /// VerifySchedule::kFastChunk): p.numerics == kFast, the fused path, ring mode, a dense or ragged
 /// chain (no parents), no deferred call with u records (exact per-step u, which the chunked form
-/// does not compute; a u-free one's pending steps are folded first), T <= 16 and a fast tile
+/// does not compute; a u-free one's pending steps are folded computing u), T <= 16 and a fast tile
 /// (tile_policy.h kFastBlockVs).
 bool fast_outputs_plannable(const VerifyParams& p, VerifyPath path, int block_v);
 

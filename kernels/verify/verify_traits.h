@@ -36,7 +36,8 @@ enum class VerifySchedule : uint8_t {
   /// staging its next item's state (verify_fast_walk_kernel); the
   /// exact prologue (records, windows, at the slot's ring cursor), then the outputs from the
   /// chunked form with the state contractions on tensor cores. Ring-mode chains (dense or
-  /// ragged), fused; a deferred call's pending steps folded first (VerifyPlan::pending_fold_first).
+  /// ragged), fused; a u-free deferred call's pending steps folded onto the staged tile first
+  /// (kDeferredFold), or by the fold kernel before it (VerifyPlan::pending_fold_first).
   kFastChunk,
 };
 
@@ -44,9 +45,9 @@ enum class VerifySchedule : uint8_t {
 enum VerifyFeature : uint32_t {
   kNoFeatures = 0,
   /// A ring-mode call of the deferred commit (VerifyParams::ring_pending): records at the slot's
-  /// ring cursor, its pending steps folded first (item_fold.cuh from u records; without u records
-  /// ring_pending reaches the kernel null: the fold kernel ran first,
-  /// VerifyPlan::pending_fold_first).
+  /// ring cursor, its pending steps folded first (item_fold.cuh: from u records in the exact
+  /// kernels, computing u in the fast kernel; or ring_pending reaches the kernel null: the fold
+  /// kernel ran first, VerifyPlan::pending_fold_first).
   kDeferredFold = 1u << 0,
   /// Ragged or tree rows (VerifyParams::token_offsets / parents, contract §8).
   kRaggedRows = 1u << 1,

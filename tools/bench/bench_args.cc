@@ -168,7 +168,7 @@ std::string fast_skip_reason(const BenchArgs& args, Variant v, int T, int bv, bo
   p.numerics = VerifyNumerics::kFast;
   p.T = T;
   // Only its presence matters: the predicate reads no memory. A fast deferred run is u-free
-  // (DeferredState::deferred): its pending steps fold first.
+  // (DeferredState::deferred): its pending steps fold computing u.
   int32_t pending = 0;
   p.ring_pending = deferred ? &pending : nullptr;
   p.u_free = deferred ? 1 : 0;
@@ -213,8 +213,8 @@ Sweep:
                          its plan ran, its kernel column which kernel (fast: fast-chunk). Fast
                          rows: fused+ring only (the other variants run exact whatever is asked:
                          no row, a note), a deferred round or step u-free (its pending steps
-                         folded first by the fold kernel, computing u), T <= {2}, the fast tiles
-                         {1} (auto: kernels::default_fast_block_v per B; --sweep-bv: each;
+                         folded computing u, by the fast kernel: --fast-fold), T <= {2}, the
+                         fast tiles {1} (auto: kernels::default_fast_block_v per B; --sweep-bv: each;
                          --block-v outside them: no fast rows, a note). Every fast row carries
                          its outputs against exact's on the same inputs (contract §10 (b)):
                          eq% (bf16 elements bitwise equal), ulp (largest bf16 ulp distance) and
@@ -286,6 +286,9 @@ Other:
                          the items (on) or a CTA per item (off, default)
   --fast-stagger on|off  fast-output verifies with a CTA per item beyond one wave: odd-parity
                          CTAs stage their state tile late (on, default) or none (off)
+  --fast-fold kernel|first  fast-output u-free deferred verifies with a CTA per item: the fast
+                         kernel folds the pending steps (kernel, default) or the fold kernel
+                         folds them first (first)
   --tile-occupancy MODE  per-item verify tiles' form: auto (default: the one-CTA-per-SM form,
                          up to 255 registers (the deferred BV = 32 tile: 128), for ring-mode
                          grids of at most one CTA per SM, three for the fused BV = 128 tile;
@@ -510,6 +513,7 @@ constexpr FlagSpec kFlags[] = {
     {"--persistent", true},
     {"--fast-walk", true},
     {"--fast-stagger", true},
+    {"--fast-fold", true},
     {"--tile-occupancy", true},
     {"--out", true},
     {"--help", false},
@@ -706,6 +710,11 @@ std::optional<BenchArgs> parse_bench_args(int argc, const char* const* argv) {
       {"--fast-stagger",
        [&](auto& n, auto& v) {
          a.launch.fast_stagger = parse_choice<bool>(n, v, {{"on", true}, {"off", false}});
+       }},
+      {"--fast-fold",
+       [&](auto& n, auto& v) {
+         a.launch.fast_fold_in_kernel =
+             parse_choice<bool>(n, v, {{"kernel", true}, {"first", false}});
        }},
       {"--tile-occupancy",
        [&](auto& n, auto& v) {

@@ -147,8 +147,8 @@ inline int commit_track_step(int accepted) { return accepted - 1; }
 
 /// Why the fast rows of `v` at T draft tokens with fast tile `bv` (0: none) are not timed, or ""
 /// when they are: kernels::fast_outputs_plannable on a ring-mode chain, without (`deferred`
-/// false) or with pending steps to fold (u-free: folded first). The phases also check the plan
-/// on the device.
+/// false) or with pending steps to fold (u-free: folded computing u). The phases also check the
+/// plan on the device.
 std::string fast_skip_reason(const BenchArgs& args, Variant v, int T, int bv, bool deferred);
 
 /// Thrown on a bad command line; what() names the flag, the value and what is allowed.

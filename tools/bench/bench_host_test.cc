@@ -123,6 +123,10 @@ TEST_CASE("kda_bench args: defaults and presets", "[tools][bench]") {
   CHECK_FALSE(parse({"--fast-stagger", "off"}).launch.fast_stagger);
   CHECK(parse({"--fast-stagger", "on"}).launch.fast_stagger);
   require_arg_error({"--fast-stagger", "1"}, "on or off");
+  CHECK(parse({}).launch.fast_fold_in_kernel);
+  CHECK_FALSE(parse({"--fast-fold", "first"}).launch.fast_fold_in_kernel);
+  CHECK(parse({"--fast-fold=kernel"}).launch.fast_fold_in_kernel);
+  require_arg_error({"--fast-fold", "on"}, "kernel or first");
   CHECK(parse({"--tile-occupancy", "one"}).launch.occupancy == kernels::TileOccupancy::kOnePerSm);
   CHECK(parse({"--tile-occupancy=two"}).launch.occupancy == kernels::TileOccupancy::kTwoPerSm);
   CHECK_FALSE(parse({"--no-pdl"}).launch.pdl);
@@ -626,7 +630,7 @@ TEST_CASE("kda_bench args: the fast tiles and which rows take fast outputs", "[t
   CHECK(fast_skip_reason(d, Variant::kFusedRing, 16, 32, false).empty());
   CHECK(fast_skip_reason(d, Variant::kFusedRing, 17, 32, false).find("exceeds the fast chunk") !=
         std::string::npos);
-  CHECK(fast_skip_reason(d, Variant::kFusedRing, 4, 64, true).empty());  // u-free: folds first
+  CHECK(fast_skip_reason(d, Variant::kFusedRing, 4, 64, true).empty());  // u-free
   CHECK(fast_skip_reason(d, Variant::kFusedRing, 17, 64, true).find("exceeds the fast chunk") !=
         std::string::npos);
   CHECK(fast_skip_reason(d, Variant::kFused, 4, 64, false).find("exact only") != std::string::npos);
