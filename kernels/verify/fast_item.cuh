@@ -6,6 +6,9 @@
 //      flight already). A staggered launch (TileArgs::stagger_tiles) holds back the tiles of its
 //      odd-parity CTAs until their first chunk's gates are issued, so co-resident CTAs do not all
 //      wait on the memory pipe at once; the bits are the same either way.
+//   1b. A u-free deferred call (kDeferredFold): the slot's pending steps folded onto the staged
+//      tile with the eager fold's arithmetic (item_fold.cuh, u computed), the folded tile stored
+//      to ssm_fold_out and kept in the stage; its tile is never late.
 //   2. The exact prologue, per 8-token chunk (item_prologue.cuh, the code every exact path runs):
 //      conv + SiLU, gates, ring records and conv windows, q/k norms. So the records, windows and
 //      everything the fold reads are bitwise the exact verify's.
@@ -24,7 +27,8 @@
 // the chunk is P + T tokens (history first; their k normalised from the ring's raw k, d = EXP(g),
 // v, beta, no query), held in the TileSmem rows after the draft's (ChunkOrder maps the chunk's
 // token order to those rows), and only the draft's outputs are stored.
-// Reads ssm_state, never writes it (the committed state stays the exact fold's, §10).
+// Writes no state but a deferred call's folded tile (ssm_fold_out, bitwise the eager fold's): the
+// committed state never depends on the fast outputs (§10).
 // Shared memory (dynamic, FastSmem): the state stage, one TileSmem per 8-token chunk, the split
 // operand rows (aliased by the contraction results once the mma is done), the T x T terms.
 // The contraction takes one of two forms (fast_layout.h states and tests every operand map):
