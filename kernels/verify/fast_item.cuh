@@ -116,10 +116,10 @@ struct FastItem : ItemPrologue<Traits> {
   static constexpr int kMTiles = BV / 16;                ///< 16-row state tiles, one per warp
   static constexpr int E = K / 32;  ///< key elements per lane in the T x T terms
   static constexpr bool kLazy = Traits::kLazy;
-  /// A deferred call's pending fold holds a thread's columns one per pass (item_fold.cuh
-  /// fold_pending): at 128 registers, with the item's constants and early inputs live, more at
-  /// once spill at BV = 128.
-  static constexpr int kFoldPasses = Prologue::CPT;
+  /// A deferred call's pending fold holds a thread's columns two per pass (item_fold.cuh
+  /// fold_pending): at 128 registers, with the item's constants live, the BV = 128 tile's four at
+  /// once spill; fewer per pass leave each step's trees fewer independent chains to overlap.
+  static constexpr int kFoldPasses = Prologue::CPT >= 4 ? Prologue::CPT / 2 : 1;
   static_assert(Cfg::kThreads == 256 && BV % 8 == 0 && BV <= 2 * K, "fast tile shape");
 
   /// The chunk's token order: token i of the chunk (the P history steps, then the T draft
@@ -428,8 +428,38 @@ struct FastItem : ItemPrologue<Traits> {
     const int C = P + T;
     const ChunkOrder order{P, T};
 
-    // The pair's conv history and (Src::kEarlyInputs) the first chunk's inputs first (raw bits):
-    // the conv waits for them, the state tile is needed only after the prologue. Issued before the
+    // 1. The state tile in flight (unless the previous item of this CTA put it there already; a
+    // late tile after the first chunk's gates). It is waited for before the contraction.
+    float* const stage = reinterpret_cast<float*>(smem);
+    // A lazy call's tile is never late, nor a deferred call's (its pending fold needs it first).
+    const bool late = !kLazy && !kDeferred && src.late_tile(args);
+    const auto stage_own = [&](bool is_late) {
+      const bool short_tile = kFault == FastFault::kLateTileShort && is_late;
+      stage_tile(stage, tile_head(p, slot, hv, v0), short_tile ? cols - 1 : cols);
+    };
+
+    // 1b. A deferred call (kDeferred: u-free, fast outputs record no u): the tile first, then the
+    // slot's pending steps folded onto it with the eager fold's arithmetic, u computed
+    // (item_fold.cuh, PendingU::kComputed), the folded tile stored to ssm_fold_out and left in the
+    // stage for the draft. The first chunk's TileSmem holds the pending records meanwhile. The
+    // inputs below are issued after the fold: held through it, they would take the registers that
+    // let it hold two columns at once.
+    if constexpr (kDeferred) {
+      if (src.stages_own_tile()) {
+        stage_own(false);
+      }
+      const int pending = pending_steps(p, slot);
+      const int folded = kFault == FastFault::kFoldStepShort ? pending - 1 : pending;
+      if (folded > 0) {
+        ColRegs<typename Prologue::Slice> unused[Prologue::CPT];  // the wide forms' (kEarlyTile)
+        fold_pending<PendingU::kComputed, kFoldPasses>(
+            *this, src, *reinterpret_cast<TileSmem<Cfg>*>(smem + Smem::chunks_offset()), unused,
+            slot, folded, cursor - pending);
+      }
+    }
+
+    // The pair's conv history and (Src::kEarlyInputs) the first chunk's inputs (raw bits): the
+    // conv waits for them, the state tile is needed only after the prologue. Issued before the
     // tile's copies, they reach the memory pipe ahead of them, and the inputs do not wait for the
     // history's conversion: one round trip before the conv, not two behind the tile.
     uint32_t hist_bits[kConvHistory] = {};
@@ -443,33 +473,8 @@ struct FastItem : ItemPrologue<Traits> {
     if constexpr (Src::kEarlyInputs) {
       load_chunk(src, 0, min(Cfg::kChunk, T), in);
     }
-
-    // 1. The state tile in flight (unless the previous item of this CTA put it there already; a
-    // late tile after the first chunk's gates). It is waited for before the contraction.
-    float* const stage = reinterpret_cast<float*>(smem);
-    // A lazy call's tile is never late, nor a deferred call's (its pending fold needs it first).
-    const bool late = !kLazy && !kDeferred && src.late_tile(args);
-    const auto stage_own = [&](bool is_late) {
-      const bool short_tile = kFault == FastFault::kLateTileShort && is_late;
-      stage_tile(stage, tile_head(p, slot, hv, v0), short_tile ? cols - 1 : cols);
-    };
-    if (src.stages_own_tile() && !late) {
+    if (!kDeferred && src.stages_own_tile() && !late) {
       stage_own(false);
-    }
-
-    // 1b. A deferred call (kDeferred: u-free, fast outputs record no u): the slot's pending steps
-    // folded onto the staged tile with the eager fold's arithmetic, u computed
-    // (item_fold.cuh, PendingU::kComputed), the folded tile stored to ssm_fold_out and left in the
-    // stage for the draft. The first chunk's TileSmem holds the pending records meanwhile.
-    if constexpr (kDeferred) {
-      const int pending = pending_steps(p, slot);
-      const int folded = kFault == FastFault::kFoldStepShort ? pending - 1 : pending;
-      if (folded > 0) {
-        ColRegs<typename Prologue::Slice> unused[Prologue::CPT];  // the wide forms' (kEarlyTile)
-        fold_pending<PendingU::kComputed, kFoldPasses>(
-            *this, src, *reinterpret_cast<TileSmem<Cfg>*>(smem + Smem::chunks_offset()), unused,
-            slot, folded, cursor - pending);
-      }
     }
 
     // 2. The exact prologue, chunk by chunk, into one TileSmem per chunk.
