@@ -3,9 +3,10 @@
 // is asked for it, the resident CTAs walking the items beyond one wave (fast_walk.cuh). Per item:
 //   1. The state tile [BV][K] f32 goes in flight to shared memory (cp.async), right after the
 //      conv history's and the first chunk's loads (a walking CTA's previous item has put it in
-//      flight already; a deferred call's goes first, and its inputs after its fold, 1b). A staggered launch (TileArgs::stagger_tiles) holds back the tiles of its
-//      odd-parity CTAs until their first chunk's gates are issued, so co-resident CTAs do not all
-//      wait on the memory pipe at once; the bits are the same either way.
+//      flight already; a deferred call's goes first, and its inputs after its fold, 1b). A
+//      staggered launch (TileArgs::stagger_tiles) holds back the tiles of its odd-parity CTAs until
+//      their first chunk's gates are issued, so co-resident CTAs do not all wait on the memory pipe
+//      at once; the bits are the same either way.
 //   1b. A u-free deferred call (kDeferredFold): the slot's pending steps folded onto the staged
 //      tile with the eager fold's arithmetic (item_fold.cuh, u computed), the folded tile stored
 //      to ssm_fold_out and kept in the stage; its tile is never late.
