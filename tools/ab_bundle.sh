@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# ab_bundle.sh: kda_bench built at several git revisions, with a runner that times them
+# interleaved on one GPU machine start (timings compare only within one start, docs/perf.md):
+#   tools/ab_bundle.sh OUT_DIR REV [REV...]
+#   (copy OUT_DIR to the GPU host)  OUT_DIR/ab.sh REPS RESULT_DIR -- KDA_BENCH_ARGS...
+# OUT_DIR/bench/kda_bench_NAME per REV (NAME: the REV, '/' -> '_'), the shared libraries they
+# need (spdlog, fmt) in OUT_DIR/lib, and ab.sh, which runs the one kda_bench command line on every
+# binary in turn, REPS rounds (A, B, .., A, B, ..), each run's output in RESULT_DIR/NAME_ROUND.txt
+# and a line per run in RESULT_DIR/summary.txt. Each REV is built in a temporary detached
+# worktree; the build's disk cache (.bazelrc) serves every action a REV shares with another.
+# The GPU tests of the revision under test come from tools/gpu_bundle.sh, run in its checkout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [[ $# -lt 2 ]]; then
+  echo "usage: tools/ab_bundle.sh OUT_DIR REV [REV...]" >&2
+  exit 2
+fi
+out=$1
+shift
+revs=("$@")
+for rev in "${revs[@]}"; do
+  git rev-parse --verify --quiet "$rev^{commit}" >/dev/null ||
+    { echo "ab_bundle.sh: '$rev' is not a commit of this repository" >&2; exit 2; }
+done
+
+rm -rf "$out"
+mkdir -p "$out/bench" "$out/lib"
+out=$(cd "$out" && pwd)
+scratch=$(mktemp -d)
+trap 'git worktree prune; rm -rf "$scratch"' EXIT
+for rev in "${revs[@]}"; do
+  name=${rev//\//_}
+  tree=$scratch/$name
+  git worktree add --detach --quiet "$tree" "$rev"
+  (cd "$tree" && ./bazelw build --noshow_progress //tools:kda_bench >&2 &&
+    install -m 0755 bazel-bin/tools/kda_bench "$out/bench/kda_bench_$name" &&
+    ./bazelw shutdown >/dev/null 2>&1)
+  git worktree remove --force "$tree"
+  echo "ab_bundle.sh: $rev ($(git rev-parse --short "$rev")) -> bench/kda_bench_$name" >&2
+done
+for bin in "$out"/bench/*; do
+  ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'libspdlog|libfmt' || true
+done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
+
+cat >"$out/ab.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs one kda_bench command line on every bundled binary, interleaved, REPS rounds:
+#   ab.sh REPS RESULT_DIR -- KDA_BENCH_ARGS...
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+if [[ $# -lt 3 || $3 != -- ]]; then
+  echo "usage: ab.sh REPS RESULT_DIR -- KDA_BENCH_ARGS..." >&2
+  exit 2
+fi
+reps=$1 results=$2
+shift 3
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+mkdir -p "$results"
+status=0
+for ((round = 1; round <= reps; ++round)); do
+  for bin in "$here"/bench/kda_bench_*; do
+    name=${bin##*/kda_bench_}
+    start=$SECONDS
+    "$bin" "$@" >"$results/${name}_$round.txt" 2>&1
+    rc=$?
+    [[ $rc -eq 0 ]] || status=1
+    echo "$name round $round rc=$rc $((SECONDS - start))s" | tee -a "$results/summary.txt"
+  done
+done
+exit $status
+RUN
+chmod 0755 "$out/ab.sh"
+echo "ab_bundle.sh: $out (${#revs[@]} binaries); run: $out/ab.sh REPS RESULT_DIR -- ARGS" >&2
