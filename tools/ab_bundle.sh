@@ -38,9 +38,7 @@ for rev in "${revs[@]}"; do
   git worktree remove --force "$tree"
   echo "ab_bundle.sh: $rev ($(git rev-parse --short "$rev")) -> bench/kda_bench_$name" >&2
 done
-for bin in "$out"/bench/*; do
-  ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'libspdlog|libfmt' || true
-done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
+tools/bundle_libs.sh "$out/lib" "$out"/bench/*
 
 cat >"$out/ab.sh" <<'RUN'
 #!/usr/bin/env bash

@@ -37,9 +37,7 @@ cp python/tests/*.py "$out/python/tests/"
 
 # Shared libraries outside libc/libstdc++ that the binaries need (spdlog, fmt).
 shopt -s nullglob
-for bin in "$out"/tests/* "$out"/tools/* "$out"/lib/libkda_c.so; do
-  ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'libspdlog|libfmt' || true
-done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
+tools/bundle_libs.sh "$out/lib" "$out"/tests/* "$out"/tools/* "$out"/lib/libkda_c.so
 
 cat >"$out/run_all.sh" <<'RUN'
 #!/usr/bin/env bash
