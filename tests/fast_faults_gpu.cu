@@ -23,7 +23,8 @@ void launch(const VerifyParams& p) {
   args.div = kernels::item_divisors(p, 64);
   args.stagger_tiles = F == kernels::FastFault::kLateTileShort ? 1 : 0;
   auto* kernel = &kernels::verify_fast_kernel<Traits, F>;
-  const size_t smem = kernels::FastSmem<128, 64>::bytes(p.T);
+  const size_t smem =
+      kFolds ? kernels::FastSmem<128, 64>::fold_bytes(p.T) : kernels::FastSmem<128, 64>::bytes(p.T);
   KDA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(kernels::ceil_div(p.V, 64)), static_cast<unsigned>(p.HV),

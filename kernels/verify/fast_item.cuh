@@ -3,16 +3,16 @@
 // is asked for it, the resident CTAs walking the items beyond one wave (fast_walk.cuh). Per item:
 //   1. The state tile [BV][K] f32 goes in flight to shared memory (cp.async), right after the
 //      conv history's and the first chunk's loads (a walking CTA's previous item has put it in
-//      flight already; a deferred call's goes first, and its inputs after its fold, 1b). A
-//      staggered launch (TileArgs::stagger_tiles) holds back the tiles of its odd-parity CTAs until
-//      their first chunk's gates are issued, so co-resident CTAs do not all wait on the memory pipe
-//      at once; the bits are the same either way.
-//   1b. A u-free deferred call (kDeferredFold): the slot's pending steps folded onto the staged
-//      tile with the eager fold's arithmetic (item_fold.cuh, u computed), the folded tile stored
-//      to ssm_fold_out and kept in the stage; its tile is never late.
+//      flight already). A staggered launch (TileArgs::stagger_tiles) holds back the tiles of its
+//      odd-parity CTAs until their first chunk's gates are issued, so co-resident CTAs do not all
+//      wait on the memory pipe at once; the bits are the same either way.
 //   2. The exact prologue, per 8-token chunk (item_prologue.cuh, the code every exact path runs):
 //      conv + SiLU, gates, ring records and conv windows, q/k norms. So the records, windows and
 //      everything the fold reads are bitwise the exact verify's.
+//   2b. A u-free deferred call (kDeferredFold): once the prologue is done (and the tile has landed
+//      under it), the slot's pending steps folded onto the staged tile with the eager fold's
+//      arithmetic (item_fold.cuh, u computed; their records in the operand rows' space, free until
+//      3a), the folded tile stored to ssm_fold_out and kept in the stage; its tile is never late.
 //   3. The chunked (WY) form of the draft's outputs, with prefix decays P_t = d_0 ... d_t
 //      (ordered products of per-step factors d = EXP(g) <= 1; never a division by one):
 //        xk_t = kn_t * P_t, xq_t = qs_t * P_t                   (rows of the tensor-core operand)
@@ -54,6 +54,15 @@
 
 namespace kda::kernels {
 
+/// Puts the 128-byte line of `addr` in flight to L2 (a hint: no value depends on it).
+__device__ __forceinline__ void prefetch_l2(const void* addr) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(addr));
+#else
+  (void)addr;
+#endif
+}
+
 /// The fast kernel's shared memory for a call of up to T tokens (host and device).
 template <int K, int BV>
 struct FastSmem {
@@ -77,6 +86,11 @@ struct FastSmem {
   }
   KDA_HD static constexpr size_t term_offset(int T) { return operand_offset(T) + operand_bytes(T); }
   KDA_HD static constexpr size_t bytes(int T) { return term_offset(T) + kTermBytes; }
+  /// A deferred call's (kDeferredFold): its pending fold's records take one TileSmem from
+  /// operand_offset(T), which the operand rows and the terms then hold (3a onwards).
+  KDA_HD static constexpr size_t fold_bytes(int T) {
+    return bytes(T) > operand_offset(T) + kChunkBytes ? bytes(T) : operand_offset(T) + kChunkBytes;
+  }
   /// 32-bit words of one row tile's operand rows (fast_layout.h, the wide form).
   static constexpr int kTileWords = fast_layout::kWideTileWords<K>;
 };
@@ -117,10 +131,12 @@ struct FastItem : ItemPrologue<Traits> {
   static constexpr int kMTiles = BV / 16;                ///< 16-row state tiles, one per warp
   static constexpr int E = K / 32;  ///< key elements per lane in the T x T terms
   static constexpr bool kLazy = Traits::kLazy;
-  /// A deferred call's pending fold holds a thread's columns two per pass (item_fold.cuh
-  /// fold_pending): at 128 registers, with the item's constants live, the BV = 128 tile's four at
-  /// once spill; fewer per pass leave each step's trees fewer independent chains to overlap.
-  static constexpr int kFoldPasses = Prologue::CPT >= 4 ? Prologue::CPT / 2 : 1;
+  /// A deferred call's pending fold holds a thread's columns two at a time (item_fold.cuh
+  /// fold_pending), one at a time in the ragged BV = 64 form: at 128 registers more spill (all
+  /// four of the BV = 128 tile; both of the ragged BV = 64 tile, which holds the row offsets too).
+  /// A pass's steps are that many independent trees.
+  static constexpr int kFoldPasses =
+      Prologue::CPT >= 4 ? Prologue::CPT / 2 : (kShaped && Prologue::CPT == 2 ? 2 : 1);
   static_assert(Cfg::kThreads == 256 && BV % 8 == 0 && BV <= 2 * K, "fast tile shape");
 
   /// The chunk's token order: token i of the chunk (the P history steps, then the T draft
@@ -374,6 +390,39 @@ struct FastItem : ItemPrologue<Traits> {
     }
   }
 
+  /// Puts a deferred call's `n` pending steps' records (ring positions (first + j) mod L) in
+  /// flight to L2, so that the fold (2b), which reads them after the prologue, finds them there:
+  /// per step the raw key row (h), the gate row (hv), the tile's raw values and beta, one prefetch
+  /// per 128-byte line, spread over the CTA's threads. A hint: no value depends on it.
+  __device__ __forceinline__ void prefetch_pending(int slot, int first, int n, int cols) const {
+    constexpr int kKeyLines = K * 2 / 128;             // bf16 key row
+    constexpr int kGateLines = K * 4 / 128;            // f32 gate row
+    constexpr int kValueLines = (BV * 2 + 127) / 128;  // bf16 values of the tile (its columns)
+    constexpr int kLines = kKeyLines + kGateLines + kValueLines + 1;  // + beta
+    const int64_t L = p.L;
+    for (int e = tid; e < n * kLines; e += Cfg::kThreads) {
+      const int j = e / kLines;
+      const int line = e - j * kLines;
+      const int64_t pos = (first + j) & (p.L - 1);
+      const void* addr;
+      if (line < kKeyLines) {
+        addr = p.ring_rawk + slot * p.ring_rawk_slot_stride + (h * L + pos) * K + line * 64;
+      } else if (line < kKeyLines + kGateLines) {
+        addr =
+            p.ring_g + slot * p.ring_g_slot_stride + (hv * L + pos) * K + (line - kKeyLines) * 32;
+      } else if (line < kLines - 1) {
+        if ((line - kKeyLines - kGateLines) * 64 >= cols) {
+          continue;  // past V
+        }
+        addr = p.ring_rawv + slot * p.ring_rawv_slot_stride + (hv * L + pos) * p.V + v0 +
+               (line - kKeyLines - kGateLines) * 64;
+      } else {
+        addr = p.ring_beta + slot * p.ring_beta_slot_stride + hv * L + pos;
+      }
+      prefetch_l2(addr);
+    }
+  }
+
   /// The state tile of (slot, v-head hv, V tile from v0): min(BV, V - v0) rows of K f32.
   static __device__ __forceinline__ const float* tile_head(const VerifyParams& p, int slot, int hv,
                                                            int v0) {
@@ -432,31 +481,17 @@ struct FastItem : ItemPrologue<Traits> {
     // 1. The state tile in flight (unless the previous item of this CTA put it there already; a
     // late tile after the first chunk's gates). It is waited for before the contraction.
     float* const stage = reinterpret_cast<float*>(smem);
-    // A lazy call's tile is never late, nor a deferred call's (its pending fold needs it first).
+    // A lazy call's tile is never late, nor a deferred call's (the plan never staggers one).
     const bool late = !kLazy && !kDeferred && src.late_tile(args);
     const auto stage_own = [&](bool is_late) {
       const bool short_tile = kFault == FastFault::kLateTileShort && is_late;
       stage_tile(stage, tile_head(p, slot, hv, v0), short_tile ? cols - 1 : cols);
     };
 
-    // 1b. A deferred call (kDeferred: u-free, fast outputs record no u): the tile first, then the
-    // slot's pending steps folded onto it with the eager fold's arithmetic, u computed
-    // (item_fold.cuh, PendingU::kComputed), the folded tile stored to ssm_fold_out and left in the
-    // stage for the draft. The first chunk's TileSmem holds the pending records meanwhile. The
-    // inputs below are issued after the fold: held through it, they would take the registers that
-    // let it hold two columns at once.
+    // A deferred call's pending count; its records go to L2 now, read by the fold (2b).
+    const int pending = kDeferred ? pending_steps(p, slot) : 0;
     if constexpr (kDeferred) {
-      if (src.stages_own_tile()) {
-        stage_own(false);
-      }
-      const int pending = pending_steps(p, slot);
-      const int folded = kFault == FastFault::kFoldStepShort ? pending - 1 : pending;
-      if (folded > 0) {
-        ColRegs<typename Prologue::Slice> unused[Prologue::CPT];  // the wide forms' (kEarlyTile)
-        fold_pending<PendingU::kComputed, kFoldPasses>(
-            *this, src, *reinterpret_cast<TileSmem<Cfg>*>(smem + Smem::chunks_offset()), unused,
-            slot, folded, cursor - pending);
-      }
+      prefetch_pending(slot, cursor - pending, pending, cols);
     }
 
     // The pair's conv history and (Src::kEarlyInputs) the first chunk's inputs (raw bits): the
@@ -474,7 +509,7 @@ struct FastItem : ItemPrologue<Traits> {
     if constexpr (Src::kEarlyInputs) {
       load_chunk(src, 0, min(Cfg::kChunk, T), in);
     }
-    if (!kDeferred && src.stages_own_tile() && !late) {
+    if (src.stages_own_tile() && !late) {
       stage_own(false);
     }
 
@@ -517,6 +552,22 @@ struct FastItem : ItemPrologue<Traits> {
       load_history(slot, cursor, P, T, cols, chunk);
     }
     __syncthreads();
+
+    // 2b. A deferred call (kDeferred: u-free, fast outputs record no u): the slot's pending steps
+    // folded onto the staged tile (waited for in the fold, after its first records are issued)
+    // with the eager fold's arithmetic, u computed (item_fold.cuh, PendingU::kComputed), the
+    // folded tile stored to ssm_fold_out and left in the stage for the draft. The fold's records
+    // take the operand rows' space (FastSmem::fold_bytes), free until 3a; the fold ends with a
+    // barrier.
+    if constexpr (kDeferred) {
+      const int folded = kFault == FastFault::kFoldStepShort ? pending - 1 : pending;
+      if (folded > 0) {
+        ColRegs<typename Prologue::Slice> unused[Prologue::CPT];  // the wide forms' (kEarlyTile)
+        fold_pending<PendingU::kComputed, kFoldPasses>(
+            *this, src, *reinterpret_cast<TileSmem<Cfg>*>(smem + Smem::operand_offset(p.T)), unused,
+            slot, folded, cursor - pending);
+      }
+    }
 
     // 3a. The operand rows xk_t and xq_t, split: up to kNarrowTokens tokens the narrow form's
     // [part][8][K] rows (keys 0..3, queries 4..7, swizzled as the stage); else, per row tile t / 8,
@@ -640,7 +691,7 @@ struct FastGlobalSource : GlobalSource<Item, false> {
   __device__ __forceinline__ void wait_state() const { cp_async_wait_all(); }
   __device__ __forceinline__ bool state_consumed(const Item&, float*) const { return false; }
 
-  // The pending fold's columns (a deferred call; the tile is staged early, never late). Every
+  // The pending fold's columns (a deferred call; its tile is never late). Every
   // thread waits for its own copies once the fold's first records are in flight; the fold's
   // barrier that follows makes the whole stage visible before the first fold_column_in.
   __device__ __forceinline__ void fold_records_issued(const Item&) const { cp_async_wait_all(); }

@@ -22,7 +22,7 @@ void launch_verify_fast(const TileArgs& call, const VerifyPlan& plan, cudaStream
   auto launch = [&](auto* kernel) {
     // Raises the kernel's dynamic shared-memory limit to its largest call and asks for the
     // largest carveout, so two CTAs of a call reside per SM (__launch_bounds__; cached per device).
-    const size_t most = walk ? FastWalkSmem<K, BV>::kBytes : Smem::bytes(kFastMaxTokens);
+    const size_t most = walk ? FastWalkSmem<K, BV>::kBytes : Smem::fold_bytes(kFastMaxTokens);
     persistent_ctas_per_sm(reinterpret_cast<const void*>(kernel), 256, most,
                            /*max_shared_carveout=*/true);
     if (walk) {
@@ -30,11 +30,14 @@ void launch_verify_fast(const TileArgs& call, const VerifyPlan& plan, cudaStream
                  args);
       return;
     }
-    // A lazy call's chunk holds up to L tokens (its history and its draft).
+    // A lazy call's chunk holds up to L tokens (its history and its draft); a call folding its
+    // pending steps in the kernel holds their records in the operand rows' space.
     const int tokens = (plan.features & kLazyHistory) != 0 ? p.L : p.T;
+    const bool folds = (plan.features & kDeferredFold) != 0 && !plan.pending_fold_first;
     const dim3 grid(static_cast<unsigned>(ceil_div(p.V, BV)), static_cast<unsigned>(p.HV),
                     static_cast<unsigned>(p.B));
-    launch_pdl(kernel, grid, dim3(256), Smem::bytes(tokens), stream, plan.pdl, args);
+    launch_pdl(kernel, grid, dim3(256), folds ? Smem::fold_bytes(tokens) : Smem::bytes(tokens),
+               stream, plan.pdl, args);
   };
   using Dense = VerifyTraits<W, K, BV, VerifyPath::kFused, VerifySchedule::kFastChunk, kNoFeatures>;
   using Ragged =

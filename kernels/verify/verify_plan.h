@@ -50,7 +50,8 @@ struct VerifyPlan {
   /// first chunk's gates (fast_item.cuh), so the CTAs that share an SM and its memory pipe are out
   /// of step. Never on a walking, lazy or exact plan (invoke_verify refuses one: the lazy kernels
   /// are compiled without the late tile, which would make their BV = 128 form spill); the bits
-  /// are the same. Nor on a plan whose fast kernel folds pending steps (it needs its tile first).
+  /// are the same. Nor on a plan whose fast kernel folds pending steps (compiled without the late
+  /// tile: its fold follows the prologue, which the early tile lands under).
   bool stagger_tiles = false;
   bool pdl = true;  ///< programmatic dependent launch (LaunchOverrides::pdl)
   /// The host kernel set runs its reference whatever the plan says (kernel() names it).

@@ -36,8 +36,8 @@ enum class VerifySchedule : uint8_t {
   /// staging its next item's state (verify_fast_walk_kernel); the
   /// exact prologue (records, windows, at the slot's ring cursor), then the outputs from the
   /// chunked form with the state contractions on tensor cores. Ring-mode chains (dense or
-  /// ragged), fused; a u-free deferred call's pending steps folded onto the staged tile first
-  /// (kDeferredFold), or by the fold kernel before it (VerifyPlan::pending_fold_first).
+  /// ragged), fused; a u-free deferred call's pending steps folded onto the staged tile after the
+  /// prologue (kDeferredFold), or by the fold kernel before it (VerifyPlan::pending_fold_first).
   kFastChunk,
 };
 
