@@ -69,8 +69,9 @@ constexpr FlagSpec kFlags[] = {
     {"--kda-verify-numerics", FlagKind::kChoice, 0, 2, &EngineFlags::verify_numerics, nullptr,
      "exact|fast|auto",
      "verify outputs: exact, or fast (tensor cores; ring-mode chains on the fused path without a "
-     "deferred fold, else exact; auto: where the step benchmark measured fast faster on the "
-     "nearest measured card, dispatch/numerics_policy.h)",
+     "fold of u records, else exact; auto: where the step benchmark measured fast faster on the "
+     "nearest measured card, dispatch/numerics_policy.h; a deferred commit u-free and fast where "
+     "its fast step measured faster at the configured batch, dispatch/lazy_policy.h)",
      kVerifyNumericsNames},
     {"--speculative-eagle-topk", FlagKind::kInt, 1, 16, &EngineFlags::eagle_topk, nullptr, "N",
      "children per draft-tree node (1: chains; > 1: tree drafts, at most 8 nodes per request)",

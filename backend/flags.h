@@ -36,8 +36,12 @@
 //                                      elsewhere exact, the decision's reason says why. auto
 //                                      (default): fast where dispatch/numerics_policy.h's step
 //                                      table of the nearest measured card says it pays for the
-//                                      call's shape; exact where it has no row. Records, windows
-//                                      and the committed state are exact in every mode.
+//                                      call's shape; exact where it has no row. With the
+//                                      deferred commit auto picks the form once: u-free (fast)
+//                                      where dispatch/lazy_policy.h's step table says the fast
+//                                      deferred step pays at --max-running-requests, else u
+//                                      records (exact). Records, windows and the committed state
+//                                      are exact in every mode.
 #pragma once
 
 #include <string>

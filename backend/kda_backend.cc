@@ -13,6 +13,7 @@
 #include "dispatch/commit_policy.h"
 #include "dispatch/lazy_policy.h"
 #include "dispatch/numerics_policy.h"
+#include "kernels/kda_kernels.h"
 
 namespace kda {
 
@@ -37,7 +38,7 @@ bool lazy_is_possible(const EngineFlags& f, const KernelSet& kernels) {
 // where dispatch/commit_policy.h's rule says it pays, for the configured batch on the measured
 // card nearest to the device (by its peak memory bandwidth).
 CommitMode commit_mode(const ModelConfig& m, const EngineFlags& f, const Platform& platform,
-                       const KernelSet& kernels, const BackendOptions& o) {
+                       const KernelSet& kernels, const LazyPolicyCard& lazy_table) {
   if (!f.replayssm_spec || f.tree_drafts()) {
     return CommitMode::kEager;
   }
@@ -51,9 +52,6 @@ CommitMode commit_mode(const ModelConfig& m, const EngineFlags& f, const Platfor
     case DeferredCommit::kAuto:
       break;
   }
-  const LazyPolicyCard& lazy_table = o.lazy_policy_table != nullptr
-                                         ? *o.lazy_policy_table
-                                         : nearest_lazy_policy_card(platform.memory_gbps);
   if (lazy_is_possible(f, kernels) &&
       lazy_write_back_pays(lazy_table,
                            {m.H, m.HV, m.K, m.V, f.replayssm_cache_len, f.num_draft_tokens,
@@ -66,15 +64,35 @@ CommitMode commit_mode(const ModelConfig& m, const EngineFlags& f, const Platfor
              : CommitMode::kEager;
 }
 
-// Whether a deferred commit keeps u records: unless the outputs are asked to be fast
-// (--kda-verify-numerics fast: the chunked outputs compute no exact per-step u, so the commit is
-// u-free). `auto` keeps them: a deferred backend then runs exact outputs (the dispatcher's
-// kExactDeferredFold), since the u-free deferred step with fast outputs measured slower than the
-// exact deferred step at every row (docs/perf.md §7); an eager backend keeps no deferred records
-// and its verifies take the fast outputs where the card's numerics table picks them. The lazy
-// write-back keeps none (its verify's outputs are fast, contract §11).
-bool keeps_u_records(const EngineFlags& f) {
-  return f.numerics_request() != NumericsRequest::kFast;
+// Whether a deferred commit keeps u records (its verifies replay them and run exact outputs, the
+// dispatcher's kExactDeferredFold) or is u-free (no u records: the fast kernel folds the pending
+// steps computing u, and the verifies run fast outputs). fast: u-free; exact: u records; auto:
+// u-free where dispatch/lazy_policy.h's u_free_deferred_pays says the fast deferred step beat the
+// exact deferred one at the configured batch, and only where every verify of that batch can run
+// the fast outputs (ring chains on the fused path up to that batch, a draft of one fast chunk, a
+// fast tile): elsewhere a u-free call would fold in a kernel of its own first. An eager backend
+// keeps no deferred records (its flag is moot: auto reads no table there); the lazy write-back
+// keeps none (its outputs are fast, contract §11).
+bool keeps_u_records(const ModelConfig& m, const EngineFlags& f, CommitMode mode,
+                     const LazyPolicyCard& table) {
+  switch (f.numerics_request()) {
+    case NumericsRequest::kFast:
+      return false;
+    case NumericsRequest::kExact:
+      return true;
+    case NumericsRequest::kAuto:
+      break;
+  }
+  if (mode != CommitMode::kDeferred) {
+    return true;
+  }
+  const bool fast_possible = f.replayssm_spec && !f.tree_drafts() && f.fused_verify &&
+                             f.fused_ring_max_batch >= f.max_running_requests &&
+                             f.num_draft_tokens <= kFastMaxChunk &&
+                             (f.verify_block_v == 0 || kernels::is_fast_block_v(f.verify_block_v));
+  return !(fast_possible && u_free_deferred_pays(table, {m.H, m.HV, m.K, m.V, f.replayssm_cache_len,
+                                                         f.num_draft_tokens, f.max_running_requests,
+                                                         NumericsRequest::kAuto}));
 }
 
 PoolConfig make_pool_config(const ModelConfig& m, const EngineFlags& f, const Device& device,
@@ -95,10 +113,14 @@ PoolConfig make_pool_config(const ModelConfig& m, const EngineFlags& f, const De
   c.T_max = f.num_draft_tokens;
   c.ring_mode = f.replayssm_spec;
   c.ring_len = f.replayssm_cache_len;
-  const CommitMode mode = commit_mode(m, f, platform, kernels, o);
+  // --kda-deferred-commit auto's lazy table; it also decides the deferred form under auto.
+  const LazyPolicyCard& lazy_table = o.lazy_policy_table != nullptr
+                                         ? *o.lazy_policy_table
+                                         : nearest_lazy_policy_card(platform.memory_gbps);
+  const CommitMode mode = commit_mode(m, f, platform, kernels, lazy_table);
   c.deferred_commit = mode != CommitMode::kEager;
   c.lazy_commit = mode == CommitMode::kLazy;
-  c.deferred_u_records = !c.lazy_commit && keeps_u_records(f);  // ring_u
+  c.deferred_u_records = !c.lazy_commit && keeps_u_records(m, f, mode, lazy_table);  // ring_u
   c.device = device;
   c.memory_budget_bytes = o.memory_budget_bytes;
   return c;

@@ -87,4 +87,15 @@ bool lazy_write_back_pays(const LazyPolicyCard& card, const LazyPolicyShape& sha
   return row != nullptr && lazy_write_back_pays(*row, shape.numerics);
 }
 
+bool u_free_deferred_pays(const LazyPolicyRow& row) noexcept {
+  const double fast_share = row.fast_deferred_us - row.gemm_us;
+  const double exact_share = row.exact_deferred_us - row.gemm_us;
+  return fast_share < exact_share * (1.0 - kLazyMinGainPct / 100.0);
+}
+
+bool u_free_deferred_pays(const LazyPolicyCard& card, const LazyPolicyShape& shape) noexcept {
+  const LazyPolicyRow* row = lazy_policy_row(card, shape);
+  return row != nullptr && u_free_deferred_pays(*row);
+}
+
 }  // namespace kda

@@ -177,6 +177,8 @@ const char* numerics_reason_name(NumericsReason reason) noexcept {
       return "exact_block_v";
     case NumericsReason::kLazyHistory:
       return "lazy_history";
+    case NumericsReason::kAutoUFree:
+      return "auto_u_free";
   }
   return "?";
 }
@@ -357,6 +359,10 @@ void choose_numerics(DispatchDecision& d, const DispatchProblem& p, const Platfo
     d.numerics_reason = N::kLazyHistory;
   } else if (flags.numerics == NumericsRequest::kFast) {
     d.numerics_reason = N::kFastRequested;
+  } else if (p.deferred && !p.u_records) {
+    // auto in a u-free deferred backend: its fast kernel folds the pending steps; an exact call
+    // would fold them in a kernel of its own first (one state pass more).
+    d.numerics_reason = N::kAutoUFree;
   } else {
     const NumericsPolicyCard& card = flags.numerics_table != nullptr
                                          ? *flags.numerics_table
@@ -433,6 +439,9 @@ std::string DispatchDecision::describe_numerics() const {
     case N::kLazyHistory:
       return "outputs fast (tensor cores): the lazy write-back (the pending steps are the fast "
              "chunk's history)";
+    case N::kAutoUFree:
+      return "outputs fast (tensor cores): auto, the deferred commit is u-free (auto's step table "
+             "chose it for the backend's batch; the fast kernel folds the pending steps)";
   }
   return "?";
 }

@@ -16,11 +16,12 @@
 // decision only; the reason records why, for logs and tests.
 //
 // Then the outputs' numerics (contract §10, --kda-verify-numerics), on the path chosen above (the
-// numerics never change the path): exact unless fast is asked for (`fast`, or `auto` where
-// numerics_policy.h's measured table says fast pays for this shape) and every gate of the fast
-// outputs holds, in this order (the first that fails names the reason): ring mode; a chain
-// (dense or ragged; no tree); 1 <= T <= kernels::kFastMaxTokens; the fused path; no deferred fold
-// (the fold reads exact u records); a fast tile (kernels::kFastBlockVs) when
+// numerics never change the path): exact unless fast is asked for (`fast`; `auto` in a u-free
+// deferred backend, whose commit form auto chose on the step table, dispatch/lazy_policy.h; else
+// `auto` where numerics_policy.h's measured table says fast pays for this shape) and every gate of
+// the fast outputs holds, in this order (the first that fails names the reason): ring mode; a
+// chain (dense or ragged; no tree); 1 <= T <= kernels::kFastMaxTokens; the fused path; no
+// deferred fold from u records (they are exact u); a fast tile (kernels::kFastBlockVs) when
 // --kda-verify-block-v forces one. A fast call's auto tile is kernels::default_fast_block_v's.
 // The lazy write-back (contract §11) takes fast outputs whatever auto's table says (its pending
 // steps exist only as the fast chunk's history); where a gate fails its plan is refused
@@ -96,6 +97,7 @@ enum class NumericsReason : uint8_t {
   kExactDeferredFold,  ///< the deferred commit keeps u records (exact per-step u; not u-free)
   kExactBlockV,        ///< --kda-verify-block-v forces a tile outside kernels::kFastBlockVs
   kLazyHistory,        ///< the lazy write-back: fast whatever auto's table says (contract §11)
+  kAutoUFree,  ///< auto: the deferred commit is u-free (auto chose it on the step): fast outputs
 };
 /// Short stable name ("fast_requested", "auto_unmeasured", "exact_deferred_fold", ...).
 const char* numerics_reason_name(NumericsReason reason) noexcept;

@@ -8,6 +8,8 @@
 //
 // Host only (the CUDA kernel set plans the same and launches what the plan says).
 #include <catch2/catch.hpp>
+#include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -42,7 +44,8 @@ std::vector<DispatchDecision> decisions(const Harness& h) {
 // Checks every layer's last decision: its numerics, reason and plan; and that the params of the
 // last kLayers verify calls carried the decision's numerics.
 void check_round(const Harness& h, NumericsReason want) {
-  const bool fast = want == NumericsReason::kFastRequested || want == NumericsReason::kAutoFast;
+  const bool fast = want == NumericsReason::kFastRequested || want == NumericsReason::kAutoFast ||
+                    want == NumericsReason::kAutoUFree;
   for (const DispatchDecision& d : decisions(h)) {
     CAPTURE(d.describe());
     CHECK(d.numerics_reason == want);
@@ -200,6 +203,96 @@ TEST_CASE("backend numerics: a deferred commit with fast outputs is u-free, fold
         CHECK_FALSE(d.plan.pending_fold_first);
       }
     }
+  }
+}
+
+TEST_CASE("backend numerics: auto makes the deferred commit u-free where its step table says so",
+          "[backend][numerics][auto]") {
+  // An engine-measured table (BackendOptions::lazy_policy_table) for the fixture's model at its
+  // ring length and T: at B >= 2 the fast deferred step's KDA share (180 us) beats the exact
+  // deferred one's (200 us); at B = 1 it does not (199 us: within kLazyMinGainPct). The lazy and
+  // eager steps are slower everywhere, so auto's other rules leave the deferred commit (on here).
+  const ModelConfig m = model_for(kGqaCase);
+  const EngineFlags base = flags_for(/*ring=*/true, /*deferred=*/true);
+  const LazyPolicyRow rows[] = {
+      {m.H, m.HV, m.K, m.V, base.replayssm_cache_len, kT, 1, 1300.0, 1200.0, 1300.0, 1199.0, 1400.0,
+       1000.0},
+      {m.H, m.HV, m.K, m.V, base.replayssm_cache_len, kT, 2, 1300.0, 1200.0, 1300.0, 1180.0, 1400.0,
+       1000.0},
+  };
+  const LazyPolicyCard card = {"engine card", 3352.0, rows, std::size(rows)};
+  const auto flags_with = [&](NumericsRequest numerics, int max_batch) {
+    EngineFlags f = base;
+    f.verify_numerics = static_cast<int>(numerics);
+    f.max_running_requests = max_batch;
+    f.fused_ring_max_batch = max_batch;
+    return f;
+  };
+  const auto keeps_u = [&](const EngineFlags& f) {
+    BackendOptions o;
+    o.lazy_policy_table = &card;
+    Harness h(m, f, fake_platform(9, 0), o);
+    REQUIRE(h.backend->deferred_commit());
+    REQUIRE_FALSE(h.backend->lazy_write_back());
+    return h.pool().config().deferred_u_records;
+  };
+  CHECK_FALSE(keeps_u(flags_with(NumericsRequest::kAuto, kMaxRunning)));
+  CHECK_FALSE(keeps_u(flags_with(NumericsRequest::kAuto, 2)));
+  CHECK_FALSE(keeps_u(flags_with(NumericsRequest::kFast, 1)));  // fast: u-free whatever the row
+  // The row within the margin; exact asked for; and where some verify of the batch could not run
+  // the fast outputs (above the fused ring batch, the unfused path, a forced tile that is not a
+  // fast one, a tree): u records.
+  CHECK(keeps_u(flags_with(NumericsRequest::kAuto, 1)));
+  CHECK(keeps_u(flags_with(NumericsRequest::kExact, kMaxRunning)));
+  {
+    EngineFlags f = flags_with(NumericsRequest::kAuto, kMaxRunning);
+    f.fused_ring_max_batch = kMaxRunning - 1;
+    CHECK(keeps_u(f));
+    f = flags_with(NumericsRequest::kAuto, kMaxRunning);
+    f.fused_verify = false;
+    CHECK(keeps_u(f));
+    f = flags_with(NumericsRequest::kAuto, kMaxRunning);
+    f.verify_block_v = 16;
+    CHECK(keeps_u(f));
+    f = flags_with(NumericsRequest::kAuto, kMaxRunning);
+    f.verify_block_v = 32;  // a fast tile
+    CHECK_FALSE(keeps_u(f));
+  }
+
+  // The u-free backend auto chose runs what --kda-verify-numerics fast runs: fast outputs (the
+  // reason says auto's), the pending steps folded in the fast kernel, and after random rounds (bad
+  // accepted lengths among them) every pool tensor bitwise the fast backend's.
+  BackendOptions o;
+  o.lazy_policy_table = &card;
+  Harness by_auto(m, flags_with(NumericsRequest::kAuto, kMaxRunning), fake_platform(9, 0), o);
+  Harness by_flag(m, flags_with(NumericsRequest::kFast, kMaxRunning), fake_platform(9, 0), o);
+  REQUIRE_FALSE(by_auto.pool().config().deferred_u_records);
+  REQUIRE(pool_checksum(by_auto.pool()) == pool_checksum(by_flag.pool()));
+  std::mt19937 rng(7);
+  for (int round = 0; round < 10; ++round) {
+    const RandomRound rr = random_round(rng, by_auto.pool().num_slots());
+    const auto a = verify_all(by_auto, rr.batch, 500 + round);
+    const auto b = verify_all(by_flag, rr.batch, 500 + round);
+    check_round(by_auto, NumericsReason::kAutoUFree);
+    check_round(by_flag, NumericsReason::kFastRequested);
+    for (const DispatchDecision& d : decisions(by_auto)) {
+      CHECK((d.plan.features & kernels::kDeferredFold) != 0);
+      CHECK_FALSE(d.plan.pending_fold_first);
+    }
+    for (int layer = 0; layer < kLayers; ++layer) {
+      CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
+                      b[static_cast<size_t>(layer)].out_view));
+    }
+    commit(by_auto, rr.accepted);
+    commit(by_flag, rr.accepted);
+    for (Harness* h : {&by_auto, &by_flag}) {
+      if (rr.bad) {
+        error_of([&] { h->backend->check_device_errors(nullptr); }, ErrorCode::kInvalidArgument);
+      } else {
+        h->backend->check_device_errors(nullptr);
+      }
+    }
+    CHECK(pool_checksum(by_auto.pool()) == pool_checksum(by_flag.pool()));
   }
 }
 

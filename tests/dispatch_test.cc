@@ -150,6 +150,7 @@ TEST_CASE("dispatch: a deferred verify takes its own auto tile", "[dispatch]") {
       DispatchProblem problem = fixture().problem(B, RecordMode::kRing, T);
       const DispatchDecision eager = choose_verify_path(problem, h200, flags);
       problem.deferred = true;
+      problem.u_records = true;  // exact outputs under auto (a u-free one would run fast)
       const DispatchDecision deferred = choose_verify_path(problem, h200, flags);
       REQUIRE(eager.fused());
       REQUIRE(deferred.fused());
@@ -863,8 +864,8 @@ TEST_CASE("dispatch: each numerics reason, in the rules' order", "[dispatch][num
     text = "outputs exact: --kda-verify-block-v = 16 is not a fast tile (32, 64, 128)";
   }
   SECTION("auto on a deferred commit with u records: exact whatever the row says") {
-    // The backend keeps u records under auto (its u-free deferred step measured slower), so a
-    // deferred verify stays exact even where the table picks fast.
+    // A backend keeps u records under auto where the step table's exact deferred step is the
+    // faster deferred one, so its deferred verifies stay exact even where this table picks fast.
     flags.numerics = NumericsRequest::kAuto;
     flags.numerics_table = &kTestNumericsCard;
     p = fixture().problem(8, RecordMode::kRing);
@@ -872,6 +873,28 @@ TEST_CASE("dispatch: each numerics reason, in the rules' order", "[dispatch][num
     p.u_records = true;
     want = NumericsReason::kExactDeferredFold;
     text = "outputs exact: the deferred commit keeps u records (its pool is not u-free)";
+  }
+  SECTION("auto on a u-free deferred commit: fast whatever the row says") {
+    // The backend went u-free under auto (its step table's fast deferred step was the faster):
+    // every call runs the fast outputs, folding in the fast kernel, even where the eager table
+    // picks exact (an exact call would fold in a kernel of its own first).
+    flags.numerics = NumericsRequest::kAuto;
+    flags.numerics_table = &kTestNumericsCard;
+    p = fixture().problem(40, RecordMode::kRing);
+    p.deferred = true;
+    p.u_records = false;
+    want = NumericsReason::kAutoUFree;
+    text =
+        "outputs fast (tensor cores): auto, the deferred commit is u-free (auto's step table "
+        "chose it for the backend's batch; the fast kernel folds the pending steps)";
+  }
+  SECTION("auto on a u-free deferred commit: the gates still apply") {
+    flags.numerics = NumericsRequest::kAuto;
+    flags.block_v = 16;
+    p.deferred = true;
+    p.u_records = false;
+    want = NumericsReason::kExactBlockV;
+    text = "outputs exact: --kda-verify-block-v = 16 is not a fast tile (32, 64, 128)";
   }
   SECTION("auto: the measured row says fast") {
     flags.numerics = NumericsRequest::kAuto;
@@ -902,7 +925,8 @@ TEST_CASE("dispatch: each numerics reason, in the rules' order", "[dispatch][num
   const DispatchDecision d = choose_verify_path(p, sm90, flags);
   CAPTURE(d.describe());
   CHECK(d.numerics_reason == want);
-  const bool fast = want == NumericsReason::kFastRequested || want == NumericsReason::kAutoFast;
+  const bool fast = want == NumericsReason::kFastRequested || want == NumericsReason::kAutoFast ||
+                    want == NumericsReason::kAutoUFree;
   CHECK(d.fast_outputs() == fast);
   CHECK(d.numerics == (fast ? VerifyNumerics::kFast : VerifyNumerics::kExact));
   CHECK(d.describe_numerics() == text);
@@ -1087,6 +1111,7 @@ TEST_CASE("dispatch: numerics names are stable", "[dispatch][numerics]") {
       {NumericsReason::kExactDeferredFold, "exact_deferred_fold"},
       {NumericsReason::kExactBlockV, "exact_block_v"},
       {NumericsReason::kLazyHistory, "lazy_history"},
+      {NumericsReason::kAutoUFree, "auto_u_free"},
   };
   for (const auto& [reason, name] : names) {
     CHECK(numerics_reason_name(reason) == name);
@@ -1173,6 +1198,37 @@ TEST_CASE("dispatch: the lazy write-back table's lookup and rule", "[dispatch][l
   CHECK(lazy_write_back_pays(edge, NumericsRequest::kFast));
   edge.fast_eager_us = 800.0 + 100.0 / 0.99 - 0.01;
   CHECK_FALSE(lazy_write_back_pays(edge, NumericsRequest::kFast));
+}
+
+TEST_CASE("dispatch: the deferred commit's form under auto, on the lazy table's rows",
+          "[dispatch][lazy]") {
+  // u-free where the fast deferred step's KDA share beats the exact deferred one's by more than
+  // kLazyMinGainPct. Rows by B: 1, fast deferred slower; 8, faster within the noise margin; 32,
+  // faster beyond it (whatever the eager and lazy steps).
+  static constexpr LazyPolicyRow rows[] = {
+      {kH, kHV, kK, kV, kL, kT, 1, 900.0, 950.0, 905.0, 960.0, 990.0, 800.0},
+      {kH, kHV, kK, kV, kL, kT, 8, 1300.0, 1200.0, 1250.0, 1196.0, 1500.0, 800.0},
+      {kH, kHV, kK, kV, kL, kT, 32, 1900.0, 2000.0, 1800.0, 1900.0, 3000.0, 800.0},
+  };
+  constexpr LazyPolicyCard card = {"test card", 3352.0, rows, std::size(rows)};
+  const auto shape = [](int B) {
+    return LazyPolicyShape{kH, kHV, kK, kV, kL, kT, B, NumericsRequest::kAuto};
+  };
+  CHECK_FALSE(u_free_deferred_pays(card, shape(1)));
+  CHECK_FALSE(u_free_deferred_pays(card, shape(8)));   // 396 vs 400: inside 1%
+  CHECK_FALSE(u_free_deferred_pays(card, shape(31)));  // row B = 8
+  CHECK(u_free_deferred_pays(card, shape(32)));        // 1100 vs 1200
+  CHECK(u_free_deferred_pays(card, shape(4096)));
+  CHECK_FALSE(u_free_deferred_pays(card, shape(0)));  // no row: u records
+  LazyPolicyShape other = shape(32);
+  other.L = 2 * kL;  // another ring length: not measured
+  CHECK_FALSE(u_free_deferred_pays(card, other));
+  // Just past the margin and just inside it (the exact deferred share is 400).
+  LazyPolicyRow edge = rows[1];
+  edge.fast_deferred_us = 800.0 + 400.0 * 0.99 - 0.01;
+  CHECK(u_free_deferred_pays(edge));
+  edge.fast_deferred_us = 800.0 + 400.0 * 0.99 + 0.01;
+  CHECK_FALSE(u_free_deferred_pays(edge));
 }
 
 TEST_CASE("dispatch: the built-in lazy write-back tables are step measurements",

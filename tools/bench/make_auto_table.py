@@ -28,7 +28,10 @@ records (kda_bench's default: 16 for T <= 8): the fused+ring step with exact and
 each with the eager and the deferred commit, the lazy step ("fused+ring+lazy", fast) and the
 gemm-only step. The rule (dispatch/lazy_policy.h's lazy_write_back_pays, kLazyMinGainPct) reads
 the printed numbers: lazy where its KDA share is below the best other step's x 0.99, the other
-steps being the ones the engine's numerics request could run (fast: the fast ones; auto: all four):
+steps being the ones the engine's numerics request could run (fast: the fast ones; auto: all four).
+The same rows decide a deferred backend's form under --kda-verify-numerics auto
+(lazy_policy.h's u_free_deferred_pays): u-free (fast outputs) where the fast deferred step's KDA
+share is below the exact deferred one's x 0.99, else u records (exact outputs):
 
     KDA_LAZY_ROW(H, HV, K, V, L, T, B, exact_eager_us, exact_deferred_us, fast_eager_us,
                  fast_deferred_us, lazy_us, gemm_only_us)
@@ -195,7 +198,9 @@ def lazy_table(args, out):
               "// and the deferred commit, and the lazy write-back (fast), on a ring of L records; "
               "lazy where its\n"
               "// KDA share is below the best other step's x "
-              f"{1.0 - MIN_GAIN_PCT / 100.0:.2f} (dispatch/lazy_policy.h). ")
+              f"{1.0 - MIN_GAIN_PCT / 100.0:.2f}; under numerics auto, a deferred backend is\n"
+              "// u-free where the fast deferred step's share is below the exact deferred one's x "
+              f"{1.0 - MIN_GAIN_PCT / 100.0:.2f}\n// (dispatch/lazy_policy.h). ")
     if rows:
         out.write(f"Mean of {runs_text(r[2] for r in rows)} runs.\n// Data: do not edit; "
                   "regenerate.\n")
