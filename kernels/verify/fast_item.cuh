@@ -488,11 +488,9 @@ struct FastItem : ItemPrologue<Traits> {
       stage_tile(stage, tile_head(p, slot, hv, v0), short_tile ? cols - 1 : cols);
     };
 
-    // A deferred call's pending count; its records go to L2 now, read by the fold (2b).
+    // A deferred call's pending count, read by the fold (2b); its records go to L2 once the
+    // history, the inputs and the tile are in flight (the prefetch waits for the count).
     const int pending = kDeferred ? pending_steps(p, slot) : 0;
-    if constexpr (kDeferred) {
-      prefetch_pending(slot, cursor - pending, pending, cols);
-    }
 
     // The pair's conv history and (Src::kEarlyInputs) the first chunk's inputs (raw bits): the
     // conv waits for them, the state tile is needed only after the prologue. Issued before the
@@ -511,6 +509,9 @@ struct FastItem : ItemPrologue<Traits> {
     }
     if (src.stages_own_tile() && !late) {
       stage_own(false);
+    }
+    if constexpr (kDeferred) {
+      prefetch_pending(slot, cursor - pending, pending, cols);
     }
 
     // 2. The exact prologue, chunk by chunk, into one TileSmem per chunk.
