@@ -432,6 +432,23 @@ void commit(Harness& h, const std::vector<int32_t>& accepted) {
   h.backend->commit(buf.view(DType::kI32, {static_cast<int64_t>(accepted.size())}), nullptr);
 }
 
+void twin_round(Harness& a, Harness& b, const RandomRound& rr, uint64_t seed) {
+  const std::vector<Activations> xa = verify_all(a, rr.batch, seed);
+  const std::vector<Activations> xb = verify_all(b, rr.batch, seed);
+  for (size_t layer = 0; layer < xa.size(); ++layer) {
+    CAPTURE(layer);
+    CHECK(same_bits(xa[layer].out_view, xb[layer].out_view));
+  }
+  for (Harness* h : {&a, &b}) {
+    commit(*h, rr.accepted);
+    if (rr.bad) {
+      error_of([&] { h->backend->check_device_errors(nullptr); }, ErrorCode::kInvalidArgument);
+    } else {
+      h->backend->check_device_errors(nullptr);
+    }
+  }
+}
+
 std::string error_of(const std::function<void()>& f, ErrorCode want) {
   try {
     f();

@@ -170,6 +170,11 @@ std::vector<int32_t> random_tree(std::mt19937& rng, int T, int topk);
 // Commits the prepared round with these accepted lengths (uploaded to the test device).
 void commit(Harness& h, const std::vector<int32_t>& accepted);
 
+// One random round on two backends that must agree bitwise: verify_all on both with the same
+// inputs (`seed`), their outputs CHECKed equal layer by layer, then the round's accepted lengths
+// committed on both and their device errors checked (a bad length: kInvalidArgument on each).
+void twin_round(Harness& a, Harness& b, const RandomRound& rr, uint64_t seed);
+
 // Runs `f`; CHECKs that it throws kda::Error with code `want` and returns its message
 // ("<no error>" if it does not throw).
 std::string error_of(const std::function<void()>& f, ErrorCode want);

@@ -299,21 +299,7 @@ TEST_CASE("backend lazy: auto takes the lazy write-back where its table says it 
     std::mt19937 rng(5);
     for (int round = 0; round < 12; ++round) {
       const RandomRound rr = random_round(rng, by_auto.pool().num_slots());
-      const auto a = verify_all(by_auto, rr.batch, 300 + round);
-      const auto b = verify_all(by_flag, rr.batch, 300 + round);
-      for (int layer = 0; layer < kLayers; ++layer) {
-        CHECK(same_bits(a[static_cast<size_t>(layer)].out_view,
-                        b[static_cast<size_t>(layer)].out_view));
-      }
-      commit(by_auto, rr.accepted);
-      commit(by_flag, rr.accepted);
-      for (Harness* h : {&by_auto, &by_flag}) {
-        if (rr.bad) {
-          error_of([&] { h->backend->check_device_errors(nullptr); }, ErrorCode::kInvalidArgument);
-        } else {
-          h->backend->check_device_errors(nullptr);
-        }
-      }
+      twin_round(by_auto, by_flag, rr, 300 + round);
       CHECK(pending_all(by_auto) == pending_all(by_flag));
       CHECK(cursors(by_auto) == cursors(by_flag));
     }
