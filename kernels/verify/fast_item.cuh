@@ -11,8 +11,9 @@
 //      everything the fold reads are bitwise the exact verify's.
 //   2b. A u-free deferred call (kDeferredFold): once the prologue is done (and the tile has landed
 //      under it), the slot's pending steps folded onto the staged tile with the eager fold's
-//      arithmetic (item_fold.cuh, u computed; their records in the operand rows' space, free until
-//      3a), the folded tile stored to ssm_fold_out and kept in the stage; its tile is never late.
+//      arithmetic (item_fold.cuh, u computed; their records, sent to L2 once the item's first
+//      loads are out, read into the operand rows' space, free until 3a), the folded tile stored
+//      to ssm_fold_out and kept in the stage; its tile is never late.
 //   3. The chunked (WY) form of the draft's outputs, with prefix decays P_t = d_0 ... d_t
 //      (ordered products of per-step factors d = EXP(g) <= 1; never a division by one):
 //        xk_t = kn_t * P_t, xq_t = qs_t * P_t                   (rows of the tensor-core operand)
