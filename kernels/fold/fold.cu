@@ -213,7 +213,8 @@ struct FoldItem {
       // normalises it there; job tc + t fills step t's decay EXP(g) and value row. At tc = 8
       // each warp takes one row of each kind; at tc <= 4 half the warps take key rows, the
       // other half decay rows. Keep it barrier-free: a shared row pass plus a barrier before
-      // the norms proved slower.
+      // the norms proved slower. item_fold.cuh's fold_pending fills the same rows with the same
+      // values for a deferred verify (its loads held through a barrier): change both together.
       for (int job = warp; job < 2 * tc; job += Cfg::kWarps) {
         if (job < tc) {
           constexpr int E = K / 32;
