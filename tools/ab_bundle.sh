@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ab_bundle.sh: kda_bench built at several git revisions, with a runner that times them
 # interleaved on one GPU machine start (timings compare only within one start, docs/perf.md):
-#   tools/ab_bundle.sh OUT_DIR REV [REV...]
+#   tools/ab_bundle.sh OUT_DIR REV [REV...] [-- BAZEL_BUILD_FLAGS...]
 #   (copy OUT_DIR to the GPU host)  OUT_DIR/ab.sh REPS RESULT_DIR -- KDA_BENCH_ARGS...
 # OUT_DIR/bench/kda_bench_NAME per REV (NAME: the REV, '/' -> '_'), the shared libraries they
 # need (spdlog, fmt) in OUT_DIR/lib, and ab.sh, which runs the one kda_bench command line on every
@@ -9,15 +9,28 @@
 # and a line per run in RESULT_DIR/summary.txt. Each REV is built in a temporary detached
 # worktree; the build's disk cache (.bazelrc) serves every action a REV shares with another.
 # The GPU tests of the revision under test come from tools/gpu_bundle.sh, run in its checkout.
+# Every REV is built with the same flags: by default --define=kda_cuda_archs=90a (the lent GPU
+# machines are sm_90; the second default arch, sm_100a, would double each binary and its build);
+# flags after `--` replace the default (e.g. -- --define=kda_cuda_archs=100a on a B200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ $# -lt 2 ]]; then
-  echo "usage: tools/ab_bundle.sh OUT_DIR REV [REV...]" >&2
+  echo "usage: tools/ab_bundle.sh OUT_DIR REV [REV...] [-- FLAGS]" >&2
   exit 2
 fi
 out=$1
 shift
-revs=("$@")
+revs=()
+while [[ $# -gt 0 && $1 != -- ]]; do
+  revs+=("$1")
+  shift
+done
+build_flags=(--define=kda_cuda_archs=90a)
+if [[ $# -gt 0 ]]; then
+  shift
+  build_flags=("$@")
+fi
+[[ ${#revs[@]} -gt 0 ]] || { echo "usage: tools/ab_bundle.sh OUT_DIR REV [REV...] [-- FLAGS]" >&2; exit 2; }
 for rev in "${revs[@]}"; do
   git rev-parse --verify --quiet "$rev^{commit}" >/dev/null ||
     { echo "ab_bundle.sh: '$rev' is not a commit of this repository" >&2; exit 2; }
@@ -32,7 +45,7 @@ for rev in "${revs[@]}"; do
   name=${rev//\//_}
   tree=$scratch/$name
   git worktree add --detach --quiet "$tree" "$rev"
-  (cd "$tree" && ./bazelw build --noshow_progress //tools:kda_bench >&2 &&
+  (cd "$tree" && ./bazelw build --noshow_progress "${build_flags[@]}" //tools:kda_bench >&2 &&
     install -m 0755 bazel-bin/tools/kda_bench "$out/bench/kda_bench_$name" &&
     ./bazelw shutdown >/dev/null 2>&1)
   git worktree remove --force "$tree"
