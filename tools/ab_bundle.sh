@@ -14,10 +14,11 @@
 # flags after `--` replace the default (e.g. -- --define=kda_cuda_archs=100a on a B200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [[ $# -lt 2 ]]; then
+usage() {
   echo "usage: tools/ab_bundle.sh OUT_DIR REV [REV...] [-- FLAGS]" >&2
   exit 2
-fi
+}
+[[ $# -ge 2 ]] || usage
 out=$1
 shift
 revs=()
@@ -30,7 +31,7 @@ if [[ $# -gt 0 ]]; then
   shift
   build_flags=("$@")
 fi
-[[ ${#revs[@]} -gt 0 ]] || { echo "usage: tools/ab_bundle.sh OUT_DIR REV [REV...] [-- FLAGS]" >&2; exit 2; }
+[[ ${#revs[@]} -gt 0 ]] || usage
 for rev in "${revs[@]}"; do
   git rev-parse --verify --quiet "$rev^{commit}" >/dev/null ||
     { echo "ab_bundle.sh: '$rev' is not a commit of this repository" >&2; exit 2; }

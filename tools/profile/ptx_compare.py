@@ -5,7 +5,7 @@
     tools/profile/ptx_compare.py main my-branch --files kernels/verify/inst/verify_fast_bf16.cu
 
 Compiles the kernel files (every kernels/**/*.cu, or --files) to PTX at both revisions with the
-build's device flags (ptxas_table.py's, sm_90a), drops line info, comments and the per-path
+build's device flags (ptxas_table.py's FLAGS, sm_90a), drops line info, comments and the per-path
 anonymous-namespace hashes, and prints one line per kernel whose instruction sequence differs
 (virtual register names aside: a refactor that only renumbers them is the same code to ptxas's
 input), then a count. Exit status 1 when any kernel differs. Use it for changes meant to leave
@@ -19,10 +19,12 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-NVCC = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
-FLAGS = ["-std=c++17", "-O3", "--fmad=false", "-gencode", "arch=compute_90a,code=sm_90a",
-         "-I.", "-I/usr/include", "-ptx"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ptxas_table import FLAGS as PTXAS_FLAGS, NVCC, ROOT  # noqa: E402  (one set of device flags)
+
+# ptxas_table.py's flags, less its ptxas report and object output, the tree's own headers first.
+FLAGS = ["-I." if f == "-I" + ROOT else f for f in PTXAS_FLAGS
+         if f not in ("-Xptxas", "-v", "-c", "-lineinfo")] + ["-ptx"]
 REG = re.compile(r"%(?:rd|r|fd|f|p|rs|h)\d+")
 ENTRY = re.compile(r"^\.(?:visible )?\.?entry (\S+)\(", re.M)
 
